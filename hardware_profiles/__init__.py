@@ -1,0 +1,1 @@
+"""Hardware profiles shipped with MoFa: one TOML file per accelerator (package data)."""

@@ -1,0 +1,1 @@
+"""Model architectures shipped with MoFa: one TOML file per model (package data)."""

@@ -1,0 +1,156 @@
+"""The Python API: a :class:`Predictor` assembled from plugins, and :func:`predict`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+
+from .batch import CandidateBatch
+from .config import TrainingJob, job_from_dict, jobs_to_batch, load_job as _load_job
+from .engine import Prediction, evaluate
+from .errors import ConfigError, PluginError
+from .manager import MofaPluginManager, get_plugin_manager
+from .types import ConstraintResult, HardwareProfile, ModelSpec
+from .units import GIB
+
+
+@attrs.frozen(kw_only=True)
+class PredictionResult:
+    """The prediction for one job: the headline numbers and both breakdowns."""
+
+    job: str
+    model: str
+    hardware: str
+    num_gpus: int
+    parallel: Mapping[str, Any]
+    schedule: str
+    features: tuple[str, ...]
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    model_tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    hfu: float
+    peak_memory_gib: float
+    hbm_gib: float
+    fits_in_memory: bool
+    #: seconds per component; sums to step_time_s
+    breakdown: Mapping[str, float]
+    #: GiB per component on the worst stage (``host`` is CPU memory, outside the peak)
+    memory_breakdown: Mapping[str, float]
+    #: seconds per pipeline phase on the critical stage
+    pipeline_phases: Mapping[str, float]
+    provenance: Mapping[str, str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+class Predictor:
+    """Prediction with a chosen set of plugins.
+
+    ``Predictor()`` uses every installed plugin; ``Predictor(disabled=["tp_overlap"])`` leaves
+    some out; ``Predictor(plugins={"my_gpu": module})`` adds in-process plugins; pass ``pm``
+    to use a manager you assembled yourself.
+    """
+
+    def __init__(self, pm: MofaPluginManager | None = None, *, disabled: Iterable[str] = (),
+                 plugins: Mapping[str, object] | None = None, strict: bool | None = None):
+        self.pm = pm or get_plugin_manager(disabled=disabled, strict=strict, fresh=bool(plugins))
+        for name, plugin in (plugins or {}).items():
+            self.pm.register_plugin(plugin, name)
+
+    @property
+    def registry(self):
+        return self.pm.registry
+
+    # ---- jobs
+    def load_job(self, path) -> TrainingJob:
+        return _load_job(path, self.registry)
+
+    def job(self, data: Mapping[str, Any], name: str = "job") -> TrainingJob:
+        """A job from a dict shaped like the TOML file."""
+        return job_from_dict(data, self.registry, name)
+
+    # ---- vectorised core
+    def constraints(self, batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile) -> list[ConstraintResult]:
+        """Every feasibility rule of every plugin, plus feature-specific ones."""
+        out: list[ConstraintResult] = []
+        for plugin, results in self.pm.hook_results("mofa_candidate_constraints", batch=batch, model=model,
+                                                    hardware=hardware):
+            for r in results:
+                mask = np.asarray(r.feasible, dtype=bool)
+                if mask.shape != (len(batch),):
+                    raise PluginError(f"plugin {plugin!r}: constraint {r.name!r} has shape {mask.shape}, "
+                                      f"expected ({len(batch)},)")
+                out.append(r)
+        for feat in self.registry.features.values():
+            rows = batch.feature(feat.name)
+            if feat.feasible is not None and rows.enabled.any():
+                r = feat.feasible(batch, rows)
+                out.append(attrs.evolve(r, feasible=np.asarray(r.feasible, bool) | ~rows.enabled))
+        return out
+
+    def evaluate(self, batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile) -> Prediction:
+        return evaluate(batch, model, hardware, self.pm)
+
+    # ---- jobs end to end
+    def predict(self, jobs: TrainingJob | Iterable[TrainingJob]) -> list[PredictionResult]:
+        """Predict each job; jobs sharing a model and hardware are evaluated as one batch."""
+        jobs = [jobs] if isinstance(jobs, TrainingJob) else list(jobs)
+        results: list[PredictionResult | None] = [None] * len(jobs)
+        groups: dict[tuple[str, str], list[int]] = {}
+        for i, j in enumerate(jobs):
+            groups.setdefault((repr(j.model), j.hardware.name), []).append(i)
+        for idx in groups.values():
+            group = [jobs[i] for i in idx]
+            model, hw = group[0].model, group[0].hardware
+            batch = jobs_to_batch(group, self.registry)
+            for r in self.constraints(batch, model, hw):
+                bad = np.flatnonzero(~np.asarray(r.feasible, bool))
+                if len(bad):
+                    raise ConfigError(f"{group[bad[0]].name}: {r.reason}")
+            pred = self.evaluate(batch, model, hw)
+            for k, i in enumerate(idx):
+                results[i] = _result(jobs[i], pred, k)
+        return results  # type: ignore[return-value]
+
+
+def _result(job: TrainingJob, pred: Prediction, k: int) -> PredictionResult:
+    f = lambda a: float(np.asarray(a)[k])  # noqa: E731
+    return PredictionResult(
+        job=job.name, model=job.model.name, hardware=job.hardware.name, num_gpus=job.num_gpus,
+        parallel={**attrs.asdict(job.parallel), "dp": job.dp}, schedule=job.schedule,
+        features=tuple(sorted(job.features)),
+        step_time_s=f(pred.step_time_s), tokens_per_s_per_gpu=f(pred.tokens_per_s_per_gpu),
+        model_tflops_per_gpu=f(pred.model_tflops_per_gpu), hardware_tflops_per_gpu=f(pred.hardware_tflops_per_gpu),
+        mfu=f(pred.mfu), hfu=f(pred.hfu), peak_memory_gib=f(pred.peak_memory_gib), hbm_gib=job.hardware.memory.hbm_gib,
+        fits_in_memory=bool(pred.fits_in_memory[k]),
+        breakdown={name: f(a) for name, a in pred.breakdown.items()},
+        memory_breakdown={name: f(a) / GIB for name, a in pred.memory_breakdown.items()},
+        pipeline_phases={name: f(a) for name, a in pred.phases.items()},
+        provenance=dict(pred.provenance),
+    )
+
+
+def load_job(path, predictor: Predictor | None = None) -> TrainingJob:
+    return (predictor or Predictor()).load_job(path)
+
+
+def predict(job, predictor: Predictor | None = None) -> PredictionResult | list[PredictionResult]:
+    """Predict one job (a :class:`TrainingJob`, a job-file path or a dict) or a list of them."""
+    predictor = predictor or Predictor()
+    if isinstance(job, (list, tuple)):
+        return predictor.predict([_as_job(j, predictor) for j in job])
+    return predictor.predict(_as_job(job, predictor))[0]
+
+
+def _as_job(job, predictor: Predictor) -> TrainingJob:
+    if isinstance(job, TrainingJob):
+        return job
+    if isinstance(job, Mapping):
+        return predictor.job(job)
+    return predictor.load_job(job)

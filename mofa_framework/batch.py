@@ -1,0 +1,170 @@
+"""Struct-of-arrays batches: N candidate configurations, operators and collectives.
+
+A single prediction is a batch of one; a tuning chunk is a batch of a million. All arrays
+are 1-D, of the batch's length, read-only; categorical choices are integer codes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+import numpy as np
+
+from .units import BoolArray, FloatArray, IntArray, frozen_bool, frozen_f64, frozen_i64
+
+PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
+
+
+def _frozen_options(d) -> dict:
+    return {k: (v if isinstance(v, np.ndarray) and not v.flags.writeable else np.asarray(v).copy()) for k, v in d.items()}
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class FeatureRows:
+    """One feature's on/off flags and option arrays over a batch.
+
+    ``options[name]`` holds numbers, or for a categorical option the index into that
+    option's ``choices``; :meth:`choice` tests a categorical value.
+    """
+
+    enabled: BoolArray = attrs.field(converter=frozen_bool)
+    options: Mapping[str, np.ndarray] = attrs.field(factory=dict, converter=_frozen_options)
+    choices: Mapping[str, tuple] = attrs.field(factory=dict)
+
+    def choice(self, option: str, value) -> BoolArray:
+        """Rows whose categorical `option` equals `value`."""
+        return self.options[option] == self.choices[option].index(value)
+
+    def take(self, idx) -> FeatureRows:
+        return FeatureRows(enabled=self.enabled[idx], options={k: v[idx] for k, v in self.options.items()},
+                           choices=self.choices)
+
+
+_INT_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "micro_batch_size", "global_batch_size",
+               "sequence_length", "precision", "schedule", "first_stage_layers", "last_stage_layers")
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class CandidateBatch:
+    """N candidate parallel configurations of one model on one hardware profile."""
+
+    tp: IntArray = attrs.field(converter=frozen_i64)
+    pp: IntArray = attrs.field(converter=frozen_i64)
+    vpp: IntArray = attrs.field(converter=frozen_i64)
+    cp: IntArray = attrs.field(converter=frozen_i64)
+    ep: IntArray = attrs.field(converter=frozen_i64)
+    etp: IntArray = attrs.field(converter=frozen_i64)
+    dp: IntArray = attrs.field(converter=frozen_i64)
+    micro_batch_size: IntArray = attrs.field(converter=frozen_i64)
+    global_batch_size: IntArray = attrs.field(converter=frozen_i64)
+    sequence_length: IntArray = attrs.field(converter=frozen_i64)
+    sequence_parallel: BoolArray = attrs.field(converter=frozen_bool)
+    #: index into :data:`PRECISIONS`
+    precision: IntArray = attrs.field(converter=frozen_i64)
+    #: index into the registry's schedules
+    schedule: IntArray = attrs.field(converter=frozen_i64)
+    #: layers on the first / last pipeline stage; 0 = balanced (Megatron's
+    #: --decoder-first/last-pipeline-num-layers)
+    first_stage_layers: IntArray = attrs.field(converter=frozen_i64)
+    last_stage_layers: IntArray = attrs.field(converter=frozen_i64)
+    #: attention kernel: True = fused/flash (no s² scores kept), False = unfused
+    flash_attention: BoolArray = attrs.field(converter=frozen_bool)
+    features: Mapping[str, FeatureRows] = attrs.field(factory=dict)
+
+    def __attrs_post_init__(self):
+        n = len(self.tp)
+        for f in attrs.fields(type(self)):
+            if f.name != "features" and len(getattr(self, f.name)) != n:
+                raise ValueError(f"batch field {f.name} has length {len(getattr(self, f.name))}, expected {n}")
+
+    def __len__(self) -> int:
+        return len(self.tp)
+
+    @property
+    def num_gpus(self) -> IntArray:
+        return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def num_microbatches(self) -> IntArray:
+        """m = B_g / (D·b), micro-batches per DP rank per step (floor; feasibility checks divisibility)."""
+        return self.global_batch_size // np.maximum(self.dp * self.micro_batch_size, 1)
+
+    def feature(self, name: str) -> FeatureRows:
+        """Rows of `name`; a feature absent from the batch is off everywhere."""
+        rows = self.features.get(name)
+        if rows is None:
+            return FeatureRows(enabled=np.zeros(len(self), bool))
+        return rows
+
+    def take(self, idx) -> CandidateBatch:
+        idx = np.asarray(idx)
+        kw = {f.name: getattr(self, f.name)[idx] for f in attrs.fields(type(self)) if f.name != "features"}
+        return CandidateBatch(**kw, features={k: r.take(idx) for k, r in self.features.items()})
+
+    @classmethod
+    def concat(cls, batches: list[CandidateBatch]) -> CandidateBatch:
+        kw = {f.name: np.concatenate([getattr(b, f.name) for b in batches])
+              for f in attrs.fields(cls) if f.name != "features"}
+        names = sorted({k for b in batches for k in b.features})
+        feats = {}
+        for name in names:
+            parts = [b.feature(name) for b in batches]
+            opts = sorted({o for p in parts for o in p.options})
+            choices = next((p.choices for p in parts if p.choices), {})
+            feats[name] = FeatureRows(
+                enabled=np.concatenate([p.enabled for p in parts]),
+                options={o: np.concatenate([p.options.get(o, np.zeros(len(p.enabled))) for p in parts]) for o in opts},
+                choices=choices,
+            )
+        return cls(**kw, features=feats)
+
+
+# ------------------------------------------------------------------ operators and collectives
+
+OP_KINDS = ("gemm", "attention", "elementwise")
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class OperatorBatch:
+    """Flat operator table handed to ``mofa_operator_latency``.
+
+    One row per (operator, candidate): FLOPs and bytes moved on one GPU, the kind (index into
+    :data:`OP_KINDS`), the numeric format (index into :data:`~mofa_framework.batch.PRECISIONS`)
+    and, for GEMMs, the per-GPU shape M×N×K (0 otherwise).
+    """
+
+    flops: FloatArray = attrs.field(converter=frozen_f64)
+    bytes: FloatArray = attrs.field(converter=frozen_f64)
+    kind: IntArray = attrs.field(converter=frozen_i64)
+    precision: IntArray = attrs.field(converter=frozen_i64)
+    gemm_m: FloatArray = attrs.field(converter=frozen_f64)
+    gemm_n: FloatArray = attrs.field(converter=frozen_f64)
+    gemm_k: FloatArray = attrs.field(converter=frozen_f64)
+
+    def __len__(self) -> int:
+        return len(self.flops)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class CollectiveBatch:
+    """Flat collective table handed to ``mofa_collective_latency``.
+
+    ``bytes`` is the full tensor S of the cost model (for all-gather: the gathered size;
+    for all-to-all: what one rank sends in all; for p2p: the message). ``group_size`` is n,
+    ``nodes`` the scale-up domains the group spans (1 = inside one), ``kind`` an index into
+    :data:`COLLECTIVE_KINDS`.
+    """
+
+    kind: IntArray = attrs.field(converter=frozen_i64)
+    bytes: FloatArray = attrs.field(converter=frozen_f64)
+    group_size: IntArray = attrs.field(converter=frozen_i64)
+    nodes: IntArray = attrs.field(converter=frozen_i64)
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    @property
+    def intra(self) -> BoolArray:
+        return self.nodes <= 1

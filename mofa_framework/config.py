@@ -1,0 +1,368 @@
+"""Job files: TOML read by cattrs into frozen attrs classes, unknown keys rejected by path.
+
+A job file has the sections ``[model]``, ``[hardware]``, ``[parallel]``, ``[pipeline]``,
+``[features.<plugin>]``, ``[training]`` and ``[fault]`` (see docs/job-file.md). Reading it
+yields a :class:`TrainingJob` with every name resolved against the plugin registry; every
+problem is a :class:`~mofa_framework.errors.ConfigError` whose one-line message names the key.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cattrs
+import numpy as np
+from attrs import validators as v
+
+from .batch import PRECISIONS, CandidateBatch, FeatureRows
+from .errors import ConfigError, UnknownRecordError
+from .types import ModelSpec
+
+_pos = [v.instance_of(int), v.ge(1)]
+
+
+def _converter() -> cattrs.Converter:
+    conv = cattrs.Converter(forbid_extra_keys=True)
+    # TOML gives ints where floats are meant; accept them, reject strings and booleans
+    def float_hook(x, _):
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise ValueError(f"expected a number, got {x!r}")
+        return float(x)
+
+    def int_hook(x, _):
+        if isinstance(x, bool) or not (isinstance(x, int) or (isinstance(x, float) and x.is_integer())):
+            raise ValueError(f"expected an integer, got {x!r}")
+        return int(x)
+
+    def bool_hook(x, _):
+        if not isinstance(x, bool):
+            raise ValueError(f"expected true or false, got {x!r}")
+        return x
+
+    def str_hook(x, _):
+        if not isinstance(x, str):
+            raise ValueError(f"expected a string, got {x!r}")
+        return x
+
+    conv.register_structure_hook(float, float_hook)
+    conv.register_structure_hook(int, int_hook)
+    conv.register_structure_hook(bool, bool_hook)
+    conv.register_structure_hook(str, str_hook)
+    return conv
+
+
+converter = _converter()
+
+
+def _format(exc: BaseException, type_) -> str:
+    if isinstance(exc, KeyError):
+        return "required key is missing"
+    if isinstance(exc, cattrs.ForbiddenExtraKeysError):
+        return f"unknown key(s) {', '.join(sorted(exc.extra_fields))} (check the spelling; see docs/job-file.md)"
+    return str(exc) or type(exc).__name__
+
+
+def _one_line(exc: Exception, where: str) -> str:
+    if isinstance(exc, cattrs.BaseValidationError):
+        msgs = cattrs.transform_error(exc, path="$", format_exception=_format)
+        out = []
+        for m in msgs:
+            text, _, path = m.rpartition(" @ ")
+            path = path.removeprefix("$").lstrip(".")
+            path = re.sub(r"\['([^']+)'\]", r".\1", path).lstrip(".")
+            out.append(f"{path}: {text}" if path else text)
+        return f"{where}: " + "; ".join(out)
+    return f"{where}: {exc}"
+
+
+def structure(data: Any, cls, where: str):
+    """`data` into `cls`; any problem becomes a one-line ConfigError starting with `where`."""
+    try:
+        return converter.structure(data, cls)
+    except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
+        raise ConfigError(_one_line(exc, where)) from None
+
+
+def structure_file(data: Mapping, cls, filename: str):
+    return structure(dict(data), cls, filename)
+
+
+def read_toml(path: str | Path) -> dict:
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: no such file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: malformed TOML: {exc}") from None
+
+
+# ====================================================================== sections
+
+
+@attrs.frozen(kw_only=True)
+class HardwareSection:
+    name: str
+    num_gpus: int = attrs.field(validator=_pos)
+
+
+@attrs.frozen(kw_only=True)
+class ParallelConfig:
+    """Parallel sizes and batch shape (Megatron's argument meanings)."""
+
+    tp: int = attrs.field(default=1, validator=_pos)
+    pp: int = attrs.field(default=1, validator=_pos)
+    vpp: int = attrs.field(default=1, validator=_pos)
+    cp: int = attrs.field(default=1, validator=_pos)
+    ep: int = attrs.field(default=1, validator=_pos)
+    #: expert tensor parallel size; 0 = Megatron-Core's default (= tp)
+    etp: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])
+    micro_batch_size: int = attrs.field(default=1, validator=_pos)
+    global_batch_size: int = attrs.field(validator=_pos)
+    sequence_length: int = attrs.field(validator=_pos)
+    #: None = on whenever tp > 1 (Megatron-Core's recommendation)
+    sequence_parallel: bool | None = None
+    precision: str = attrs.field(default="bf16", validator=v.in_(PRECISIONS))
+    first_stage_layers: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])
+    last_stage_layers: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])
+    flash_attention: bool = True
+
+
+@attrs.frozen(kw_only=True)
+class PipelineSection:
+    #: None = "interleaved-1f1b" when vpp > 1, else "1f1b"
+    schedule: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class TrainingSection:
+    #: tokens to train on (for end-to-end time); 0 = not given
+    tokens: float = attrs.field(default=0.0, validator=v.ge(0.0))
+
+
+@attrs.frozen(kw_only=True)
+class FaultSettings:
+    """The `[fault]` section: failures, recovery policy and checkpointing (paper §3.4)."""
+
+    policy: str = "three-level"
+    #: λ: failures per node per day
+    node_failures_per_day: float = attrs.field(default=0.005, validator=v.ge(0.0))
+    #: checkpoint interval in steps; 0 = the optimal interval of eq. [44]
+    checkpoint_interval_steps: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])
+    #: seconds one checkpoint save stalls training; None = derived from size and storage bandwidth
+    checkpoint_save_s: float | None = attrs.field(default=None, validator=v.optional(v.ge(0.0)))
+    #: job initialisation time, seconds; None = derived (checkpoint load + start-up)
+    init_s: float | None = attrs.field(default=None, validator=v.optional(v.ge(0.0)))
+    #: asynchronous checkpointing: only the GPU→host snapshot stalls training
+    async_checkpoint: bool = False
+    #: options of the chosen policy (read into the policy's options type)
+    options: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class JobFile:
+    """The raw job file; names are resolved by :func:`resolve_job`."""
+
+    name: str = ""
+    model: dict[str, Any]
+    hardware: HardwareSection
+    parallel: ParallelConfig
+    pipeline: PipelineSection = attrs.field(factory=PipelineSection)
+    features: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    training: TrainingSection = attrs.field(factory=TrainingSection)
+    fault: FaultSettings = attrs.field(factory=FaultSettings)
+
+
+@attrs.frozen(kw_only=True)
+class TrainingJob:
+    """A fully resolved job: records from the registry, options typed, defaults applied."""
+
+    name: str
+    model: ModelSpec
+    hardware: Any  # HardwareProfile
+    num_gpus: int
+    parallel: ParallelConfig
+    schedule: str
+    features: Mapping[str, Any] = attrs.field(factory=dict)
+    training: TrainingSection = attrs.field(factory=TrainingSection)
+    fault: FaultSettings = attrs.field(factory=FaultSettings)
+
+    @property
+    def dp(self) -> int:
+        p = self.parallel
+        return self.num_gpus // (p.tp * p.pp * p.cp)
+
+
+# ====================================================================== models
+
+_HF_KEYS = {
+    "num_hidden_layers": "num_layers", "hidden_size": "hidden_size", "num_attention_heads": "num_attention_heads",
+    "num_key_value_heads": "num_kv_heads", "intermediate_size": "ffn_hidden_size", "vocab_size": "vocab_size",
+    "tie_word_embeddings": "tied_embeddings", "head_dim": "head_dim", "max_position_embeddings": "max_sequence_length",
+    "num_local_experts": "num_experts", "n_routed_experts": "num_experts", "num_experts": "num_experts",
+    "num_experts_per_tok": "experts_per_token", "moe_intermediate_size": "moe_ffn_hidden_size",
+    "n_shared_experts": "num_shared_experts", "first_k_dense_replace": "first_k_dense_layers",
+    "q_lora_rank": "q_lora_rank", "kv_lora_rank": "kv_lora_rank", "qk_nope_head_dim": "qk_nope_head_dim",
+    "qk_rope_head_dim": "qk_rope_head_dim", "v_head_dim": "v_head_dim", "num_nextn_predict_layers": "num_mtp_layers",
+    "sliding_window": "sliding_window",
+}
+
+
+def model_from_hf_config(path: str | Path) -> ModelSpec:
+    """A :class:`ModelSpec` from a HuggingFace ``config.json``."""
+    p = Path(path)
+    try:
+        cfg = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{p}: cannot read HuggingFace config.json: {exc}") from None
+    out: dict[str, Any] = {}
+    for k, target in _HF_KEYS.items():
+        if cfg.get(k) is not None:
+            out[target] = cfg[k]
+    out.setdefault("num_kv_heads", out.get("num_attention_heads", 1))
+    act = str(cfg.get("hidden_act", cfg.get("activation_function", "silu"))).lower()
+    out["activation"] = "gelu" if ("gelu" in act and "glu" not in cfg.get("model_type", "")) or "relu" in act else "swiglu"
+    if out.get("num_experts"):
+        out.setdefault("moe_ffn_hidden_size", out.get("ffn_hidden_size", 0))
+    if cfg.get("sliding_window") is None or not cfg.get("use_sliding_window", True):
+        out.pop("sliding_window", None)
+    if not out.get("q_lora_rank"):
+        out.pop("q_lora_rank", None)
+    stem = re.sub(r"[^a-z0-9.\-]+", "-", str(cfg.get("_name_or_path") or cfg.get("model_type") or p.parent.name).lower())
+    out["name"] = stem.strip("-") or "hf-model"
+    out["source"] = str(p)
+    out["normalization"] = "layernorm" if "layer_norm_eps" in cfg and "rms_norm_eps" not in cfg else "rmsnorm"
+    return structure(out, ModelSpec, str(p))
+
+
+def resolve_model(section: Mapping[str, Any], registry, where: str) -> ModelSpec:
+    data = dict(section)
+    name = data.get("name")
+    if "config" in data:  # [model] config = "path/to/config.json"
+        base = model_from_hf_config(data.pop("config"))
+        data.pop("name", None)
+        merged = {**converter.unstructure(base), **data}
+        return structure(merged, ModelSpec, f"{where} [model]")
+    if name is not None and len(data) == 1:
+        return registry.model(name, field=f"{where}: model.name")
+    if name is not None:
+        try:
+            base = registry.model(name, field=f"{where}: model.name")
+            merged = {**converter.unstructure(base), **data, "name": base.name}
+        except UnknownRecordError:
+            merged = data  # an inline model with a new name
+    else:
+        merged = {"name": "custom", **data}
+    return structure(merged, ModelSpec, f"{where} [model]")
+
+
+# ====================================================================== jobs
+
+
+def _feature_options(registry, name: str, table: Mapping[str, Any], where: str):
+    feat = registry.feature(name, field=f"{where}: features.{name}")
+    data = dict(table)
+    enabled = data.pop("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"{where}: features.{name}.enabled: expected true or false")
+    opts = structure(data, feat.options_type, f"{where}: features.{name}")
+    return feat.name, enabled, opts
+
+
+def resolve_job(raw: JobFile, registry, where: str) -> TrainingJob:
+    model = resolve_model(raw.model, registry, where)
+    hw = registry.hardware_profile(raw.hardware.name, field=f"{where}: hardware.name")
+    par = raw.parallel
+    denom = par.tp * par.pp * par.cp
+    if raw.hardware.num_gpus % denom:
+        raise ConfigError(f"{where}: hardware.num_gpus ({raw.hardware.num_gpus}) must be a multiple of "
+                          f"tp × pp × cp = {denom}; change the GPU count or the parallel sizes")
+    etp = par.etp or (par.tp if model.is_moe else 1)
+    sp = par.tp > 1 if par.sequence_parallel is None else par.sequence_parallel
+    par = attrs.evolve(par, etp=etp, sequence_parallel=sp)
+    sched_name = raw.pipeline.schedule or ("interleaved-1f1b" if par.vpp > 1 else "1f1b")
+    sched = registry.schedule(sched_name, field=f"{where}: pipeline.schedule")
+    if par.vpp > 1 and not sched.supports_vpp:
+        raise ConfigError(f"{where}: pipeline.schedule {sched.name!r} does not interleave, but parallel.vpp = "
+                          f"{par.vpp}: set vpp = 1 or choose an interleaving schedule")
+    if sched.requires_vpp and par.vpp == 1:
+        raise ConfigError(f"{where}: pipeline.schedule {sched.name!r} needs parallel.vpp > 1")
+    features = {}
+    for fname, table in raw.features.items():
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"{where}: features.{fname}: expected a table of options, e.g. [features.{fname}]")
+        key, enabled, opts = _feature_options(registry, fname, table, where)
+        if enabled:
+            features[key] = opts
+    for fname in features:
+        clash = [c for c in registry.features[fname].conflicts if c in features]
+        if clash:
+            raise ConfigError(f"{where}: features.{fname} cannot be combined with features.{clash[0]}: "
+                              "enable only one of them")
+    if raw.fault.policy != FaultSettings().policy:  # the default is checked when e2e needs it
+        registry.policy(raw.fault.policy, field=f"{where}: fault.policy")
+    return TrainingJob(name=raw.name or Path(where).stem, model=model, hardware=hw, num_gpus=raw.hardware.num_gpus,
+                       parallel=par, schedule=sched.name, features=features, training=raw.training, fault=raw.fault)
+
+
+def job_from_dict(data: Mapping[str, Any], registry, where: str = "job") -> TrainingJob:
+    raw = structure(dict(data), JobFile, where)
+    return resolve_job(raw, registry, where)
+
+
+def load_job(path: str | Path, registry) -> TrainingJob:
+    return job_from_dict(read_toml(path), registry, str(path))
+
+
+# ====================================================================== batches
+
+
+def _encode_option(value, field) -> float:
+    choices = field.metadata.get("choices")
+    if choices:
+        return float(choices.index(value))
+    if isinstance(value, (bool, int, float, np.number)):
+        return float(value)
+    raise ConfigError(f"option {field.name!r}: a string option must declare its choices")
+
+
+def encode_features(jobs: list[TrainingJob], registry) -> dict[str, FeatureRows]:
+    """Feature flags and option arrays for a list of jobs (every registered feature gets a row set)."""
+    out = {}
+    for name, feat in registry.features.items():
+        fields = attrs.fields(feat.options_type) if attrs.has(feat.options_type) else ()
+        enabled = np.array([name in j.features for j in jobs], dtype=bool)
+        options = {}
+        default = feat.options_type()
+        for f in fields:
+            options[f.name] = np.array([
+                _encode_option(getattr(j.features.get(name, default), f.name), f) for j in jobs], dtype=np.float64)
+        choices = {f.name: f.metadata["choices"] for f in fields if f.metadata.get("choices")}
+        out[name] = FeatureRows(enabled=enabled, options=options, choices=choices)
+    return out
+
+
+def jobs_to_batch(jobs: list[TrainingJob], registry) -> CandidateBatch:
+    """One batch for jobs that share a model and hardware profile."""
+    col = lambda f: [f(j) for j in jobs]  # noqa: E731
+    return CandidateBatch(
+        tp=col(lambda j: j.parallel.tp), pp=col(lambda j: j.parallel.pp), vpp=col(lambda j: j.parallel.vpp),
+        cp=col(lambda j: j.parallel.cp), ep=col(lambda j: j.parallel.ep), etp=col(lambda j: j.parallel.etp),
+        dp=col(lambda j: j.dp), micro_batch_size=col(lambda j: j.parallel.micro_batch_size),
+        global_batch_size=col(lambda j: j.parallel.global_batch_size),
+        sequence_length=col(lambda j: j.parallel.sequence_length),
+        sequence_parallel=col(lambda j: j.parallel.sequence_parallel),
+        precision=col(lambda j: PRECISIONS.index(j.parallel.precision)),
+        schedule=col(lambda j: registry.schedule_code(j.schedule)),
+        first_stage_layers=col(lambda j: j.parallel.first_stage_layers),
+        last_stage_layers=col(lambda j: j.parallel.last_stage_layers),
+        flash_attention=col(lambda j: j.parallel.flash_attention),
+        features=encode_features(jobs, registry),
+    )

@@ -1,0 +1,390 @@
+"""Model decomposition (paper §3.2, Table 2): layer → module → operator, after sharding.
+
+For one layer type (dense or MoE) and every candidate row, :func:`layer_operators` lists the
+operators one GPU runs per micro-batch — forward FLOPs, bytes moved, GEMM shape, how the
+backward splits into input- and weight-gradient work — and :func:`layer_collectives` lists
+the collectives that follow them. :func:`saved_activation_bytes` derives the bytes each
+operator keeps for backward from the tensors it saves (Korthikanti et al. 2022), so GQA,
+SwiGLU, MoE, MLA and fused attention need no hard-coded constant.
+
+Everything is vectorised over rows: sizes are float64 arrays of the batch's length.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from .batch import PRECISIONS, CandidateBatch
+from .types import Activation, ModelSpec
+from .units import FloatArray
+
+GEMM, ATTENTION, ELEMENTWISE = 0, 1, 2
+ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, P2P = 0, 1, 2, 3, 4
+
+#: fused attention backward ≈ 2.5 × forward (it recomputes the scores)
+ATTENTION_BWD_FACTOR = 2.5
+#: causal attention does about half of the full square's work
+CAUSAL_FRACTION = 0.5
+#: bytes an unfused softmax/dropout chain moves per score element, in units of the dtype
+UNFUSED_SCORE_PASSES = 6.0
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class Op:
+    """One operator over all rows: per-GPU, per-micro-batch forward work."""
+
+    name: str
+    kind: int
+    flops: FloatArray
+    bytes: FloatArray
+    m: FloatArray | float = 0.0
+    n: FloatArray | float = 0.0
+    k: FloatArray | float = 0.0
+    #: backward work as multiples of the forward time: input-gradient and weight-gradient
+    bwd_input: float = 1.0
+    bwd_weight: float = 1.0
+    #: which group the op belongs to, for features that act on some ops only
+    group: str = "other"  # qkv | core_attn | proj | mlp | expert | router | norm | head | embedding
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class Coll:
+    """One collective over all rows (per micro-batch, one direction of one pass)."""
+
+    name: str
+    parallel: str  # tp | cp | ep | etp
+    kind: int
+    bytes: FloatArray
+    group_size: FloatArray
+    stride: FloatArray
+    count: FloatArray | float = 1.0  # how many times it runs per pass
+    passes: str = "fwd+bwd"  # fwd | bwd | fwd+bwd
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class Geometry:
+    """Per-row sizes every formula below needs (float64 arrays)."""
+
+    b: FloatArray
+    s: FloatArray
+    t: FloatArray
+    c: FloatArray
+    e: FloatArray
+    etp: FloatArray
+    dp: FloatArray
+    sp: np.ndarray
+    dt: FloatArray  # activation/weight bytes per element of the GEMM inputs
+    precision: np.ndarray
+    flash: np.ndarray
+
+    @property
+    def tokens(self) -> FloatArray:
+        """T = b·s/c: tokens of one micro-batch on one CP rank."""
+        return self.b * self.s / self.c
+
+    @property
+    def sp_div(self) -> FloatArray:
+        """Divisor of replicated-by-TP tensors: t with sequence parallelism, else 1."""
+        return np.where(self.sp, self.t, 1.0)
+
+    @classmethod
+    def of(cls, batch: CandidateBatch) -> Geometry:
+        f = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
+        return cls(b=f(batch.micro_batch_size), s=f(batch.sequence_length), t=f(batch.tp), c=f(batch.cp),
+                   e=f(batch.ep), etp=f(batch.etp), dp=f(batch.dp), sp=np.asarray(batch.sequence_parallel),
+                   dt=np.full(len(batch), 2.0), precision=np.asarray(batch.precision),
+                   flash=np.asarray(batch.flash_attention))
+
+
+def _gemm(name, m, n, k, dt, group, *, bwd_weight=1.0) -> Op:
+    m, n, k = (np.asarray(x, dtype=np.float64) for x in np.broadcast_arrays(m, n, k))
+    return Op(name=name, kind=GEMM, flops=2.0 * m * n * k, bytes=(m * k + k * n + m * n) * dt,
+              m=m, n=n, k=k, bwd_weight=bwd_weight, group=group)
+
+
+def _elementwise(name, nbytes, group, *, bwd=1.0) -> Op:
+    nbytes = np.asarray(nbytes, dtype=np.float64)
+    return Op(name=name, kind=ELEMENTWISE, flops=nbytes / 2.0, bytes=nbytes, bwd_input=bwd, bwd_weight=0.0, group=group)
+
+
+def attention_operators(model: ModelSpec, g: Geometry) -> list[Op]:
+    h, a, kv = model.hidden_size, model.num_attention_heads, model.num_kv_heads
+    T, t, dt = g.tokens, g.t, g.dt
+    ops = [_elementwise("input_norm", 4.0 * T * h * dt / g.sp_div, "norm")]
+    if model.is_mla:
+        dq, dv, rope = model.qk_head_dim, model.v_dim, model.qk_rope_head_dim
+        if model.q_lora_rank:
+            # down projections are replicated across TP ranks in Megatron-Core's MLA
+            ops.append(_gemm("q_down_proj", T, model.q_lora_rank, h, dt, "qkv"))
+            ops.append(_gemm("q_up_proj", T, a * dq / t, model.q_lora_rank, dt, "qkv"))
+        else:
+            ops.append(_gemm("q_proj", T, a * dq / t, h, dt, "qkv"))
+        ops.append(_gemm("kv_down_proj", T, model.kv_lora_rank + rope, h, dt, "qkv"))
+        ops.append(_gemm("kv_up_proj", T, a * (model.qk_nope_head_dim + dv) / t, model.kv_lora_rank, dt, "qkv"))
+        heads_q, heads_kv = a, a
+    else:
+        dq = dv = model.kv_channels
+        ops.append(_gemm("qkv_proj", T, (a * dq + 2 * kv * dq) / t, h, dt, "qkv"))
+        heads_q, heads_kv = a, kv
+    s_kv = g.s if not model.sliding_window else np.minimum(g.s, model.sliding_window)
+    # core attention: T queries of this CP rank against the whole sequence's keys, causal
+    core_flops = 2.0 * T * s_kv * heads_q * (dq + dv) / t
+    io = (T * heads_q * (dq + dv) + 2.0 * T * heads_kv * (dq + dv)) / t * dt
+    fused = Op(name="core_attention", kind=ATTENTION, flops=core_flops * CAUSAL_FRACTION, bytes=io,
+               bwd_input=ATTENTION_BWD_FACTOR, bwd_weight=0.0, group="core_attn")
+    # unfused (2021/22 Megatron): batched GEMMs over the full square plus softmax/dropout passes
+    score_bytes = UNFUSED_SCORE_PASSES * T * s_kv * heads_q / t * dt
+    unfused_gemm = Op(name="core_attention", kind=GEMM, flops=core_flops, bytes=io, bwd_input=1.0, bwd_weight=1.0,
+                      m=T, n=s_kv, k=dq, group="core_attn")
+    ops.append(Op(name="core_attention", kind=np.where(g.flash, ATTENTION, GEMM),
+                  flops=np.where(g.flash, fused.flops, unfused_gemm.flops), bytes=io,
+                  m=np.where(g.flash, 0.0, T), n=np.where(g.flash, 0.0, s_kv), k=np.where(g.flash, 0.0, float(dq)),
+                  bwd_input=ATTENTION_BWD_FACTOR, bwd_weight=0.0, group="core_attn"))
+    ops.append(_elementwise("softmax_dropout", np.where(g.flash, 0.0, score_bytes), "core_attn"))
+    ops.append(_gemm("o_proj", T, h, a * dv / t, dt, "proj"))
+    ops.append(_elementwise("residual_norm", (4.0 + 6.0) * T * h * dt / g.sp_div, "norm"))
+    return ops
+
+
+def _mlp(name, model: ModelSpec, T, ffn, divisor, dt, group) -> list[Op]:
+    h = model.hidden_size
+    width = 2.0 if model.activation is Activation.swiglu else 1.0
+    act_bytes = (3.0 if model.activation is Activation.swiglu else 2.0) * T * ffn / divisor * dt
+    return [
+        _gemm(f"{name}_fc1", T, width * ffn / divisor, h, dt, group),
+        _elementwise(f"{name}_act", act_bytes, group),
+        _gemm(f"{name}_fc2", T, h, ffn / divisor, dt, group),
+    ]
+
+
+def dense_mlp_operators(model: ModelSpec, g: Geometry) -> list[Op]:
+    return _mlp("mlp", model, g.tokens, model.ffn_hidden_size, g.t, g.dt, "mlp")
+
+
+def moe_mlp_operators(model: ModelSpec, g: Geometry) -> list[Op]:
+    h, E, k, fe = model.hidden_size, model.num_experts, model.experts_per_token, model.moe_ffn_hidden_size
+    tok = g.tokens / g.sp_div  # tokens this GPU routes (sequence-parallel shard)
+    routed = tok * k * g.etp  # token-expert pairs computed here after dispatch (balanced routing)
+    local_experts = E / g.e
+    per_expert = routed / local_experts
+    width = 2.0 if model.activation is Activation.swiglu else 1.0
+    ops = [
+        _gemm("router", tok, E, h, g.dt, "router"),
+        _elementwise("permute", 4.0 * tok * k * h * g.dt, "expert"),
+    ]
+    for name, nn, kk in (("expert_fc1", width * fe / g.etp, h), ("expert_fc2", h, fe / g.etp)):
+        op = _gemm(name, per_expert, nn, kk, g.dt, "expert")
+        # a grouped GEMM over the local experts: FLOPs add up, each expert's weights are read
+        ops.append(attrs.evolve(op, flops=op.flops * local_experts, bytes=op.bytes * local_experts))
+    act = (3.0 if model.activation is Activation.swiglu else 2.0) * routed * fe / g.etp * g.dt
+    ops.append(_elementwise("expert_act", act, "expert"))
+    if model.num_shared_experts:
+        ops += _mlp("shared_expert", model, g.tokens, model.num_shared_experts * fe, g.t, g.dt, "mlp")
+    return ops
+
+
+def embedding_operators(model: ModelSpec, g: Geometry) -> list[Op]:
+    return [_elementwise("embedding", 2.0 * g.tokens * model.hidden_size * g.dt / g.sp_div, "embedding", bwd=2.0)]
+
+
+def head_operators(model: ModelSpec, g: Geometry) -> list[Op]:
+    T, V, h = g.tokens, model.vocab_size, model.hidden_size
+    return [
+        _elementwise("final_norm", 4.0 * T * h * g.dt / g.sp_div, "norm"),
+        _gemm("lm_head", T, V / g.t, h, g.dt, "head"),
+        _elementwise("cross_entropy", 3.0 * T * V / g.t * 4.0, "head"),
+    ]
+
+
+def layer_operators(model: ModelSpec, g: Geometry, kind: str) -> list[Op]:
+    """Operators of one layer of `kind` ('dense' or 'moe')."""
+    mlp = moe_mlp_operators(model, g) if kind == "moe" else dense_mlp_operators(model, g)
+    return attention_operators(model, g) + mlp
+
+
+# ------------------------------------------------------------------ collectives
+
+
+def layer_collectives(model: ModelSpec, g: Geometry, kind: str) -> list[Coll]:
+    """Collectives of one layer per micro-batch, each with the passes it runs in (§3)."""
+    h = model.hidden_size
+    T, dt = g.tokens, g.dt
+    act = T * h * dt  # the full (TP-gathered) activation of this CP rank
+    one = np.ones_like(T)
+    out: list[Coll] = []
+    tp_on = g.t > 1
+    # TP: with SP an all-gather before each block and a reduce-scatter after (and mirrored in
+    # backward); without SP an all-reduce after each block in each pass.
+    blocks = 2.0 if kind == "dense" or model.num_shared_experts else 1.0
+    out.append(Coll(name="tp_ag_or_ar", parallel="tp", kind=np.where(g.sp, ALL_GATHER, ALL_REDUCE), bytes=act,
+                    group_size=g.t, stride=one, count=np.where(tp_on, blocks, 0.0)))
+    out.append(Coll(name="tp_rs", parallel="tp", kind=REDUCE_SCATTER, bytes=act, group_size=g.t, stride=one,
+                    count=np.where(g.sp & tp_on, blocks, 0.0)))
+    # CP ring attention: c−1 steps, each sending this rank's K and V (forward) and K, V, dK, dV
+    # (backward) to the next rank
+    if model.is_mla:
+        kv_el = model.num_attention_heads * (model.qk_head_dim + model.v_dim)
+    else:
+        kv_el = 2.0 * model.num_kv_heads * model.kv_channels
+    step = T * kv_el / g.t * dt
+    cp_steps = np.maximum(g.c - 1.0, 0.0)
+    out.append(Coll(name="cp_kv_fwd", parallel="cp", kind=P2P, bytes=step, group_size=g.c, stride=g.t,
+                    count=cp_steps, passes="fwd"))
+    out.append(Coll(name="cp_kv_bwd", parallel="cp", kind=P2P, bytes=2.0 * step, group_size=g.c, stride=g.t,
+                    count=cp_steps, passes="bwd"))
+    if kind == "moe":
+        k = model.experts_per_token
+        tok = T / g.sp_div
+        ep_on = np.where(g.e > 1, 2.0, 0.0)  # dispatch + combine
+        out.append(Coll(name="ep_a2a", parallel="ep", kind=ALL_TO_ALL, bytes=tok * k * h * dt, group_size=g.e,
+                        stride=g.etp, count=ep_on))
+        etp_on = np.where(g.etp > 1, 1.0, 0.0)
+        for label, ck in (("etp_ag", ALL_GATHER), ("etp_rs", REDUCE_SCATTER)):
+            out.append(Coll(name=label, parallel="ep", kind=ck, bytes=tok * k * g.etp * h * dt, group_size=g.etp,
+                            stride=one, count=etp_on))
+    return out
+
+
+def head_collectives(model: ModelSpec, g: Geometry) -> list[Coll]:
+    """The LM head gathers the sequence-parallel input and reduces its input gradient."""
+    one = np.ones_like(g.t)
+    act = g.tokens * model.hidden_size * g.dt
+    return [Coll(name="head_tp", parallel="tp", kind=np.where(g.sp, ALL_GATHER, ALL_REDUCE), bytes=act,
+                 group_size=g.t, stride=one, count=np.where(g.t > 1, 1.0, 0.0))]
+
+
+# ------------------------------------------------------------------ activations
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class SavedActivations:
+    """Bytes one layer keeps for backward, per micro-batch per GPU, by what recompute drops."""
+
+    layer_input: FloatArray  #: the layer's input: all that full recompute keeps
+    core_attention: FloatArray  #: scores/softmax/dropout or fused-kernel statistics
+    other: FloatArray  #: everything else
+
+    @property
+    def total(self) -> FloatArray:
+        return self.layer_input + self.core_attention + self.other
+
+
+def saved_activation_bytes(model: ModelSpec, g: Geometry, kind: str) -> SavedActivations:
+    """Bytes saved for backward by one layer, from its operators' saved tensors.
+
+    For GPT (MHA, 4h GELU MLP, dropout, unfused attention) this reduces to Korthikanti et
+    al.'s ``s·b·h·(34 + 5·a·s/h)`` without TP, ``s·b·h/t·(34 + 5·a·s/h)`` with TP+SP.
+    """
+    h, a = model.hidden_size, model.num_attention_heads
+    T, t, dt = g.tokens, g.t, g.dt
+    spd = g.sp_div
+    drop = 1.0 if model.dropout else 0.0
+    # replicated across TP unless sequence parallel: the two norm inputs (the first is the
+    # layer input), the QKV input, the MLP input and the two dropout masks (1 byte/element)
+    layer_input = dt * T * h / spd
+    replicated = (dt * T * h * 3.0 + drop * 2.0 * T * h) / spd  # norm2 input, QKV input, MLP input, masks
+    if model.is_mla:
+        dq, dv = model.qk_head_dim, model.v_dim
+        qkv = dt * T * a * (2.0 * dq + dv) / t  # Q, K, V after up-projection
+        lat = dt * T * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim)  # replicated latents
+        qkv = qkv + lat
+        o_in = dt * T * a * dv / t
+        heads = a
+    else:
+        d = model.kv_channels
+        qkv = dt * T * (a * d + 2.0 * model.num_kv_heads * d) / t
+        o_in = dt * T * a * d / t
+        heads = a
+    s_kv = g.s if not model.sliding_window else np.minimum(g.s, model.sliding_window)
+    scores = T * s_kv * heads / t
+    unfused = dt * scores + drop * (scores + dt * scores)  # softmax output, dropout mask and output
+    fused = 4.0 * T * heads / t  # fp32 log-sum-exp per query and head
+    core = np.where(g.flash, fused, unfused)
+    if kind == "moe":
+        k, fe = model.experts_per_token, model.moe_ffn_hidden_size
+        routed = T / spd * k * g.etp
+        swiglu = model.activation is Activation.swiglu
+        expert = dt * routed * h + dt * routed * (3.0 if swiglu else 2.0) * fe / g.etp
+        router = 4.0 * T / spd * model.num_experts  # fp32 routing probabilities
+        shared = 0.0
+        if model.num_shared_experts:
+            f = model.num_shared_experts * fe
+            shared = dt * T * (3.0 if swiglu else 2.0) * f / t
+        mlp = expert + router + shared
+    else:
+        f = model.ffn_hidden_size
+        mlp = dt * T * (3.0 if model.activation is Activation.swiglu else 2.0) * f / t
+    return SavedActivations(layer_input=layer_input, core_attention=core, other=replicated + qkv + o_in + mlp)
+
+
+# ------------------------------------------------------------------ parameters
+
+
+def attention_params(model: ModelSpec) -> tuple[float, float]:
+    """(TP-sharded, replicated) parameters of one attention block."""
+    h, a = model.hidden_size, model.num_attention_heads
+    if model.is_mla:
+        dq, dv = model.qk_head_dim, model.v_dim
+        rep = h * (model.kv_lora_rank + model.qk_rope_head_dim) + (h * model.q_lora_rank if model.q_lora_rank else 0)
+        rep += model.kv_lora_rank + model.q_lora_rank  # latent norms
+        q_up = model.q_lora_rank * a * dq if model.q_lora_rank else h * a * dq
+        shard = q_up + model.kv_lora_rank * a * (model.qk_nope_head_dim + dv) + a * dv * h
+    else:
+        d = model.kv_channels
+        shard = h * (a * d + 2 * model.num_kv_heads * d) + a * d * h
+        rep = 0.0
+    return float(shard), float(rep + 2 * h)  # + two norms
+
+
+def mlp_params(model: ModelSpec, ffn: int) -> float:
+    return float((3 if model.activation is Activation.swiglu else 2) * model.hidden_size * ffn)
+
+
+def layer_params(model: ModelSpec, kind: str) -> dict[str, float]:
+    """Parameters of one layer: TP-sharded, replicated, and expert (EP×ETP-sharded)."""
+    shard, rep = attention_params(model)
+    if kind == "moe":
+        expert = model.num_experts * mlp_params(model, model.moe_ffn_hidden_size)
+        shard += model.num_shared_experts * mlp_params(model, model.moe_ffn_hidden_size)
+        rep += model.hidden_size * model.num_experts
+        return {"sharded": shard, "replicated": rep, "expert": expert}
+    return {"sharded": shard + mlp_params(model, model.ffn_hidden_size), "replicated": rep, "expert": 0.0}
+
+
+def total_params(model: ModelSpec) -> dict[str, float]:
+    """Whole-model parameter counts: total and active per token."""
+    dense, moe = layer_params(model, "dense"), layer_params(model, "moe") if model.is_moe else None
+    emb = model.vocab_size * model.hidden_size * (1 if model.tied_embeddings else 2)
+    total = emb + model.num_dense_layers * sum(dense.values())
+    active = emb + model.num_dense_layers * sum(dense.values())
+    if moe:
+        total += model.num_moe_layers * sum(moe.values())
+        active += model.num_moe_layers * (moe["sharded"] + moe["replicated"]
+                                          + moe["expert"] * model.experts_per_token / model.num_experts)
+    return {"total": float(total), "active": float(active)}
+
+
+def model_flops_per_sequence(model: ModelSpec, seq: FloatArray) -> FloatArray:
+    """Forward FLOPs of one sequence through the whole model, unsharded.
+
+    Attention counts the full s×s square (the Megatron/PaLM convention behind eq. 3 of
+    Narayanan et al.: 72·B·L·s·h²·(1 + s/6h + V/12hL) = 3 × this for GPT), no recompute.
+    """
+    s = np.asarray(seq, dtype=np.float64)
+    one = np.ones_like(s)
+    g = Geometry(b=one, s=s, t=one, c=one, e=one, etp=one, dp=one, sp=np.zeros(len(s), bool), dt=2.0 * one,
+                 precision=np.zeros(len(s), int), flash=np.zeros(len(s), bool))
+    total = np.zeros_like(s)
+    for kind, count in (("dense", model.num_dense_layers), ("moe", model.num_moe_layers + model.num_mtp_layers)):
+        if not count:
+            continue
+        for op in layer_operators(model, g, kind):
+            if np.all(np.asarray(op.kind) == GEMM):
+                total += count * np.asarray(op.flops)
+    total += 2.0 * s * model.hidden_size * model.vocab_size * (1 + model.num_mtp_layers)
+    return total
+
+
+def precision_name(code) -> str:
+    return PRECISIONS[int(code)]

@@ -1,0 +1,759 @@
+"""The vectorised engine: operators → layers → pipeline → optimizer → step time and memory.
+
+One call evaluates a :class:`~mofa_framework.batch.CandidateBatch` — a single prediction is a
+batch of one, a tuning chunk a batch of a million — with no Python loop over rows. The flow
+(paper §3.2, eqs. [1]–[15]; cost-model.md §3–§6):
+
+1. the model is decomposed into operators and collectives per layer type, priced by the
+   ``mofa_operator_latency`` and ``mofa_collective_latency`` providers in one call each;
+2. *layer*-phase features transform the per-layer costs;
+3. layers are placed on pipeline stages; *pipeline*-phase features transform the schedule's
+   inputs; each row's schedule gives the pipeline time and the micro-batches in flight;
+4. DP communication and the optimizer update are costed; *optimizer*-phase features act;
+5. memory per stage is costed; *memory*-phase features act; peak and fit follow.
+
+A feature's transform only affects the rows where it is on: the engine merges its output
+back with ``np.where`` so every other row stays bit-identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+import numpy as np
+
+from .batch import PRECISIONS, CandidateBatch, CollectiveBatch, OperatorBatch
+from .decompose import (
+    ALL_REDUCE,
+    Coll,
+    Geometry,
+    Op,
+    embedding_operators,
+    head_collectives,
+    head_operators,
+    layer_collectives,
+    layer_operators,
+    layer_params,
+    model_flops_per_sequence,
+    saved_activation_bytes,
+)
+from .errors import PluginError, PluginResultError
+from .types import HardwareProfile, ModelSpec, Phase
+from .units import GIB, BoolArray, FloatArray
+
+#: bytes of HBM traffic per parameter of one Adam step (fp32 master, m, v read+write,
+#: fp32 gradient read, bf16 parameter write)
+ADAM_BYTES_PER_PARAM = 30.0
+#: optimizer state bytes per parameter kept by mixed-precision Adam: fp32 master + m + v
+OPTIMIZER_STATE_BYTES = 12.0
+
+STAGES = ("first", "mid", "last")
+
+
+# ====================================================================== state records
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class LayerCosts:
+    """One layer of one type, per micro-batch, on one GPU (seconds / bytes / FLOPs)."""
+
+    fwd_compute_s: FloatArray
+    bwd_input_s: FloatArray
+    bwd_weight_s: FloatArray
+    recompute_s: FloatArray
+    #: compute that overlap features can hide communication behind
+    tp_gemm_fwd_s: FloatArray
+    tp_gemm_bwd_s: FloatArray
+    attn_fwd_s: FloatArray
+    attn_bwd_s: FloatArray
+    expert_fwd_s: FloatArray
+    expert_bwd_s: FloatArray
+    #: what selective recompute re-runs: QKV projection + core attention forward
+    qkv_attn_fwd_s: FloatArray
+    #: communication, total and exposed, per pass
+    tp_fwd_s: FloatArray
+    tp_bwd_s: FloatArray
+    cp_fwd_s: FloatArray
+    cp_bwd_s: FloatArray
+    ep_fwd_s: FloatArray
+    ep_bwd_s: FloatArray
+    tp_exposed_fwd_s: FloatArray
+    tp_exposed_bwd_s: FloatArray
+    cp_exposed_fwd_s: FloatArray
+    cp_exposed_bwd_s: FloatArray
+    ep_exposed_fwd_s: FloatArray
+    ep_exposed_bwd_s: FloatArray
+    offload_exposed_fwd_s: FloatArray
+    offload_exposed_bwd_s: FloatArray
+    #: saved activations: the pieces recompute features choose from, and what is kept
+    act_layer_input_bytes: FloatArray
+    act_core_attn_bytes: FloatArray
+    act_other_bytes: FloatArray
+    act_saved_bytes: FloatArray
+    #: transient bytes while this layer runs backward (full recompute re-materialises a layer)
+    act_working_bytes: FloatArray
+    fwd_flops: FloatArray
+    recompute_flops: FloatArray
+
+    @property
+    def fwd_s(self) -> FloatArray:
+        return (self.fwd_compute_s + self.tp_exposed_fwd_s + self.cp_exposed_fwd_s + self.ep_exposed_fwd_s
+                + self.offload_exposed_fwd_s)
+
+    @property
+    def bwd_input_total_s(self) -> FloatArray:
+        """Backward-input pass incl. recompute and exposed backward communication (ZeroBubble's B)."""
+        return (self.bwd_input_s + self.recompute_s + self.tp_exposed_bwd_s + self.cp_exposed_bwd_s
+                + self.ep_exposed_bwd_s + self.offload_exposed_bwd_s)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class PipelineInputs:
+    """What a schedule needs, over the rows that chose it (seconds per micro-batch).
+
+    ``F``, ``B``, ``W`` are per *chunk* (stage / v) of the critical stage — forward,
+    backward-input and backward-weight; ``sum_*`` are per-micro-batch totals over all stages.
+    """
+
+    p: FloatArray
+    v: FloatArray
+    m: FloatArray
+    F: FloatArray
+    B: FloatArray
+    W: FloatArray
+    sum_F: FloatArray
+    sum_B: FloatArray
+    sum_W: FloatArray
+    #: τ: one p2p transfer between stages (one micro-batch, one direction)
+    p2p_s: FloatArray
+    #: exposed p2p per steady-state forward+backward pair (2τ unless PP overlap hides it)
+    steady_p2p_s: FloatArray
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class PipelineTimes:
+    """A schedule's answer. ``busy + bubble + pp_comm`` is the pipeline time; warmup, steady
+    and cooldown split the same total by phase."""
+
+    busy_s: FloatArray
+    bubble_s: FloatArray
+    pp_comm_s: FloatArray
+    warmup_s: FloatArray
+    steady_s: FloatArray
+    cooldown_s: FloatArray
+
+    @property
+    def total_s(self) -> FloatArray:
+        return self.busy_s + self.bubble_s + self.pp_comm_s
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class Inflight:
+    """Micro-batches' worth of one stage's activations held at peak by the first, the
+    worst middle and the last stage."""
+
+    first: FloatArray
+    mid: FloatArray
+    last: FloatArray
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class OptimizerCosts:
+    """Per-step DP communication and the optimizer update (eq. [13])."""
+
+    dp_comm_s: FloatArray
+    dp_exposed_s: FloatArray
+    update_s: FloatArray
+    host_s: FloatArray  #: exposed host transfers + CPU update (CPU optimizer)
+    #: gradient bytes reduced per step (dense / expert parameter groups)
+    dense_grad_bytes: FloatArray
+    expert_grad_bytes: FloatArray
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class MemoryCosts:
+    """Bytes per GPU on the first, worst middle and last stage: arrays of shape (3, N)."""
+
+    dense_params: np.ndarray
+    expert_params: np.ndarray
+    weights_bytes: np.ndarray
+    grads_bytes: np.ndarray
+    optimizer_bytes: np.ndarray
+    activations_bytes: np.ndarray
+    buffers_bytes: np.ndarray
+    host_bytes: np.ndarray
+
+    @property
+    def gpu_bytes(self) -> np.ndarray:
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.buffers_bytes
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class Context:
+    """What transforms may use besides the state: the model, hardware and pricing hooks."""
+
+    model: ModelSpec
+    hardware: HardwareProfile
+    geometry: Geometry
+    pm: object
+
+    def collective_s(self, coll: Coll) -> FloatArray:
+        """Seconds for `coll` (once) on every row, priced by the collective provider."""
+        return price_collectives(self, [coll])[0]
+
+    def group_nodes(self, group_size, stride) -> FloatArray:
+        return nodes_spanned(group_size, stride, self.hardware.scaleup_domain_gpus)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class CostState:
+    """Everything the engine knows about a batch, phase by phase."""
+
+    batch: CandidateBatch
+    ctx: Context
+    layers: Mapping[str, LayerCosts]
+    pipe: PipelineInputs | None = None
+    opt: OptimizerCosts | None = None
+    mem: MemoryCosts | None = None
+
+
+# ====================================================================== pricing
+
+
+def nodes_spanned(group_size, stride, domain: int) -> FloatArray:
+    """Scale-up domains a group of `group_size` ranks `stride` apart spans (Megatron layout)."""
+    n = np.asarray(group_size, dtype=np.float64)
+    st = np.asarray(stride, dtype=np.float64)
+    span = n * st
+    return np.where(span <= domain, 1.0, np.where(st >= domain, n, np.ceil(span / domain)))
+
+
+def _checked(name: str, out, n: int) -> FloatArray:
+    if out is None:
+        raise PluginError(f"no plugin answered {name}: is the built-in provider disabled?")
+    out = np.asarray(out, dtype=np.float64)
+    if out.shape != (n,):
+        raise PluginResultError(f"{name} returned shape {out.shape}, expected ({n},)")
+    bad = ~np.isfinite(out) | (out < 0)
+    if bad.any():
+        raise PluginResultError(f"{name} returned {int(bad.sum())} negative or non-finite values")
+    return out
+
+
+def _call(pm, hook: str, **kw):
+    try:
+        return getattr(pm.hook, hook)(**kw)
+    except PluginError:
+        raise
+    except Exception as exc:  # a provider raising must name itself, not crash the CLI
+        impls = [i.plugin_name for i in getattr(pm.hook, hook).get_hookimpls()]
+        raise PluginError(f"{hook} failed in one of {impls}: {type(exc).__name__}: {exc}") from exc
+
+
+def price_operators(ctx: Context, ops: list[Op]) -> list[FloatArray]:
+    if not ops:
+        return []
+    n = len(ctx.geometry.b)
+    cat = lambda xs: np.concatenate([np.broadcast_to(np.asarray(x, dtype=np.float64), (n,)) for x in xs])  # noqa: E731
+    batch = OperatorBatch(
+        flops=cat([o.flops for o in ops]), bytes=cat([o.bytes for o in ops]),
+        kind=cat([o.kind for o in ops]).astype(np.int64),
+        precision=np.tile(ctx.geometry.precision, len(ops)),
+        gemm_m=cat([o.m for o in ops]), gemm_n=cat([o.n for o in ops]), gemm_k=cat([o.k for o in ops]),
+    )
+    out = _checked("mofa_operator_latency", _call(ctx.pm, "mofa_operator_latency", ops=batch, hardware=ctx.hardware),
+                   len(batch))
+    return list(out.reshape(len(ops), n))
+
+
+def price_collectives(ctx: Context, colls: list[Coll]) -> list[FloatArray]:
+    """Seconds per collective (one occurrence; multiply by ``count`` yourself)."""
+    if not colls:
+        return []
+    n = len(ctx.geometry.b)
+    cat = lambda xs: np.concatenate([np.broadcast_to(np.asarray(x, dtype=np.float64), (n,)) for x in xs])  # noqa: E731
+    size = cat([c.group_size for c in colls])
+    batch = CollectiveBatch(
+        kind=cat([c.kind for c in colls]).astype(np.int64), bytes=cat([c.bytes for c in colls]),
+        group_size=size.astype(np.int64),
+        nodes=nodes_spanned(size, cat([c.stride for c in colls]), ctx.hardware.scaleup_domain_gpus).astype(np.int64),
+    )
+    out = _checked("mofa_collective_latency",
+                   _call(ctx.pm, "mofa_collective_latency", colls=batch, hardware=ctx.hardware), len(batch))
+    out = np.where(size > 1, out, 0.0)
+    return list(out.reshape(len(colls), n))
+
+
+# ====================================================================== layer phase
+
+
+def _layer_costs(ctx: Context, kind: str) -> LayerCosts:
+    model, g = ctx.model, ctx.geometry
+    ops = layer_operators(model, g, kind)
+    times = price_operators(ctx, ops)
+    z = np.zeros_like(g.b)
+    fwd = sum(times, z)
+    bwd_in = sum((t * o.bwd_input for t, o in zip(times, ops)), z)
+    bwd_w = sum((t * o.bwd_weight for t, o in zip(times, ops)), z)
+
+    def grp(*groups):
+        sel = [(t, o) for t, o in zip(times, ops) if o.group in groups]
+        return (sum((t for t, _ in sel), z), sum((t * (o.bwd_input + o.bwd_weight) for t, o in sel), z))
+
+    tp_f, tp_b = grp("qkv", "proj", "mlp")
+    at_f, at_b = grp("core_attn")
+    ex_f, ex_b = grp("expert")
+    qkv_f, _ = grp("qkv", "core_attn")
+    colls = layer_collectives(model, g, kind)
+    ctimes = price_collectives(ctx, colls)
+    comm = {(p, d): z.copy() for p in ("tp", "cp", "ep") for d in ("fwd", "bwd")}
+    for c, t in zip(colls, ctimes):
+        for d in ("fwd", "bwd"):
+            if d in c.passes:
+                comm[(c.parallel, d)] = comm[(c.parallel, d)] + t * c.count
+    act = saved_activation_bytes(model, g, kind)
+    flops = sum((np.asarray(o.flops, dtype=np.float64) for o in ops), z)
+    return LayerCosts(
+        fwd_compute_s=fwd, bwd_input_s=bwd_in, bwd_weight_s=bwd_w, recompute_s=z,
+        tp_gemm_fwd_s=tp_f, tp_gemm_bwd_s=tp_b, attn_fwd_s=at_f, attn_bwd_s=at_b, expert_fwd_s=ex_f,
+        expert_bwd_s=ex_b, qkv_attn_fwd_s=qkv_f,
+        tp_fwd_s=comm[("tp", "fwd")], tp_bwd_s=comm[("tp", "bwd")], cp_fwd_s=comm[("cp", "fwd")],
+        cp_bwd_s=comm[("cp", "bwd")], ep_fwd_s=comm[("ep", "fwd")], ep_bwd_s=comm[("ep", "bwd")],
+        tp_exposed_fwd_s=comm[("tp", "fwd")], tp_exposed_bwd_s=comm[("tp", "bwd")],
+        cp_exposed_fwd_s=comm[("cp", "fwd")], cp_exposed_bwd_s=comm[("cp", "bwd")],
+        ep_exposed_fwd_s=comm[("ep", "fwd")], ep_exposed_bwd_s=comm[("ep", "bwd")],
+        offload_exposed_fwd_s=z, offload_exposed_bwd_s=z,
+        act_layer_input_bytes=act.layer_input, act_core_attn_bytes=act.core_attention, act_other_bytes=act.other,
+        act_saved_bytes=act.total, act_working_bytes=z, fwd_flops=flops, recompute_flops=z,
+    )
+
+
+# ====================================================================== stage placement
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class StageLayout:
+    """Layers of each type on the first, worst middle and last stage: arrays (3, N)."""
+
+    dense: np.ndarray
+    moe: np.ndarray
+    total: np.ndarray  # layers per stage (first, mid, last)
+
+
+def stage_layout(model: ModelSpec, batch: CandidateBatch) -> StageLayout:
+    """Place layers on stages. Balanced by default; `first/last_stage_layers` override the
+    end stages (Llama 3: 126 layers on PP 16 as 7 + 14×8 + 7); the middle stages share the
+    rest equally. Dense layers (first_k_dense) sit at the front."""
+    L = model.num_layers
+    p = batch.pp.astype(np.float64)
+    first_given = batch.first_stage_layers.astype(np.float64)
+    last_given = batch.last_stage_layers.astype(np.float64)
+    base = np.ceil(L / p)
+    deficit = base * p - L  # when L is not a multiple of p the end stages take fewer
+    auto_first = base - np.ceil(deficit / 2.0)
+    auto_last = base - np.floor(deficit / 2.0)
+    first = np.where(first_given > 0, first_given, np.where(p > 1, auto_first, L))
+    last = np.where(last_given > 0, last_given, np.where(p > 1, auto_last, L))
+    mid_stages = np.maximum(p - 2.0, 1.0)
+    rest = L - first - last
+    mid = np.where(p > 2, np.ceil(rest / mid_stages), np.where(p > 1, 0.0, L))
+    last = np.where(p > 1, last, L)
+    total = np.stack([first, mid, last])
+    dense_k = float(model.num_dense_layers if model.is_moe else L)
+    if model.is_moe:
+        # leading dense layers fill the first stage first, then the next ones
+        d_first = np.minimum(dense_k, first)
+        d_mid = np.minimum(np.maximum(dense_k - first, 0.0), mid)
+        d_last = np.where(p > 1, 0.0, d_first)
+        dense = np.stack([d_first, d_mid, d_last])
+    else:
+        dense = total.copy()
+    return StageLayout(dense=dense, moe=total - dense, total=total)
+
+
+def layers_per_stage_valid(model: ModelSpec, batch: CandidateBatch) -> BoolArray:
+    lay = stage_layout(model, batch)
+    p = batch.pp
+    first, mid, last = lay.total
+    covered = np.where(p > 2, first + last + mid * (p - 2) >= model.num_layers, True)
+    exact = np.where(p > 2, first + last + mid * (p - 2) == model.num_layers, True)
+    v = batch.vpp
+    chunks_ok = (np.mod(mid, v) == 0) | (p <= 2)
+    chunks_ok &= np.where(p > 1, (np.mod(first, v) == 0) & (np.mod(last, v) == 0), np.mod(first, v) == 0)
+    return covered & exact & (first >= 1) & (last >= 1) & chunks_ok & (p <= model.num_layers)
+
+
+# ====================================================================== the engine
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class Prediction:
+    """Results for a batch: arrays of length N, plus per-component breakdowns."""
+
+    batch: CandidateBatch
+    model: ModelSpec
+    hardware: HardwareProfile
+    step_time_s: FloatArray
+    tokens_per_s_per_gpu: FloatArray
+    model_tflops_per_gpu: FloatArray
+    hardware_tflops_per_gpu: FloatArray
+    mfu: FloatArray
+    hfu: FloatArray
+    peak_memory_bytes: FloatArray
+    fits_in_memory: BoolArray
+    #: seconds per component, summing to step_time_s
+    breakdown: Mapping[str, FloatArray]
+    #: bytes per component on the worst stage (GPU); `host` is on the CPU and not in the peak
+    memory_breakdown: Mapping[str, FloatArray]
+    #: seconds per pipeline phase on the critical stage
+    phases: Mapping[str, FloatArray]
+    #: which plugin produced each breakdown component
+    provenance: Mapping[str, str]
+    state: CostState
+
+    def __len__(self) -> int:
+        return len(self.step_time_s)
+
+    @property
+    def peak_memory_gib(self) -> FloatArray:
+        return self.peak_memory_bytes / GIB
+
+
+def _merge(mask: np.ndarray, new, old):
+    """Rows where `mask` is off keep `old`, bit for bit; recurse through attrs and dicts."""
+    if old is None or new is None:
+        return new
+    if isinstance(old, np.ndarray) or isinstance(new, np.ndarray):
+        new = np.asarray(new, dtype=np.float64) if np.asarray(new).dtype.kind == "f" else np.asarray(new)
+        return np.where(mask, new, old)
+    if isinstance(old, Mapping):
+        return {k: _merge(mask, new[k], old[k]) for k in old}
+    if attrs.has(type(old)):
+        return attrs.evolve(old, **{f.name: _merge(mask, getattr(new, f.name), getattr(old, f.name))
+                                    for f in attrs.fields(type(old)) if f.init})
+    return new
+
+
+_PHASE_FIELD = {Phase.layer: "layers", Phase.pipeline: "pipe", Phase.optimizer: "opt", Phase.memory: "mem"}
+
+
+def _apply_phase(state: CostState, registry, phase: Phase, trail: dict) -> CostState:
+    field = _PHASE_FIELD[phase]
+    for feat in registry.features_in_phase(phase):
+        rows = state.batch.feature(feat.name)
+        if not rows.enabled.any():
+            continue
+        try:
+            new = feat.acts_in(phase)(state, rows)
+        except Exception as exc:  # noqa: BLE001
+            plugin = registry.provided_by.get(("features", feat.name), feat.name)
+            raise PluginError(f"feature {feat.name!r} (plugin {plugin!r}) failed in its {phase.value} transform: "
+                              f"{type(exc).__name__}: {exc}") from exc
+        mask = rows.enabled if field != "mem" else rows.enabled[None, :]
+        merged = _merge(mask, getattr(new, field), getattr(state, field))
+        state = attrs.evolve(state, **{field: merged})
+        trail.setdefault(phase.value, []).append(feat.name)
+    return state
+
+
+def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile, pm) -> Prediction:
+    """Cost every row of `batch` for `model` on `hardware` with the plugins of `pm`."""
+    registry = pm.registry
+    g = Geometry.of(batch)
+    ctx = Context(model=model, hardware=hardware, geometry=g, pm=pm)
+    n = len(batch)
+    z = np.zeros(n)
+    trail: dict[str, list[str]] = {}
+
+    # ---- layer level
+    kinds = ["dense"] + (["moe"] if model.is_moe else [])
+    state = CostState(batch=batch, ctx=ctx, layers={k: _layer_costs(ctx, k) for k in kinds})
+    state = _apply_phase(state, registry, Phase.layer, trail)
+
+    # ---- stages: first / worst middle / last; embedding on the first, head (+MTP) on the last
+    lay = stage_layout(model, batch)
+    emb_ops, head_ops = embedding_operators(model, g), head_operators(model, g)
+    et = price_operators(ctx, emb_ops + head_ops)
+    emb_t, head_t = et[: len(emb_ops)], et[len(emb_ops):]
+    emb_f = sum(emb_t, z)
+    emb_b = sum((t * o.bwd_input for t, o in zip(emb_t, emb_ops)), z)
+    head_f = sum(head_t, z)
+    head_bi = sum((t * o.bwd_input for t, o in zip(head_t, head_ops)), z)
+    head_bw = sum((t * o.bwd_weight for t, o in zip(head_t, head_ops)), z)
+    hc = head_collectives(model, g)
+    head_comm = sum((t * c.count for t, c in zip(price_collectives(ctx, hc), hc)), z)
+    mtp = float(model.num_mtp_layers)
+
+    L = state.layers
+    moe_or_dense = L.get("moe", L["dense"])
+
+    def per_stage(get) -> np.ndarray:
+        """(3, N) per-micro-batch totals of component `get(layer_costs)` per stage."""
+        out = lay.dense * get(L["dense"])
+        if "moe" in L:
+            out = out + lay.moe * get(L["moe"])
+        return out
+
+    comp = {
+        "compute_fwd": per_stage(lambda c: c.fwd_compute_s),
+        "compute_bwd_input": per_stage(lambda c: c.bwd_input_s),
+        "compute_bwd_weight": per_stage(lambda c: c.bwd_weight_s),
+        "recompute": per_stage(lambda c: c.recompute_s),
+        "tp_comm": per_stage(lambda c: c.tp_exposed_fwd_s + c.tp_exposed_bwd_s),
+        "cp_comm": per_stage(lambda c: c.cp_exposed_fwd_s + c.cp_exposed_bwd_s),
+        "ep_comm": per_stage(lambda c: c.ep_exposed_fwd_s + c.ep_exposed_bwd_s),
+        "offload": per_stage(lambda c: c.offload_exposed_fwd_s + c.offload_exposed_bwd_s),
+    }
+    F = per_stage(lambda c: c.fwd_s)
+    B = per_stage(lambda c: c.bwd_input_total_s)
+    W = per_stage(lambda c: c.bwd_weight_s)
+    # embedding on the first stage, head (+ MTP modules) on the last
+    F[0] += emb_f
+    B[0] += emb_b
+    comp["compute_fwd"][0] += emb_f
+    comp["compute_bwd_input"][0] += emb_b
+    head_extra_f = head_f * (1 + mtp) + mtp * moe_or_dense.fwd_s
+    head_extra_b = (head_bi + head_comm) * (1 + mtp) + mtp * moe_or_dense.bwd_input_total_s
+    head_extra_w = head_bw * (1 + mtp) + mtp * moe_or_dense.bwd_weight_s
+    F[2] += head_extra_f + head_comm * (1 + mtp)
+    B[2] += head_extra_b
+    W[2] += head_extra_w
+    comp["compute_fwd"][2] += head_extra_f
+    comp["compute_bwd_input"][2] += head_extra_b - head_comm * (1 + mtp)
+    comp["compute_bwd_weight"][2] += head_extra_w
+    comp["tp_comm"][2] += 2 * head_comm * (1 + mtp)
+    if True:  # pp == 1: one stage holds everything (the 'first' row already has all layers)
+        single = batch.pp == 1
+        F[0] = np.where(single, F[0] + F[2] - per_stage(lambda c: c.fwd_s)[2], F[0])
+        B[0] = np.where(single, B[0] + B[2] - per_stage(lambda c: c.bwd_input_total_s)[2], B[0])
+        W[0] = np.where(single, W[0] + W[2] - per_stage(lambda c: c.bwd_weight_s)[2], W[0])
+        for key, arr in comp.items():
+            base_last = per_stage({
+                "compute_fwd": lambda c: c.fwd_compute_s, "compute_bwd_input": lambda c: c.bwd_input_s,
+                "compute_bwd_weight": lambda c: c.bwd_weight_s, "recompute": lambda c: c.recompute_s,
+                "tp_comm": lambda c: c.tp_exposed_fwd_s + c.tp_exposed_bwd_s,
+                "cp_comm": lambda c: c.cp_exposed_fwd_s + c.cp_exposed_bwd_s,
+                "ep_comm": lambda c: c.ep_exposed_fwd_s + c.ep_exposed_bwd_s,
+                "offload": lambda c: c.offload_exposed_fwd_s + c.offload_exposed_bwd_s}[key])[2]
+            arr[0] = np.where(single, arr[0] + arr[2] - base_last, arr[0])
+    p = batch.pp.astype(np.float64)
+    v = batch.vpp.astype(np.float64)
+    m = batch.num_microbatches.astype(np.float64)
+    work = F + B + W
+    # the middle row stands for p−2 stages; with p == 2 there is no middle stage, p == 1 one stage
+    mid_count = np.maximum(p - 2.0, 0.0)
+    exists = np.stack([np.ones(n, bool), p > 2, p > 1])
+    crit = np.argmax(np.where(exists, work, -np.inf), axis=0)
+    pick = lambda arr: np.take_along_axis(arr, crit[None, :], axis=0)[0]  # noqa: E731
+    total_of = lambda arr: np.where(p > 1, arr[0] + arr[2] + mid_count * arr[1], arr[0])  # noqa: E731
+
+    # ---- pipeline p2p: one micro-batch's boundary activation, sequence-parallel sharded
+    pp_msg = g.tokens * model.hidden_size * g.dt / g.sp_div
+    pp_coll = Coll(name="pp_p2p", parallel="pp", kind=4, bytes=pp_msg, group_size=np.full(n, 2.0),
+                   stride=g.t * g.c * g.dp)
+    tau = np.where(p > 1, price_collectives(ctx, [pp_coll])[0], 0.0)
+    pipe = PipelineInputs(p=p, v=v, m=m, F=pick(F) / v, B=pick(B) / v, W=pick(W) / v, sum_F=total_of(F),
+                          sum_B=total_of(B), sum_W=total_of(W), p2p_s=tau, steady_p2p_s=2.0 * tau)
+    state = attrs.evolve(state, pipe=pipe)
+    state = _apply_phase(state, registry, Phase.pipeline, trail)
+    times, inflight = run_schedules(state, registry)
+
+    # ---- optimizer level
+    state = attrs.evolve(state, opt=_optimizer_costs(ctx, batch, lay))
+    state = _apply_phase(state, registry, Phase.optimizer, trail)
+
+    # ---- memory level
+    state = attrs.evolve(state, mem=_memory_costs(state, lay, inflight))
+    state = _apply_phase(state, registry, Phase.memory, trail)
+
+    # ---- results
+    opt, mem = state.opt, state.mem
+    overhead = np.full(n, hardware.efficiency.step_overhead_s)
+    breakdown = {k: m * pick(a) for k, a in comp.items()}
+    breakdown["pp_comm"] = times.pp_comm_s
+    breakdown["bubble"] = times.bubble_s
+    breakdown["dp_comm"] = opt.dp_exposed_s
+    breakdown["optimizer"] = opt.update_s
+    breakdown["optimizer_host"] = opt.host_s
+    breakdown["overhead"] = overhead
+    # schedules may reorder work (and so change busy time, e.g. DualPipe); keep the sum exact
+    busy_sum = sum((breakdown[k] for k in comp), z)
+    breakdown["schedule_adjust"] = times.busy_s - busy_sum
+    step = times.total_s + opt.dp_exposed_s + opt.update_s + opt.host_s + overhead
+
+    gpu = mem.gpu_bytes + hardware.reserved_memory_bytes
+    gpu = np.where(exists, gpu, -np.inf)
+    worst = np.argmax(gpu, axis=0)
+    wpick = lambda arr: np.take_along_axis(arr, worst[None, :], axis=0)[0]  # noqa: E731
+    mem_bd = {
+        "weights": wpick(mem.weights_bytes), "gradients": wpick(mem.grads_bytes),
+        "optimizer_states": wpick(mem.optimizer_bytes), "activations": wpick(mem.activations_bytes),
+        "buffers": wpick(mem.buffers_bytes), "reserved": np.full(n, hardware.reserved_memory_bytes),
+    }
+    peak = sum(mem_bd.values(), z)
+    mem_bd["host"] = wpick(mem.host_bytes)
+
+    tokens = batch.global_batch_size * batch.sequence_length
+    n_gpus = batch.num_gpus.astype(np.float64)
+    model_flops = 3.0 * model_flops_per_sequence(model, batch.sequence_length) * batch.global_batch_size
+    rec = sum((np.asarray(L[k].recompute_flops) * (lay.dense if k == "dense" else lay.moe).sum(axis=0)
+               for k in L), z)
+    # recompute FLOPs above are per micro-batch per GPU-stage; scale to the whole step
+    hw_flops = model_flops + rec * m * g.t * g.c * g.dp
+    peak_flops = np.array([hardware.peak_flops_per_s(PRECISIONS[c]) for c in batch.precision])
+    prov = _provenance(pm, registry, trail)
+    return Prediction(
+        batch=batch, model=model, hardware=hardware, step_time_s=step,
+        tokens_per_s_per_gpu=tokens / step / n_gpus,
+        model_tflops_per_gpu=model_flops / step / n_gpus / 1e12,
+        hardware_tflops_per_gpu=hw_flops / step / n_gpus / 1e12,
+        mfu=model_flops / step / n_gpus / peak_flops, hfu=hw_flops / step / n_gpus / peak_flops,
+        peak_memory_bytes=peak, fits_in_memory=peak <= hardware.hbm_bytes,
+        breakdown=breakdown, memory_breakdown=mem_bd,
+        phases={"warmup": times.warmup_s, "steady": times.steady_s, "cooldown": times.cooldown_s},
+        provenance=prov, state=state,
+    )
+
+
+def _provenance(pm, registry, trail) -> dict[str, str]:
+    def impl(hook):
+        impls = getattr(pm.hook, hook).get_hookimpls()
+        return impls[-1].plugin_name if impls else "?"
+
+    op, coll = impl("mofa_operator_latency"), impl("mofa_collective_latency")
+    prov = {k: op for k in ("compute_fwd", "compute_bwd_input", "compute_bwd_weight", "recompute")}
+    prov.update({k: coll for k in ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")})
+    prov.update(bubble="schedule", optimizer="engine", optimizer_host="engine", offload="engine",
+                overhead="hardware profile", schedule_adjust="schedule")
+    for phase, names in trail.items():
+        for name in names:
+            plugin = registry.provided_by.get(("features", name), name)
+            prov[f"features.{phase}.{name}"] = plugin
+    return prov
+
+
+def run_schedules(state: CostState, registry) -> tuple[PipelineTimes, Inflight]:
+    """Ask each row's schedule for its pipeline time and in-flight micro-batches."""
+    batch, pipe = state.batch, state.pipe
+    n = len(batch)
+    out = {f.name: np.zeros(n) for f in attrs.fields(PipelineTimes)}
+    inf = {f.name: np.zeros(n) for f in attrs.fields(Inflight)}
+    names = list(registry.schedules)
+    for code in np.unique(batch.schedule):
+        if not 0 <= code < len(names):
+            raise PluginError(f"schedule code {code} is not registered (is its plugin disabled?)")
+        sched = registry.schedules[names[code]]
+        idx = np.flatnonzero(batch.schedule == code)
+        sub = PipelineInputs(**{f.name: getattr(pipe, f.name)[idx] for f in attrs.fields(PipelineInputs)})
+        try:
+            t = sched.time(sub)
+            fl = sched.inflight(sub)
+        except Exception as exc:  # noqa: BLE001
+            raise PluginError(f"schedule {sched.name!r} failed: {type(exc).__name__}: {exc}") from exc
+        for f in attrs.fields(PipelineTimes):
+            out[f.name][idx] = _checked(f"schedule {sched.name!r} {f.name}", getattr(t, f.name), len(idx))
+        for f in attrs.fields(Inflight):
+            inf[f.name][idx] = _checked(f"schedule {sched.name!r} inflight.{f.name}", getattr(fl, f.name), len(idx))
+    return PipelineTimes(**out), Inflight(**inf)
+
+
+def _dp_groups(ctx: Context, batch: CandidateBatch):
+    """(size, stride) of the dense and expert gradient-reduction groups."""
+    g = ctx.geometry
+    dense = (g.dp * g.c, g.t)  # Megatron reduces dense grads over DP×CP
+    expert = (g.t * g.c * g.dp / (g.e * g.etp), g.e * g.etp)
+    return dense, expert
+
+
+def _params_on_stages(model: ModelSpec, batch: CandidateBatch, lay: StageLayout):
+    """Dense (TP-sharded + replicated) and expert parameters each GPU holds, per stage (3, N)."""
+    g_t = batch.tp.astype(np.float64)
+    d, mo = layer_params(model, "dense"), layer_params(model, "moe") if model.is_moe else None
+    dense = lay.dense * (d["sharded"] / g_t + d["replicated"])
+    expert = np.zeros_like(dense)
+    if mo:
+        per_gpu_expert = mo["expert"] / (batch.ep * batch.etp)
+        dense = dense + lay.moe * (mo["sharded"] / g_t + mo["replicated"])
+        expert = lay.moe * per_gpu_expert
+    emb = model.vocab_size * model.hidden_size / g_t
+    p = batch.pp
+    dense[0] += emb  # input embedding
+    # output layer on the last stage (tied embeddings keep a second copy when pp > 1)
+    head = np.where(p > 1, emb, 0.0 if model.tied_embeddings else emb)
+    dense[2] += head
+    if model.num_mtp_layers and mo:
+        dense[2] += model.num_mtp_layers * (mo["sharded"] / g_t + mo["replicated"] + 2 * model.hidden_size ** 2 / g_t)
+        expert[2] += model.num_mtp_layers * mo["expert"] / (batch.ep * batch.etp)
+    single = p == 1
+    dense[0] = np.where(single, dense[0] + head + (dense[2] - lay.dense[2] * (d["sharded"] / g_t + d["replicated"])
+                                                    - (lay.moe[2] * (mo["sharded"] / g_t + mo["replicated"]) if mo else 0)
+                                                    - head), dense[0])
+    expert[0] = np.where(single, expert[0] + (expert[2] - (lay.moe[2] * mo["expert"] / (batch.ep * batch.etp)
+                                                           if mo else 0)), expert[0])
+    return dense, expert
+
+
+def _grad_bytes_per_param(batch: CandidateBatch) -> FloatArray:
+    """Megatron accumulates bf16 gradients in fp32 main-grad buffers; fp16 keeps fp16 grads."""
+    return np.where(batch.precision == PRECISIONS.index("fp16"), 2.0, 4.0)
+
+
+def _optimizer_costs(ctx: Context, batch: CandidateBatch, lay: StageLayout) -> OptimizerCosts:
+    dense, expert = _params_on_stages(ctx.model, batch, lay)
+    gb = _grad_bytes_per_param(batch)
+    (d_size, d_stride), (e_size, e_stride) = _dp_groups(ctx, batch)
+    # the busiest stage sets the step (stages reduce concurrently)
+    stage_total = dense + expert
+    worst = np.argmax(stage_total, axis=0)
+    pick = lambda a: np.take_along_axis(a, worst[None, :], axis=0)[0]  # noqa: E731
+    dp_dense, dp_expert = pick(dense), pick(expert)
+    colls = [Coll(name="dp_grad_ar", parallel="dp", kind=ALL_REDUCE, bytes=dp_dense * gb, group_size=d_size,
+                  stride=d_stride),
+             Coll(name="dp_expert_grad_ar", parallel="dp", kind=ALL_REDUCE, bytes=dp_expert * gb, group_size=e_size,
+                  stride=e_stride)]
+    t_dense, t_expert = price_collectives(ctx, colls)
+    comm = t_dense + t_expert
+    update = (dp_dense + dp_expert) * ADAM_BYTES_PER_PARAM / (
+        ctx.hardware.efficiency.memory_efficiency * ctx.hardware.hbm_bandwidth_bytes_per_s)
+    z = np.zeros_like(comm)
+    return OptimizerCosts(dp_comm_s=comm, dp_exposed_s=comm, update_s=update, host_s=z,
+                          dense_grad_bytes=dp_dense * gb, expert_grad_bytes=dp_expert * gb)
+
+
+def _memory_costs(state: CostState, lay: StageLayout, inflight: Inflight) -> MemoryCosts:
+    ctx, batch = state.ctx, state.batch
+    model, g = ctx.model, ctx.geometry
+    dense, expert = _params_on_stages(model, batch, lay)
+    params = dense + expert
+    copies = np.array([registry_param_copies(ctx, c) for c in batch.schedule], dtype=np.float64) \
+        if len(batch) < 64 else _param_copies_vec(ctx, batch)
+    weights = params * 2.0 * copies
+    grads = params * _grad_bytes_per_param(batch) * copies
+    optim = params * OPTIMIZER_STATE_BYTES * copies
+    L = state.layers
+    act_stage = lay.dense * L["dense"].act_saved_bytes
+    work = lay.dense * 0 + L["dense"].act_working_bytes
+    if "moe" in L:
+        act_stage = act_stage + lay.moe * L["moe"].act_saved_bytes
+        work = np.maximum(work, L["moe"].act_working_bytes)
+    held = np.stack([inflight.first, inflight.mid, inflight.last])
+    acts = act_stage * held
+    # the last stage materialises fp32 logits of one micro-batch for the loss
+    logits = np.zeros_like(acts)
+    logits[2] = g.tokens * model.vocab_size / g.t * 4.0 * (1 + model.num_mtp_layers)
+    logits[0] = np.where(batch.pp == 1, logits[2], 0.0)
+    buffers = work + logits
+    host = np.zeros_like(acts)
+    return MemoryCosts(dense_params=dense, expert_params=expert, weights_bytes=weights, grads_bytes=grads,
+                       optimizer_bytes=optim, activations_bytes=acts, buffers_bytes=buffers, host_bytes=host)
+
+
+def registry_param_copies(ctx: Context, code) -> float:
+    names = list(ctx.pm.registry.schedules)
+    return float(ctx.pm.registry.schedules[names[int(code)]].parameter_copies)
+
+
+def _param_copies_vec(ctx: Context, batch: CandidateBatch) -> FloatArray:
+    table = np.array([s.parameter_copies for s in ctx.pm.registry.schedules.values()], dtype=np.float64)
+    return table[batch.schedule]

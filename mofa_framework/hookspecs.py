@@ -1,0 +1,201 @@
+"""Hook specifications: the contract between the MoFa core and every plugin.
+
+Each hook says **when** it is called, **what** it receives, **what** it returns and **how**
+the results of several plugins compose. There are four composition modes:
+
+* **registry** — every plugin's results are collected; each yields typed attrs records
+  (:mod:`mofa_framework.types`). Two plugins registering the same record name is a
+  :class:`~mofa_framework.errors.PluginConflictError` naming both distributions.
+* **provider** — ``firstresult``: the first non-``None`` answer wins. The built-in provider
+  is ``trylast``, so any installed provider takes precedence; a provider that only
+  improves some rows is written as a ``wrapper`` that ``yield``\\s to get the default and
+  returns ``np.where(mask, mine, default)``.
+* **contribution** — every plugin's array is collected and combined by a stated reducer
+  (feasibility masks are AND-ed).
+* **lifecycle** — called once for its side effect (e.g. adding CLI commands).
+
+Implement a hook by decorating a module-level function (or method) with
+:data:`mofa_framework.hookimpl` and naming it exactly as below; declare the module under the
+``mofa`` entry-point group. Hooks take arrays over a whole batch of candidate
+configurations and must not loop over rows in Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:  # pragma: no cover
+    import click
+
+    from .batch import CandidateBatch, CollectiveBatch, OperatorBatch
+    from .types import (
+        ConfigSection,
+        ConstraintResult,
+        CostTransform,
+        FaultRecoveryPolicy,
+        HardwareProfile,
+        MemoryOptimizer,
+        ModelSpec,
+        OverlapStrategy,
+        PipelineSchedule,
+    )
+    from .units import FloatArray
+
+PROJECT = "mofa"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+class MofaSpecs:
+    """The namespace pluggy reads the specifications from."""
+
+    # ------------------------------------------------------------------ registries
+    @hookspec
+    def mofa_register_hardware_profiles(self) -> Iterable[HardwareProfile]:
+        """Register accelerator profiles.
+
+        Composition: registry.
+
+        Called once, when the registry is first built (before any job file is read).
+        Receives nothing. Returns an iterable of :class:`~mofa_framework.types.HardwareProfile`;
+        each ``name`` (and each alias) must be unique across all plugins. The built-in
+        ``hardware_zoo`` plugin registers the TOML files of ``hardware_profiles/``.
+        """
+
+    @hookspec
+    def mofa_register_models(self) -> Iterable[ModelSpec]:
+        """Register model architectures.
+
+        Composition: registry.
+
+        Called once, when the registry is first built. Receives nothing. Returns an iterable
+        of :class:`~mofa_framework.types.ModelSpec`; names and aliases must be unique. The
+        built-in ``model_zoo`` plugin registers the TOML files of ``model_zoo/``.
+        """
+
+    @hookspec
+    def mofa_register_pipeline_schedules(self) -> Iterable[PipelineSchedule]:
+        """Register pipeline schedules (1F1B, interleaved, ZeroBubble, DualPipe, ...).
+
+        Composition: registry.
+
+        Called once, when the registry is first built. Returns an iterable of
+        :class:`~mofa_framework.types.PipelineSchedule`. Each schedule's ``time`` and
+        ``inflight`` callables are later called by the engine with a
+        :class:`~mofa_framework.engine.PipelineInputs` holding the rows (candidate
+        configurations) that chose it, and must return arrays of that length.
+        """
+
+    @hookspec
+    def mofa_register_overlap_strategies(self) -> Iterable[OverlapStrategy]:
+        """Register features that overlap communication with computation (TP/CP/EP/PP/DP).
+
+        Composition: registry.
+
+        Called once, when the registry is first built. Returns an iterable of
+        :class:`~mofa_framework.types.OverlapStrategy`. The engine calls each strategy's
+        per-phase transform only for the rows where it is enabled, orders strategies within
+        a phase by their ``after``/``before`` names, and keeps other rows bit-identical. An
+        overlap must never make a step slower than no overlap with contention coefficients 1.
+        """
+
+    @hookspec
+    def mofa_register_memory_optimizers(self) -> Iterable[MemoryOptimizer]:
+        """Register features that cut or move memory (recompute, offload, optimizers).
+
+        Composition: registry.
+
+        Called once, when the registry is first built. Returns an iterable of
+        :class:`~mofa_framework.types.MemoryOptimizer`; applied like overlap strategies.
+        A memory optimizer must never raise peak memory.
+        """
+
+    @hookspec
+    def mofa_register_cost_transforms(self) -> Iterable[CostTransform]:
+        """Register any other feature that changes the cost model (FP8, faster kernels).
+
+        Composition: registry.
+
+        Called once, when the registry is first built. Returns an iterable of
+        :class:`~mofa_framework.types.CostTransform`; applied like overlap strategies.
+        """
+
+    @hookspec
+    def mofa_register_fault_recovery_policies(self) -> Iterable[FaultRecoveryPolicy]:
+        """Register how a job recovers from failures (process / pod / job restart, ...).
+
+        Composition: registry.
+
+        Called once, when the registry is first built. Returns an iterable of
+        :class:`~mofa_framework.types.FaultRecoveryPolicy`; the ``[fault]`` section of a job
+        file selects one by ``policy`` and its options are read into its ``options_type``.
+        """
+
+    @hookspec
+    def mofa_register_config_sections(self) -> Iterable[ConfigSection]:
+        """Register a top-level table of the job file owned by the plugin.
+
+        Composition: registry.
+
+        Called once, when the registry is first built. Returns an iterable of
+        :class:`~mofa_framework.types.ConfigSection`. Features and fault policies need not use
+        this: their ``options_type`` already defines ``[features.<name>]`` and ``[fault]``.
+        """
+
+    # ------------------------------------------------------------------ providers
+    @hookspec(firstresult=True)
+    def mofa_operator_latency(self, ops: OperatorBatch, hardware: HardwareProfile) -> FloatArray | None:
+        """Seconds each operator takes on one GPU (paper eq. [1]).
+
+        Composition: provider (first non-``None`` result wins; the built-in ``roofline``
+        plugin is ``trylast``).
+
+        Called by the engine once per prediction batch with every operator of every layer
+        type of every candidate stacked into one :class:`~mofa_framework.batch.OperatorBatch`
+        (flat arrays: FLOPs, bytes moved, operator kind, numeric format, GEMM shape). Returns
+        a float64 array of the same length, seconds, finite and ≥ 0; ``None`` defers to the
+        next provider.
+        """
+
+    @hookspec(firstresult=True)
+    def mofa_collective_latency(self, colls: CollectiveBatch, hardware: HardwareProfile) -> FloatArray | None:
+        """Seconds each collective takes (paper eqs. [2], [3], [18]).
+
+        Composition: provider (first non-``None`` result wins; the built-in ``collectives``
+        plugin is ``trylast``).
+
+        Called by the engine once per prediction batch with every collective stacked into
+        one :class:`~mofa_framework.batch.CollectiveBatch` (kind, bytes, group size, nodes
+        spanned, whether it stays in the scale-up domain). Returns a float64 array of the
+        same length, seconds, finite and ≥ 0; ``None`` defers to the next provider.
+        """
+
+    # ------------------------------------------------------------------ contributions
+    @hookspec
+    def mofa_candidate_constraints(self, batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile) -> Iterable[ConstraintResult]:
+        """Rules that make candidate configurations infeasible (paper §4.1 pruning).
+
+        Composition: contribution (all masks are AND-ed; each reason is reported for the
+        rows it removes).
+
+        Called before costing every batch — one prediction or a chunk of a tuning search.
+        Receives the batch and the model and hardware it is evaluated for. Returns an
+        iterable of :class:`~mofa_framework.types.ConstraintResult`, each holding a boolean
+        array of the batch's length (``True`` = feasible) and a one-line reason naming the
+        field and the fix. Memory feasibility is added by the engine itself.
+        """
+
+    # ------------------------------------------------------------------ lifecycle
+    @hookspec
+    def mofa_register_commands(self, cli: click.Group) -> None:
+        """Add sub-commands to the ``mofa`` command line.
+
+        Composition: lifecycle.
+
+        Called once when the CLI is assembled, after plugins are loaded. Receives the
+        top-level :class:`click.Group`; add commands with ``cli.add_command``. Returns
+        nothing.
+        """

@@ -1,0 +1,152 @@
+"""The registry: every record the installed plugins registered, validated and indexed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from .errors import PluginConflictError, PluginError, UnknownRecordError
+from .types import (
+    ConfigSection,
+    FaultRecoveryPolicy,
+    Feature,
+    HardwareProfile,
+    ModelSpec,
+    Phase,
+    PipelineSchedule,
+)
+
+
+_SINGULAR = {"hardware": "hardware profile", "models": "model", "schedules": "pipeline schedule",
+             "features": "feature", "policies": "fault-recovery policy", "config_sections": "config section"}
+
+
+def _norm(name: str) -> str:
+    return " ".join(name.strip().lower().replace("_", "-").split())
+
+
+@attrs.frozen(kw_only=True)
+class Registry:
+    """Records by kind and name, plus which plugin provided each and what went wrong."""
+
+    hardware: Mapping[str, HardwareProfile]
+    models: Mapping[str, ModelSpec]
+    schedules: Mapping[str, PipelineSchedule]
+    features: Mapping[str, Feature]
+    policies: Mapping[str, FaultRecoveryPolicy]
+    config_sections: Mapping[str, ConfigSection]
+    provided_by: Mapping[tuple[str, str], str]
+    aliases: Mapping[tuple[str, str], str]
+    problems: tuple[str, ...] = ()
+
+    @classmethod
+    def collect(cls, pm) -> Registry:
+        from .manager import RECORD_HOOKS
+
+        tables: dict[str, dict] = {k: {} for k in RECORD_HOOKS}
+        provided_by: dict[tuple[str, str], str] = {}
+        aliases: dict[tuple[str, str], str] = {}
+        problems: list[str] = []
+
+        def dist(plugin: str) -> str:
+            info = pm.infos.get(plugin)
+            return f"{plugin} ({info.distribution} {info.version})".replace(" ( )", "") if info else plugin
+
+        for kind, (hook, rtype) in RECORD_HOOKS.items():
+            alias_kind = "features" if kind in ("overlaps", "memory_optimizers", "transforms") else kind
+            for plugin, records in pm.hook_results(hook):
+                for rec in records:
+                    if not isinstance(rec, rtype):
+                        msg = (f"plugin {plugin!r} returned {type(rec).__name__} from {hook}; "
+                               f"expected {rtype.__name__}")
+                        problems.append(msg)
+                        if pm.strict:
+                            raise PluginError(msg)
+                        continue
+                    keys = [rec.name, *getattr(rec, "aliases", ())]
+                    clash = next((k for k in keys if (alias_kind, _norm(k)) in aliases), None)
+                    if clash is not None:
+                        owner_name = aliases[(alias_kind, _norm(clash))]
+                        owner = provided_by[(alias_kind, owner_name)]
+                        msg = (f"{alias_kind} name {clash!r} is registered by both {dist(owner)} and {dist(plugin)}; "
+                               f"the second is ignored — disable one with --disable-plugin")
+                        problems.append(msg)
+                        info = pm.infos.get(plugin)
+                        if info is not None and info.status != "failed":
+                            info.status = "failed"
+                            info.error = msg
+                        if pm.strict:
+                            raise PluginConflictError(msg)
+                        continue
+                    tables[kind][rec.name] = rec
+                    provided_by[(alias_kind, rec.name)] = plugin
+                    for k in keys:
+                        aliases[(alias_kind, _norm(k))] = rec.name
+        features = {**tables["overlaps"], **tables["memory_optimizers"], **tables["transforms"]}
+        return cls(
+            hardware=tables["hardware"],
+            models=tables["models"],
+            schedules=dict(sorted(tables["schedules"].items())),
+            features=dict(sorted(features.items())),
+            policies=tables["policies"],
+            config_sections=tables["config_sections"],
+            provided_by=provided_by,
+            aliases=aliases,
+            problems=tuple(problems),
+        )
+
+    # ------------------------------------------------------------------ look-ups
+    def _lookup(self, kind: str, table: Mapping, name: str, field: str, listing: str):
+        key = self.aliases.get((kind, _norm(name)))
+        if key is None:
+            known = ", ".join(sorted(table)[:12]) + (" ..." if len(table) > 12 else "")
+            raise UnknownRecordError(
+                f"{field}: unknown {_SINGULAR[kind]} {name!r}; run `mofa {listing}` to see the installed ones "
+                f"({known or 'none installed'})"
+            )
+        return table[key]
+
+    def hardware_profile(self, name: str, field: str = "hardware.name") -> HardwareProfile:
+        return self._lookup("hardware", self.hardware, name, field, "list-hardware")
+
+    def model(self, name: str, field: str = "model.name") -> ModelSpec:
+        return self._lookup("models", self.models, name, field, "list-models")
+
+    def schedule(self, name: str, field: str = "pipeline.schedule") -> PipelineSchedule:
+        return self._lookup("schedules", self.schedules, name, field, "list-plugins")
+
+    def feature(self, name: str, field: str = "features") -> Feature:
+        return self._lookup("features", self.features, name, field, "list-plugins")
+
+    def policy(self, name: str, field: str = "fault.policy") -> FaultRecoveryPolicy:
+        return self._lookup("policies", self.policies, name, field, "list-plugins")
+
+    def schedule_code(self, name: str) -> int:
+        return list(self.schedules).index(name)
+
+    def features_in_phase(self, phase: Phase) -> list[Feature]:
+        """Features acting in `phase`, ordered by their after/before constraints (stable by name)."""
+        feats = [f for f in self.features.values() if f.acts_in(phase) is not None]
+        names = {f.name for f in feats}
+        deps: dict[str, set[str]] = {f.name: {a for a in f.after if a in names} for f in feats}
+        for f in feats:
+            for b in f.before:
+                if b in names:
+                    deps[b].add(f.name)
+        order: list[str] = []
+        ready = sorted(n for n, d in deps.items() if not d)
+        while ready:
+            n = ready.pop(0)
+            order.append(n)
+            for m, d in deps.items():
+                if n in d:
+                    d.discard(n)
+                    if not d and m not in order and m not in ready:
+                        ready.append(m)
+                        ready.sort()
+        if len(order) != len(feats):
+            cycle = sorted(names - set(order))
+            raise PluginError(f"features {cycle} have circular after/before constraints in phase {phase.value}")
+        by = {f.name: f for f in feats}
+        return [by[n] for n in order]

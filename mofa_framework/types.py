@@ -1,0 +1,419 @@
+"""Value objects and the typed records plugins return.
+
+Everything here is a frozen attrs class with validators. Files are read into these by the
+cattrs converter in :mod:`mofa_framework.config`; human units (GiB, GB/s, TFLOPS, µs) live
+only in field names that say so, and the SI properties (``*_bytes``, ``*_bytes_per_s``,
+``*_flops_per_s``, ``*_s``) are derived once here.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+from attrs import validators as v
+
+from .units import DTYPE_BYTES, GIB, gbps_to_bytes_per_s, tflops_to_flops_per_s
+
+KEBAB = re.compile(r"^[a-z0-9][a-z0-9.\-]*$")
+SNAKE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def _kebab(inst, attribute, value):
+    if not KEBAB.match(value):
+        raise ValueError(f"'{attribute.name}' must be lowercase kebab-case (e.g. 'h100-sxm5-80gb'), got {value!r}")
+
+
+def _snake(inst, attribute, value):
+    if not SNAKE.match(value):
+        raise ValueError(f"'{attribute.name}' must be a snake_case identifier (e.g. 'tp_overlap'), got {value!r}")
+
+
+_pos_int = [v.instance_of(int), v.ge(1)]
+_nonneg_int = [v.instance_of(int), v.ge(0)]
+
+
+def _pos_float(default=None):
+    return attrs.field(default=default, converter=float, validator=v.gt(0.0))
+
+
+def _tuple_of_str(x) -> tuple[str, ...]:
+    return tuple(str(i) for i in x)
+
+
+# ---------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------
+
+
+class Activation(enum.Enum):
+    swiglu = "swiglu"  #: gated MLP, three matrices (SwiGLU, GeGLU)
+    gelu = "gelu"  #: classic two-matrix MLP
+
+
+@attrs.frozen(kw_only=True)
+class ModelSpec:
+    """A transformer's architecture, in HuggingFace/Megatron field names.
+
+    Dense, MoE (routed + shared experts, leading dense layers) and MLA attention are all
+    described by the same record; fields that do not apply stay 0.
+    """
+
+    name: str = attrs.field(validator=_kebab)
+    num_layers: int = attrs.field(validator=_pos_int)
+    hidden_size: int = attrs.field(validator=_pos_int)
+    num_attention_heads: int = attrs.field(validator=_pos_int)
+    num_kv_heads: int = attrs.field(validator=_pos_int)
+    ffn_hidden_size: int = attrs.field(validator=_pos_int)
+    vocab_size: int = attrs.field(validator=_pos_int)
+    display_name: str = ""
+    aliases: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
+    source: str = ""
+    notes: str = ""
+    activation: Activation = attrs.field(default=Activation.swiglu, converter=Activation)
+    normalization: str = attrs.field(default="rmsnorm", validator=v.in_(("rmsnorm", "layernorm")))
+    position_embedding: str = attrs.field(default="rope", validator=v.in_(("rope", "learned", "alibi", "none")))
+    tied_embeddings: bool = False
+    dropout: bool = False
+    head_dim: int = attrs.field(default=0, validator=_nonneg_int)
+    max_sequence_length: int = attrs.field(default=0, validator=_nonneg_int)
+    num_experts: int = attrs.field(default=0, validator=_nonneg_int)
+    experts_per_token: int = attrs.field(default=0, validator=_nonneg_int)
+    moe_ffn_hidden_size: int = attrs.field(default=0, validator=_nonneg_int)
+    num_shared_experts: int = attrs.field(default=0, validator=_nonneg_int)
+    first_k_dense_layers: int = attrs.field(default=0, validator=_nonneg_int)
+    moe_layer_frequency: int = attrs.field(default=1, validator=_pos_int)
+    q_lora_rank: int = attrs.field(default=0, validator=_nonneg_int)
+    kv_lora_rank: int = attrs.field(default=0, validator=_nonneg_int)
+    qk_nope_head_dim: int = attrs.field(default=0, validator=_nonneg_int)
+    qk_rope_head_dim: int = attrs.field(default=0, validator=_nonneg_int)
+    v_head_dim: int = attrs.field(default=0, validator=_nonneg_int)
+    num_mtp_layers: int = attrs.field(default=0, validator=_nonneg_int)
+    sliding_window: int = attrs.field(default=0, validator=_nonneg_int)
+
+    def __attrs_post_init__(self):
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_kv_heads ({self.num_kv_heads}) must divide num_attention_heads ({self.num_attention_heads})"
+            )
+        if self.num_experts:
+            if not (1 <= self.experts_per_token <= self.num_experts):
+                raise ValueError("experts_per_token must be between 1 and num_experts for an MoE model")
+            if self.moe_ffn_hidden_size <= 0:
+                raise ValueError("moe_ffn_hidden_size must be > 0 for an MoE model (num_experts > 0)")
+        if self.first_k_dense_layers > self.num_layers:
+            raise ValueError("first_k_dense_layers cannot exceed num_layers")
+        if self.kv_lora_rank and not (self.qk_nope_head_dim + self.qk_rope_head_dim and self.v_head_dim):
+            raise ValueError("an MLA model (kv_lora_rank > 0) needs qk_nope_head_dim/qk_rope_head_dim and v_head_dim")
+
+    # -- derived -----------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def kv_channels(self) -> int:
+        """Per-head dimension of Q/K/V for non-MLA attention."""
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.kv_channels
+
+    @property
+    def v_dim(self) -> int:
+        return self.v_head_dim if self.is_mla else self.kv_channels
+
+    @property
+    def num_moe_layers(self) -> int:
+        if not self.is_moe:
+            return 0
+        rest = self.num_layers - self.first_k_dense_layers
+        return len(range(0, rest, self.moe_layer_frequency))
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+
+# ---------------------------------------------------------------------------------------
+# Hardware
+# ---------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ComputeSpec:
+    #: dense peak per numeric format, TFLOPS (file units)
+    peak_tflops: Mapping[str, float] = attrs.field(converter=lambda d: {str(k): float(x) for k, x in d.items()})
+
+    @peak_tflops.validator
+    def _check(self, attribute, value):
+        if "bf16" not in value:
+            raise ValueError("compute.peak_tflops needs at least a 'bf16' entry")
+        unknown = set(value) - set(DTYPE_BYTES)
+        if unknown:
+            raise ValueError(f"compute.peak_tflops has unknown formats {sorted(unknown)}; known: {sorted(DTYPE_BYTES)}")
+        if any(x <= 0 for x in value.values()):
+            raise ValueError("compute.peak_tflops values must be > 0")
+
+
+@attrs.frozen(kw_only=True)
+class MemorySpec:
+    hbm_gib: float = _pos_float()
+    hbm_bandwidth_gbps: float = _pos_float()
+
+
+@attrs.frozen(kw_only=True)
+class InterconnectSpec:
+    scaleup_domain_gpus: int = attrs.field(validator=_pos_int)
+    scaleup_bandwidth_gbps: float = _pos_float()
+    scaleout_bandwidth_gbps: float = _pos_float()
+    h2d_bandwidth_gbps: float = _pos_float(32.0)
+    d2h_bandwidth_gbps: float = _pos_float(32.0)
+
+
+@attrs.frozen(kw_only=True)
+class HostSpec:
+    cpu_memory_gib: float = _pos_float(1024.0)
+    disk_read_gbps: float = _pos_float(2.0)
+    disk_write_gbps: float = _pos_float(2.0)
+    #: CPU Adam update throughput of one node, parameters per second
+    cpu_optimizer_params_per_s: float = _pos_float(2.0e9)
+
+
+@attrs.frozen(kw_only=True)
+class EfficiencySpec:
+    """Coefficients of the cost model (paper eqs. [1]–[3], [17]–[20]); fit by `mofa calibrate`.
+
+    Defaults are documented in docs/cost-model.md; a shipped profile overrides them only with
+    fitted values.
+    """
+
+    #: η_c: fraction of peak a large GEMM sustains (modified roofline, [1])
+    gemm_efficiency: float = attrs.field(default=0.80, converter=float, validator=[v.gt(0.0), v.le(1.0)])
+    #: size at which a GEMM reaches half of η_c·peak, expressed in seconds of peak work
+    gemm_half_efficiency_s: float = attrs.field(default=2.0e-6, converter=float, validator=v.ge(0.0))
+    #: fused (flash) attention's fraction of peak
+    attention_efficiency: float = attrs.field(default=0.55, converter=float, validator=[v.gt(0.0), v.le(1.0)])
+    #: η_m: fraction of HBM bandwidth memory-bound kernels reach
+    memory_efficiency: float = attrs.field(default=0.80, converter=float, validator=[v.gt(0.0), v.le(1.0)])
+    #: fraction of link bandwidth a large collective reaches, inside / across the scale-up domain
+    scaleup_bus_efficiency: float = attrs.field(default=0.80, converter=float, validator=[v.gt(0.0), v.le(1.0)])
+    scaleout_bus_efficiency: float = attrs.field(default=0.85, converter=float, validator=[v.gt(0.0), v.le(1.0)])
+    #: λ: per-step latency of a collective, µs, inside / across nodes
+    scaleup_latency_us: float = attrs.field(default=5.0, converter=float, validator=v.ge(0.0))
+    scaleout_latency_us: float = attrs.field(default=10.0, converter=float, validator=v.ge(0.0))
+    #: eq. [3]: scale-out bandwidth lost per doubling of the nodes a group spans (α = (1-d)^log2 n)
+    bandwidth_decay_per_doubling: float = attrs.field(default=0.02, converter=float, validator=[v.ge(0.0), v.lt(1.0)])
+    #: contention when compute and communication overlap: α (compute) and β (comm), ≥ 1
+    contention_compute: float = attrs.field(default=1.05, converter=float, validator=v.ge(1.0))
+    contention_comm: float = attrs.field(default=1.10, converter=float, validator=v.ge(1.0))
+    #: CUDA context, NCCL and allocator slack, GiB per GPU
+    reserved_memory_gib: float = attrs.field(default=3.0, converter=float, validator=v.ge(0.0))
+    #: fixed per-step overhead (data loading, logging, launch gaps), seconds
+    step_overhead_s: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))
+
+
+@attrs.frozen(kw_only=True)
+class HardwareProfile:
+    """One accelerator and the node/cluster it sits in (file units in field names)."""
+
+    name: str = attrs.field(validator=_kebab)
+    gpus_per_node: int = attrs.field(validator=_pos_int)
+    compute: ComputeSpec
+    memory: MemorySpec
+    interconnect: InterconnectSpec
+    host: HostSpec = attrs.field(factory=HostSpec)
+    efficiency: EfficiencySpec = attrs.field(factory=EfficiencySpec)
+    display_name: str = ""
+    aliases: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
+    source: str = ""
+    notes: str = ""
+
+    # SI views
+    def peak_flops_per_s(self, dtype: str) -> float:
+        """Dense peak for `dtype`; formats the GPU lacks fall back to the next wider one."""
+        for fmt in {"fp4": ("fp4", "fp8", "bf16"), "fp8": ("fp8", "bf16"), "fp16": ("fp16", "bf16")}.get(
+            dtype, (dtype, "bf16")
+        ):
+            if fmt in self.compute.peak_tflops:
+                return tflops_to_flops_per_s(self.compute.peak_tflops[fmt])
+        return tflops_to_flops_per_s(self.compute.peak_tflops["bf16"])
+
+    @property
+    def hbm_bytes(self) -> float:
+        return self.memory.hbm_gib * GIB
+
+    @property
+    def hbm_bandwidth_bytes_per_s(self) -> float:
+        return gbps_to_bytes_per_s(self.memory.hbm_bandwidth_gbps)
+
+    @property
+    def scaleup_bandwidth_bytes_per_s(self) -> float:
+        return gbps_to_bytes_per_s(self.interconnect.scaleup_bandwidth_gbps)
+
+    @property
+    def scaleout_bandwidth_bytes_per_s(self) -> float:
+        return gbps_to_bytes_per_s(self.interconnect.scaleout_bandwidth_gbps)
+
+    @property
+    def h2d_bandwidth_bytes_per_s(self) -> float:
+        return gbps_to_bytes_per_s(self.interconnect.h2d_bandwidth_gbps)
+
+    @property
+    def d2h_bandwidth_bytes_per_s(self) -> float:
+        return gbps_to_bytes_per_s(self.interconnect.d2h_bandwidth_gbps)
+
+    @property
+    def scaleup_domain_gpus(self) -> int:
+        return self.interconnect.scaleup_domain_gpus
+
+    @property
+    def reserved_memory_bytes(self) -> float:
+        return self.efficiency.reserved_memory_gib * GIB
+
+
+# ---------------------------------------------------------------------------------------
+# Records plugins register
+# ---------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class NoOptions:
+    """Options type of a feature or policy that takes none."""
+
+
+def option(default, *, choices: tuple | None = None, search: tuple | None = None, validator=None, doc: str = ""):
+    """Declare a field of a plugin's options class.
+
+    `choices` makes it categorical (the engine carries the index into `choices` as an
+    integer code); `search` lists the values `mofa tune` tries (default: just `default`).
+    """
+    validators = [] if validator is None else [validator]
+    if choices is not None:
+        validators.append(v.in_(choices))
+    md = {"choices": tuple(choices) if choices else None, "search": tuple(search) if search else None, "doc": doc}
+    conv = None
+    if choices is None and isinstance(default, float):
+        conv = float
+    return attrs.field(default=default, validator=validators or None, metadata=md, converter=conv)
+
+
+class Phase(enum.Enum):
+    """Where a feature acts on the cost model (paper eq. [16]: T_step = F(LO, PO, OO, MO))."""
+
+    layer = "layer"  #: per-layer forward/backward times (LO)
+    pipeline = "pipeline"  #: the pipeline schedule's inputs (PO)
+    optimizer = "optimizer"  #: DP communication and the parameter update (OO)
+    memory = "memory"  #: peak memory (MO)
+
+
+@attrs.frozen(kw_only=True)
+class Feature:
+    """An optimization feature: a cost transform per phase it acts in.
+
+    Each callable takes ``(state, rows)`` — the engine's :class:`~mofa_framework.engine.CostState`
+    restricted to nothing (full batch) and a :class:`~mofa_framework.batch.FeatureRows` with the
+    rows where the feature is on and their option arrays — and returns a new state. The engine
+    keeps rows where the feature is off bit-identical, orders features within a phase by
+    ``after``/``before`` and rejects ``conflicts`` enabled together.
+    """
+
+    name: str = attrs.field(validator=_snake)
+    description: str
+    equation: str = ""
+    options_type: type = NoOptions
+    layer: Callable | None = None
+    pipeline: Callable | None = None
+    optimizer: Callable | None = None
+    memory: Callable | None = None
+    after: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
+    before: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
+    conflicts: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
+    #: optional ``(batch, rows) -> ConstraintResult`` for rows where the feature cannot apply
+    feasible: Callable | None = None
+
+    def acts_in(self, phase: Phase) -> Callable | None:
+        return getattr(self, phase.value)
+
+
+@attrs.frozen(kw_only=True)
+class OverlapStrategy(Feature):
+    """A feature that hides communication behind computation (paper [20]–[24])."""
+
+
+@attrs.frozen(kw_only=True)
+class MemoryOptimizer(Feature):
+    """A feature that trades time for memory or moves state off the GPU (paper [25]–[35])."""
+
+
+@attrs.frozen(kw_only=True)
+class CostTransform(Feature):
+    """Any other feature acting on the cost model (kernel speed-ups [17][18], FP8, ...)."""
+
+
+@attrs.frozen(kw_only=True)
+class PipelineSchedule:
+    """A pipeline schedule: its step time and the activations it keeps in flight.
+
+    ``time(inputs) -> PipelineTimes`` and ``inflight(inputs) -> FloatArray`` take
+    :class:`~mofa_framework.engine.PipelineInputs` (arrays over the rows that chose this
+    schedule). ``inflight`` is the number of micro-batches' worth of one stage's activations
+    the worst stage holds at its peak.
+    """
+
+    name: str = attrs.field(validator=_kebab)
+    description: str
+    time: Callable
+    inflight: Callable
+    #: the schedule interleaves virtual chunks (needs vpp > 1) / accepts vpp > 1 at all
+    requires_vpp: bool = False
+    supports_vpp: bool = False
+    #: copies of the stage's parameters each GPU holds (DualPipe: 2)
+    parameter_copies: int = attrs.field(default=1, validator=_pos_int)
+    #: minimum micro-batches per step as a function of pp (e.g. m ≥ p); None: m ≥ 1
+    min_microbatches: Callable | None = None
+    equation: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class FaultRecoveryPolicy:
+    """How a job recovers from a failure (paper §3.4, eq. [41])."""
+
+    name: str = attrs.field(validator=_kebab)
+    description: str
+    options_type: type = NoOptions
+    #: ``mttr_s(options) -> float``: mean time to recover one failure, seconds
+    mttr_s: Callable[[Any], float] = attrs.field(kw_only=True)
+    #: fraction of a checkpoint interval lost per failure, on average (0.5: uniform failures)
+    lost_interval_fraction: float = attrs.field(default=0.5, converter=float, validator=[v.ge(0.0), v.le(1.0)])
+    equation: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class ConfigSection:
+    """A `[name]` table of the job file owned by a plugin that is not a feature or policy."""
+
+    name: str = attrs.field(validator=_snake)
+    options_type: type
+    description: str = ""
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class ConstraintResult:
+    """A feasibility mask over a candidate batch and the reason rows fail it."""
+
+    name: str
+    feasible: Any  # BoolArray
+    reason: str
+
+
+def dtype_bytes(dtype: str) -> float:
+    return DTYPE_BYTES[dtype]

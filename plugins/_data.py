@@ -1,0 +1,19 @@
+"""Shared loader for the TOML records shipped with MoFa (hardware profiles, models)."""
+
+from __future__ import annotations
+
+import tomllib
+from importlib import resources
+
+from mofa_framework.config import structure_file
+
+
+def load_records(package: str, cls):
+    """Every ``*.toml`` of `package` read into `cls`, sorted by file name."""
+    out = []
+    for entry in sorted(resources.files(package).iterdir(), key=lambda p: p.name):
+        if entry.name.endswith(".toml"):
+            with entry.open("rb") as fh:
+                data = tomllib.load(fh)
+            out.append(structure_file(data, cls, entry.name))
+    return out

@@ -1,0 +1,53 @@
+"""The structural rules every Megatron-style configuration must satisfy (paper §4.1).
+
+Each rule is a feasibility mask over the batch with a one-line reason naming the field and
+the fix; `mofa predict` reports the first failing rule of a job as an error, `mofa tune`
+prunes the rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mofa_framework import hookimpl
+from mofa_framework.engine import layers_per_stage_valid
+from mofa_framework.types import ConstraintResult
+
+
+@hookimpl
+def mofa_candidate_constraints(batch, model, hardware):
+    t, c, e, etp, dp = batch.tp, batch.cp, batch.ep, batch.etp, batch.dp
+    s, b, gbs = batch.sequence_length, batch.micro_batch_size, batch.global_batch_size
+    heads_ok = model.num_attention_heads % t == 0
+    if not model.is_mla:
+        heads_ok &= model.num_kv_heads % t == 0
+    yield ConstraintResult(
+        name="tp_divides_heads", feasible=heads_ok,
+        reason=f"parallel.tp must divide model.num_attention_heads ({model.num_attention_heads})"
+               + ("" if model.is_mla else f" and model.num_kv_heads ({model.num_kv_heads})")
+               + ": choose a smaller power of two")
+    ffn = model.moe_ffn_hidden_size if model.is_moe and not model.num_dense_layers else model.ffn_hidden_size
+    yield ConstraintResult(name="tp_divides_ffn", feasible=ffn % t == 0,
+                           reason=f"parallel.tp must divide model.ffn_hidden_size ({ffn})")
+    yield ConstraintResult(
+        name="pp_splits_layers", feasible=layers_per_stage_valid(model, batch),
+        reason=f"parallel.pp × parallel.vpp must split model.num_layers ({model.num_layers}) into whole chunks: "
+               "choose pp/vpp dividing it, or set parallel.first_stage_layers / last_stage_layers")
+    yield ConstraintResult(
+        name="gbs_divisible", feasible=(gbs % (dp * b) == 0) & (gbs >= dp * b),
+        reason="parallel.global_batch_size must be a multiple of data-parallel size × micro_batch_size "
+               "(data-parallel size = num_gpus / (tp·pp·cp))")
+    yield ConstraintResult(
+        name="cp_divides_sequence", feasible=np.where(c > 1, s % (2 * c) == 0, True),
+        reason="parallel.sequence_length must be divisible by 2 × parallel.cp (load-balanced causal ring attention)")
+    yield ConstraintResult(
+        name="sp_divides_sequence", feasible=np.where(batch.sequence_parallel & (t > 1), (s // c) % t == 0, True),
+        reason="parallel.sequence_length / cp must be divisible by parallel.tp with sequence_parallel")
+    if model.is_moe:
+        yield ConstraintResult(
+            name="ep_divides_experts", feasible=(model.num_experts % e == 0) & ((t * c * dp) % (e * etp) == 0),
+            reason=f"parallel.ep must divide model.num_experts ({model.num_experts}) and ep × etp must divide "
+                   "tp × cp × data-parallel size")
+    else:
+        yield ConstraintResult(name="ep_needs_moe", feasible=(e == 1) & (etp <= t),
+                               reason="parallel.ep > 1 needs an MoE model (num_experts > 0): set ep = 1")

@@ -1,0 +1,44 @@
+"""Collective latency: ring algorithms with latency and bandwidth terms (eqs. [2], [3]).
+
+For n ranks, S bytes (the full tensor), bandwidth B and per-step latency λ:
+all-reduce ``2(n−1)/n·S/B + 2(n−1)λ``; all-gather / reduce-scatter ``(n−1)/n·S/B + (n−1)λ``;
+all-to-all ``(n−1)/n·S/B + λ``; p2p ``S/B + λ``. B is the scale-up bandwidth when the group
+stays inside one scale-up domain, else the per-GPU scale-out bandwidth decayed by eq. [3]:
+``B_large = α·B_small`` with ``α = (1 − d)^log2(nodes)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mofa_framework import hookimpl
+from mofa_framework.batch import COLLECTIVE_KINDS
+
+AR, AG, RS, A2A, P2P = (COLLECTIVE_KINDS.index(k) for k in
+                        ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"))
+
+
+def collective_seconds(colls, hardware) -> np.ndarray:
+    eff = hardware.efficiency
+    n = np.maximum(colls.group_size.astype(np.float64), 1.0)
+    nodes = np.maximum(colls.nodes.astype(np.float64), 1.0)
+    intra = colls.nodes <= 1
+    decay = (1.0 - eff.bandwidth_decay_per_doubling) ** np.log2(nodes)
+    bw = np.where(intra, hardware.scaleup_bandwidth_bytes_per_s * eff.scaleup_bus_efficiency,
+                  hardware.scaleout_bandwidth_bytes_per_s * eff.scaleout_bus_efficiency * decay)
+    lat = np.where(intra, eff.scaleup_latency_us, eff.scaleout_latency_us) * 1e-6
+    frac = (n - 1.0) / n
+    s = colls.bytes
+    k = colls.kind
+    t = np.select(
+        [k == AR, (k == AG) | (k == RS), k == A2A, k == P2P],
+        [2.0 * frac * s / bw + 2.0 * (n - 1.0) * lat, frac * s / bw + (n - 1.0) * lat, frac * s / bw + lat,
+         s / bw + lat],
+        default=np.nan,
+    )
+    return np.where(n > 1, t, 0.0)
+
+
+@hookimpl(trylast=True)
+def mofa_collective_latency(colls, hardware):
+    return collective_seconds(colls, hardware)

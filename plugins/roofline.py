@@ -1,0 +1,37 @@
+"""Operator latency from the paper's modified roofline (eqs. [1], [17], [19]).
+
+``t = FLOPs / P`` with ``P = min(η·P_peak, η_m · I · BW_hbm)`` and ``I = FLOPs / bytes``.
+GEMMs reach η_c of the peak of their numeric format, scaled down for small GEMMs by
+``F / (F + F_½)`` where ``F_½ = gemm_half_efficiency_s · P_peak``; fused attention reaches
+``attention_efficiency`` of the bf16 peak; element-wise kernels are bandwidth bound. The
+coefficients live in the hardware profile's ``[efficiency]`` table.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mofa_framework import hookimpl
+from mofa_framework.batch import OP_KINDS, PRECISIONS
+
+
+def operator_seconds(ops, hardware) -> np.ndarray:
+    eff = hardware.efficiency
+    peaks = np.array([hardware.peak_flops_per_s(p) for p in PRECISIONS])
+    bf16 = hardware.peak_flops_per_s("bf16")
+    bw = eff.memory_efficiency * hardware.hbm_bandwidth_bytes_per_s
+    gemm = ops.kind == OP_KINDS.index("gemm")
+    attention = ops.kind == OP_KINDS.index("attention")
+    peak = np.where(gemm, peaks[ops.precision], bf16)
+    half = eff.gemm_half_efficiency_s * peak
+    size_eff = np.where(ops.flops > 0, ops.flops / (ops.flops + half), 1.0)
+    rate = np.where(gemm, eff.gemm_efficiency * size_eff * peak,
+                    np.where(attention, eff.attention_efficiency * bf16, np.inf))
+    compute_s = np.where(ops.flops > 0, ops.flops / rate, 0.0)
+    memory_s = ops.bytes / bw
+    return np.maximum(compute_s, memory_s)
+
+
+@hookimpl(trylast=True)
+def mofa_operator_latency(ops, hardware):
+    return operator_seconds(ops, hardware)
