@@ -336,7 +336,10 @@ def _encode_option(value, field) -> float:
 def encode_features(jobs: list[TrainingJob], registry) -> dict[str, FeatureRows]:
     """Feature flags and option arrays for a list of jobs (every registered feature gets a row set)."""
     out = {}
+    used = {name for j in jobs for name in j.features}
     for name, feat in registry.features.items():
+        if name not in used:
+            continue  # absent from the batch = off on every row
         fields = attrs.fields(feat.options_type) if attrs.has(feat.options_type) else ()
         enabled = np.array([name in j.features for j in jobs], dtype=bool)
         options = {}

@@ -483,60 +483,40 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
     head_bw = sum((t * o.bwd_weight for t, o in zip(head_t, head_ops)), z)
     hc = head_collectives(model, g)
     head_comm = sum((t * c.count for t, c in zip(price_collectives(ctx, hc), hc)), z)
-    mtp = float(model.num_mtp_layers)
-
     L = state.layers
-    moe_or_dense = L.get("moe", L["dense"])
-
-    def per_stage(get) -> np.ndarray:
-        """(3, N) per-micro-batch totals of component `get(layer_costs)` per stage."""
-        out = lay.dense * get(L["dense"])
-        if "moe" in L:
-            out = out + lay.moe * get(L["moe"])
-        return out
-
-    comp = {
-        "compute_fwd": per_stage(lambda c: c.fwd_compute_s),
-        "compute_bwd_input": per_stage(lambda c: c.bwd_input_s),
-        "compute_bwd_weight": per_stage(lambda c: c.bwd_weight_s),
-        "recompute": per_stage(lambda c: c.recompute_s),
-        "tp_comm": per_stage(lambda c: c.tp_exposed_fwd_s + c.tp_exposed_bwd_s),
-        "cp_comm": per_stage(lambda c: c.cp_exposed_fwd_s + c.cp_exposed_bwd_s),
-        "ep_comm": per_stage(lambda c: c.ep_exposed_fwd_s + c.ep_exposed_bwd_s),
-        "offload": per_stage(lambda c: c.offload_exposed_fwd_s + c.offload_exposed_bwd_s),
+    mtp = float(model.num_mtp_layers)
+    getters = {
+        "compute_fwd": lambda c: c.fwd_compute_s, "compute_bwd_input": lambda c: c.bwd_input_s,
+        "compute_bwd_weight": lambda c: c.bwd_weight_s, "recompute": lambda c: c.recompute_s,
+        "tp_fwd": lambda c: c.tp_exposed_fwd_s, "tp_bwd": lambda c: c.tp_exposed_bwd_s,
+        "cp_fwd": lambda c: c.cp_exposed_fwd_s, "cp_bwd": lambda c: c.cp_exposed_bwd_s,
+        "ep_fwd": lambda c: c.ep_exposed_fwd_s, "ep_bwd": lambda c: c.ep_exposed_bwd_s,
+        "offload_fwd": lambda c: c.offload_exposed_fwd_s, "offload_bwd": lambda c: c.offload_exposed_bwd_s,
     }
-    F = per_stage(lambda c: c.fwd_s)
-    B = per_stage(lambda c: c.bwd_input_total_s)
-    W = per_stage(lambda c: c.bwd_weight_s)
-    # embedding on the first stage, head (+ MTP modules) on the last
-    F[0] += emb_f
-    B[0] += emb_b
-    comp["compute_fwd"][0] += emb_f
-    comp["compute_bwd_input"][0] += emb_b
-    head_extra_f = head_f * (1 + mtp) + mtp * moe_or_dense.fwd_s
-    head_extra_b = (head_bi + head_comm) * (1 + mtp) + mtp * moe_or_dense.bwd_input_total_s
-    head_extra_w = head_bw * (1 + mtp) + mtp * moe_or_dense.bwd_weight_s
-    F[2] += head_extra_f + head_comm * (1 + mtp)
-    B[2] += head_extra_b
-    W[2] += head_extra_w
-    comp["compute_fwd"][2] += head_extra_f
-    comp["compute_bwd_input"][2] += head_extra_b - head_comm * (1 + mtp)
-    comp["compute_bwd_weight"][2] += head_extra_w
-    comp["tp_comm"][2] += 2 * head_comm * (1 + mtp)
-    if True:  # pp == 1: one stage holds everything (the 'first' row already has all layers)
-        single = batch.pp == 1
-        F[0] = np.where(single, F[0] + F[2] - per_stage(lambda c: c.fwd_s)[2], F[0])
-        B[0] = np.where(single, B[0] + B[2] - per_stage(lambda c: c.bwd_input_total_s)[2], B[0])
-        W[0] = np.where(single, W[0] + W[2] - per_stage(lambda c: c.bwd_weight_s)[2], W[0])
-        for key, arr in comp.items():
-            base_last = per_stage({
-                "compute_fwd": lambda c: c.fwd_compute_s, "compute_bwd_input": lambda c: c.bwd_input_s,
-                "compute_bwd_weight": lambda c: c.bwd_weight_s, "recompute": lambda c: c.recompute_s,
-                "tp_comm": lambda c: c.tp_exposed_fwd_s + c.tp_exposed_bwd_s,
-                "cp_comm": lambda c: c.cp_exposed_fwd_s + c.cp_exposed_bwd_s,
-                "ep_comm": lambda c: c.ep_exposed_fwd_s + c.ep_exposed_bwd_s,
-                "offload": lambda c: c.offload_exposed_fwd_s + c.offload_exposed_bwd_s}[key])[2]
-            arr[0] = np.where(single, arr[0] + arr[2] - base_last, arr[0])
+    # (3, N) per-micro-batch time of each component on the first / worst middle / last stage
+    comp = {k: lay.dense * get(L["dense"]) + (lay.moe * get(L["moe"]) if "moe" in L else 0.0)
+            for k, get in getters.items()}
+    # the embedding sits on the first stage; the head (and DeepSeek's MTP modules, each a
+    # layer plus a head) on the last — on the only stage when pp == 1
+    mtp_layer = L.get("moe", L["dense"])
+    ends = {"first": {"compute_fwd": emb_f, "compute_bwd_input": emb_b},
+            "last": {k: mtp * get(mtp_layer) for k, get in getters.items()}}
+    last = ends["last"]
+    last["compute_fwd"] = last["compute_fwd"] + (1 + mtp) * head_f
+    last["compute_bwd_input"] = last["compute_bwd_input"] + (1 + mtp) * head_bi
+    last["compute_bwd_weight"] = last["compute_bwd_weight"] + (1 + mtp) * head_bw
+    last["tp_fwd"] = last["tp_fwd"] + (1 + mtp) * head_comm
+    last["tp_bwd"] = last["tp_bwd"] + (1 + mtp) * head_comm
+    single = batch.pp == 1
+    for k in comp:
+        comp[k][0] += ends["first"].get(k, 0.0) + np.where(single, last.get(k, 0.0), 0.0)
+        comp[k][2] += np.where(single, 0.0, last.get(k, 0.0))
+    F = comp["compute_fwd"] + comp["tp_fwd"] + comp["cp_fwd"] + comp["ep_fwd"] + comp["offload_fwd"]
+    B = (comp["compute_bwd_input"] + comp["recompute"] + comp["tp_bwd"] + comp["cp_bwd"] + comp["ep_bwd"]
+         + comp["offload_bwd"])
+    W = comp["compute_bwd_weight"]
+    for name in ("tp", "cp", "ep", "offload"):
+        comp[name if name == "offload" else f"{name}_comm"] = comp.pop(f"{name}_fwd") + comp.pop(f"{name}_bwd")
     p = batch.pp.astype(np.float64)
     v = batch.vpp.astype(np.float64)
     m = batch.num_microbatches.astype(np.float64)

@@ -22,6 +22,20 @@ _SINGULAR = {"hardware": "hardware profile", "models": "model", "schedules": "pi
              "features": "feature", "policies": "fault-recovery policy", "config_sections": "config section"}
 
 
+def _check_options(rec) -> str:
+    """A record's options type must be a frozen attrs class constructible with defaults."""
+    opts = getattr(rec, "options_type", None)
+    if opts is None:
+        return ""
+    if not attrs.has(opts):
+        return f"options_type {opts!r} is not an attrs class"
+    try:
+        opts()
+    except Exception as exc:  # noqa: BLE001
+        return f"options_type {opts.__name__} cannot be built with its defaults: {type(exc).__name__}: {exc}"
+    return ""
+
+
 def _norm(name: str) -> str:
     return " ".join(name.strip().lower().replace("_", "-").split())
 
@@ -61,6 +75,16 @@ class Registry:
                         msg = (f"plugin {plugin!r} returned {type(rec).__name__} from {hook}; "
                                f"expected {rtype.__name__}")
                         problems.append(msg)
+                        if pm.strict:
+                            raise PluginError(msg)
+                        continue
+                    bad = _check_options(rec)
+                    if bad:
+                        msg = f"plugin {plugin!r}: {kind} record {rec.name!r}: {bad}"
+                        problems.append(msg)
+                        info = pm.infos.get(plugin)
+                        if info is not None:
+                            info.status, info.error = "failed", msg
                         if pm.strict:
                             raise PluginError(msg)
                         continue

@@ -296,7 +296,7 @@ def option(default, *, choices: tuple | None = None, search: tuple | None = None
     `choices` makes it categorical (the engine carries the index into `choices` as an
     integer code); `search` lists the values `mofa tune` tries (default: just `default`).
     """
-    validators = [] if validator is None else [validator]
+    validators = [] if validator is None else list(validator) if isinstance(validator, (list, tuple)) else [validator]
     if choices is not None:
         validators.append(v.in_(choices))
     md = {"choices": tuple(choices) if choices else None, "search": tuple(search) if search else None, "doc": doc}

@@ -1,0 +1,1 @@
+"""Example third-party MoFa plugins (see README.md)."""

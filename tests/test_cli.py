@@ -1,0 +1,150 @@
+"""The command line: listings, versions, and one-line errors with exit status 2."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from mofa_framework import __version__
+from mofa_framework.cli import _builtin_commands, cli
+
+_builtin_commands()
+
+
+@pytest.fixture
+def run(monkeypatch):
+    monkeypatch.delenv("MOFA_DISABLED_PLUGINS", raising=False)
+    runner = CliRunner()
+
+    def invoke(*args):
+        return runner.invoke(cli, list(args), catch_exceptions=False)
+    return invoke
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.exit_code == 2, result.output
+    lines = [l for l in result.output.strip().splitlines() if l.strip()]
+    assert len(lines) == 1, result.output
+    assert "Traceback" not in result.output
+    for f in fragments:
+        assert f in lines[0], lines[0]
+
+
+def test_version(run):
+    r = run("--version")
+    assert r.exit_code == 0 and __version__ in r.output
+
+
+def test_list_plugins_json_lists_every_builtin_as_its_own_entry(run):
+    r = run("list-plugins", "--format", "json")
+    assert r.exit_code == 0
+    rows = {row["name"]: row for row in json.loads(r.output)}
+    for name in ("roofline", "collectives", "hardware_zoo", "model_zoo", "schedule_1f1b", "schedule_interleaved",
+                 "base_constraints"):
+        assert rows[name]["status"] == "builtin"
+        assert rows[name]["distribution"] == "mofa"
+    assert "register_hardware_profiles" in rows["hardware_zoo"]["hooks"]
+    assert "h100-sxm5-80gb" in rows["hardware_zoo"]["provides"]["hardware"]
+
+
+def test_list_plugins_table(run):
+    r = run("list-plugins")
+    assert r.exit_code == 0 and "roofline" in r.output and "builtin" in r.output
+
+
+def test_list_hardware_and_models(run):
+    hw = json.loads(run("list-hardware", "--format", "json").output)
+    names = {h["name"] for h in hw}
+    assert {"a100-sxm4-40gb", "a100-sxm4-80gb", "h100-sxm5-80gb", "h800-sxm5-80gb", "h200-sxm-141gb",
+            "b200-sxm-180gb", "b300-sxm", "gb200-nvl72", "gb300-nvl72", "mi300x", "paper-a", "paper-b"} <= names
+    models = {m["name"]: m for m in json.loads(run("list-models", "--format", "json").output)}
+    assert models["llama3.1-405b"]["params_b"] == pytest.approx(405.8, abs=0.5)
+    assert models["deepseek-v3"]["active_params_b"] == pytest.approx(37.5, abs=1.0)
+    assert "mixtral-8x7b" in run("list-models").output
+
+
+def test_disable_plugin_flag(run):
+    rows = {r["name"]: r for r in json.loads(run("--disable-plugin", "schedule_interleaved", "list-plugins",
+                                                 "--format", "json").output)}
+    assert rows["schedule_interleaved"]["status"] == "disabled"
+
+
+FLAGS = ["--model", "llama3-70b", "--hardware", "h100-sxm5-80gb", "--gpus", "64", "--tp", "8", "--pp", "2",
+         "--gbs", "64", "--seq", "4096"]
+
+
+def test_predict_from_flags_json(run):
+    r = run("predict", *FLAGS, "--format", "json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    for key in ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu", "peak_memory_gib",
+                "fits_in_memory", "breakdown", "memory_breakdown"):
+        assert key in out
+    assert sum(out["breakdown"].values()) == pytest.approx(out["step_time_s"])
+
+
+def test_predict_table_and_jsonl(run, tmp_path):
+    job = tmp_path / "j.toml"
+    job.write_text('[model]\nname = "llama3-8b"\n[hardware]\nname = "h100-sxm5-80gb"\nnum_gpus = 8\n'
+                   '[parallel]\ntp = 2\nglobal_batch_size = 32\nsequence_length = 4096\n')
+    r = run("predict", str(job), str(job), "--format", "jsonl")
+    assert r.exit_code == 0 and len(r.output.strip().splitlines()) == 2
+    t = run("predict", str(job))
+    assert "MFU" in t.output and "step time breakdown" in t.output
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--tp", "3"], ["parallel", "tp"]),
+    (["--tp", "8", "--gpus", "60"], ["num_gpus", "tp × pp × cp"]),
+    (["--pp", "64", "--tp", "1"], ["parallel.pp", "num_layers"]),
+    (["--gbs", "65"], ["global_batch_size"]),
+    (["--model", "llama9-1t"], ["model.name", "list-models"]),
+    (["--hardware", "h900"], ["hardware.name", "list-hardware"]),
+    (["--tp", "0"], ["parallel", "tp"]),
+    (["--gbs", "-4"], ["global_batch_size"]),
+    (["--schedule", "nonesuch"], ["pipeline.schedule"]),
+    (["--vpp", "2", "--schedule", "1f1b"], ["does not interleave"]),
+    (["--feature", "no_such_feature"], ["features.no_such_feature"]),
+])
+def test_predict_bad_input_is_one_line_exit_2(run, args, fragments):
+    flags = list(FLAGS)
+    for i in range(0, len(args), 2):
+        if args[i] in flags:
+            flags[flags.index(args[i]) + 1] = args[i + 1]
+        else:
+            flags += args[i:i + 2]
+    assert_one_line_error(run("predict", *flags), *fragments)
+
+
+def test_malformed_toml_is_one_line(run, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[parallel\ntp = 8\n")
+    assert_one_line_error(run("predict", str(bad)), "bad.toml", "malformed TOML")
+
+
+def test_misspelled_key_names_its_path(run, tmp_path):
+    job = tmp_path / "typo.toml"
+    job.write_text('[model]\nname = "llama3-8b"\n[hardware]\nname = "h100-sxm5-80gb"\nnum_gpus = 8\n'
+                   '[parallel]\ntp_size = 2\nglobal_batch_size = 32\nsequence_length = 4096\n')
+    assert_one_line_error(run("predict", str(job)), "parallel", "tp_size")
+
+
+def test_wrong_type_names_its_path(run, tmp_path):
+    job = tmp_path / "type.toml"
+    job.write_text('[model]\nname = "llama3-8b"\n[hardware]\nname = "h100-sxm5-80gb"\nnum_gpus = "eight"\n'
+                   '[parallel]\nglobal_batch_size = 32\nsequence_length = 4096\n')
+    assert_one_line_error(run("predict", str(job)), "hardware.num_gpus")
+
+
+def test_missing_file(run):
+    assert_one_line_error(run("predict", "/nonexistent/job.toml"), "no such file")
+
+
+def test_strict_mode_turns_plugin_failure_into_exit_2(run, mofa_fake_distribution):
+    mofa_fake_distribution("broken", "0.1", {"broken_cli": "broken_cli"}, {"broken_cli": "import nope_nope\n"})
+    r = run("list-plugins", "--format", "json")
+    assert r.exit_code == 0
+    assert {x["name"]: x for x in json.loads(r.output)}["broken_cli"]["status"] == "failed"
+    assert run("list-hardware").exit_code == 0
+    r = run("--strict-plugins", "list-plugins")
+    assert r.exit_code == 2 and "broken_cli" in r.output

@@ -1,0 +1,208 @@
+"""One test per hookspec (`test_hook_<name>`), each through a tiny in-process plugin."""
+
+import click
+import numpy as np
+import pytest
+
+from mofa_framework import hookimpl
+from mofa_framework.batch import OP_KINDS
+from mofa_framework.types import (
+    ComputeSpec,
+    ConfigSection,
+    ConstraintResult,
+    CostTransform,
+    FaultRecoveryPolicy,
+    HardwareProfile,
+    InterconnectSpec,
+    MemoryOptimizer,
+    MemorySpec,
+    ModelSpec,
+    NoOptions,
+    OverlapStrategy,
+    PipelineSchedule,
+)
+
+import attrs
+
+JOB = {"model": {"name": "llama3-8b"}, "hardware": {"name": "h100-sxm5-80gb", "num_gpus": 16},
+       "parallel": {"tp": 2, "pp": 2, "micro_batch_size": 1, "global_batch_size": 32, "sequence_length": 4096}}
+
+
+def predict(pred, job=JOB):
+    return pred.predict(pred.job(job))[0]
+
+
+def test_hook_mofa_register_hardware_profiles(mofa_pm, mofa_predictor):
+    class P:
+        @hookimpl
+        def mofa_register_hardware_profiles(self):
+            yield HardwareProfile(name="toy-gpu", gpus_per_node=4, compute=ComputeSpec(peak_tflops={"bf16": 100.0}),
+                                  memory=MemorySpec(hbm_gib=16.0, hbm_bandwidth_gbps=900.0),
+                                  interconnect=InterconnectSpec(scaleup_domain_gpus=4, scaleup_bandwidth_gbps=100.0,
+                                                                scaleout_bandwidth_gbps=12.5), aliases=("Toy",))
+    mofa_pm.register_plugin(P(), "toy")
+    assert mofa_pm.registry.hardware_profile("toy").name == "toy-gpu"
+    r = predict(mofa_predictor, {**JOB, "hardware": {"name": "toy-gpu", "num_gpus": 16}})
+    assert r.hardware == "toy-gpu" and r.step_time_s > predict(mofa_predictor).step_time_s
+
+
+def test_hook_mofa_register_models(mofa_pm, mofa_predictor):
+    class P:
+        @hookimpl
+        def mofa_register_models(self):
+            return [ModelSpec(name="tiny", num_layers=4, hidden_size=512, num_attention_heads=8, num_kv_heads=8,
+                              ffn_hidden_size=2048, vocab_size=1000)]
+    mofa_pm.register_plugin(P(), "tiny_model")
+    r = predict(mofa_predictor, {**JOB, "model": {"name": "tiny"}})
+    assert r.model == "tiny" and r.step_time_s < predict(mofa_predictor).step_time_s
+
+
+def _const_schedule(x):
+    from mofa_framework.engine import Inflight, PipelineTimes
+    busy = x.m * x.v * (x.F + x.B + x.W)
+    z = np.zeros_like(busy)
+    return PipelineTimes(busy_s=busy, bubble_s=z + 1.0, pp_comm_s=z, warmup_s=z, steady_s=busy + 1.0, cooldown_s=z)
+
+
+def test_hook_mofa_register_pipeline_schedules(mofa_pm, mofa_predictor):
+    from mofa_framework.engine import Inflight
+
+    class P:
+        @hookimpl
+        def mofa_register_pipeline_schedules(self):
+            return [PipelineSchedule(name="one-second-bubble", description="test", time=_const_schedule,
+                                     inflight=lambda x: Inflight(first=x.m, mid=x.m, last=x.m))]
+    mofa_pm.register_plugin(P(), "sched")
+    r = predict(mofa_predictor, {**JOB, "pipeline": {"schedule": "one-second-bubble"}})
+    assert r.breakdown["bubble"] == pytest.approx(1.0)
+    assert sum(r.breakdown.values()) == pytest.approx(r.step_time_s)
+
+
+def _feature_plugin(hook, cls, name, **phases):
+    def impl(self):
+        return [cls(name=name, description="test", **phases)]
+    impl.__name__ = hook
+    return type("P", (), {hook: hookimpl(impl)})()
+
+
+def test_hook_mofa_register_overlap_strategies(mofa_pm, mofa_predictor):
+    def halve_tp(state, rows):
+        layers = {k: attrs.evolve(c, tp_exposed_fwd_s=c.tp_exposed_fwd_s / 2, tp_exposed_bwd_s=c.tp_exposed_bwd_s / 2)
+                  for k, c in state.layers.items()}
+        return attrs.evolve(state, layers=layers)
+    mofa_pm.register_plugin(_feature_plugin("mofa_register_overlap_strategies", OverlapStrategy, "half_tp",
+                                            layer=halve_tp), "half_tp")
+    off = predict(mofa_predictor)
+    on = predict(mofa_predictor, {**JOB, "features": {"half_tp": {}}})
+    # layers' TP collectives halve; the LM head's input gather is not a layer and stays
+    assert off.breakdown["tp_comm"] / 2 < on.breakdown["tp_comm"] < 0.55 * off.breakdown["tp_comm"]
+    assert "features.layer.half_tp" in on.provenance
+
+
+def test_hook_mofa_register_memory_optimizers(mofa_pm, mofa_predictor):
+    def no_acts(state, rows):
+        return attrs.evolve(state, mem=attrs.evolve(state.mem, activations_bytes=state.mem.activations_bytes * 0))
+    mofa_pm.register_plugin(_feature_plugin("mofa_register_memory_optimizers", MemoryOptimizer, "no_acts",
+                                            memory=no_acts), "no_acts")
+    on = predict(mofa_predictor, {**JOB, "features": {"no_acts": {}}})
+    assert on.memory_breakdown["activations"] == 0.0
+    assert on.peak_memory_gib < predict(mofa_predictor).peak_memory_gib
+
+
+def test_hook_mofa_register_cost_transforms(mofa_pm, mofa_predictor):
+    def slow_opt(state, rows):
+        return attrs.evolve(state, opt=attrs.evolve(state.opt, update_s=state.opt.update_s + 2.0))
+    mofa_pm.register_plugin(_feature_plugin("mofa_register_cost_transforms", CostTransform, "slow_opt",
+                                            optimizer=slow_opt), "slow_opt")
+    off, on = predict(mofa_predictor), predict(mofa_predictor, {**JOB, "features": {"slow_opt": {}}})
+    assert on.step_time_s == pytest.approx(off.step_time_s + 2.0)
+
+
+def test_hook_mofa_register_fault_recovery_policies(mofa_pm):
+    class P:
+        @hookimpl
+        def mofa_register_fault_recovery_policies(self):
+            return [FaultRecoveryPolicy(name="in-memory", description="test", mttr_s=lambda o: 30.0)]
+    mofa_pm.register_plugin(P(), "in_memory")
+    assert mofa_pm.registry.policy("in-memory").mttr_s(NoOptions()) == 30.0
+
+
+def test_hook_mofa_register_config_sections(mofa_pm):
+    @attrs.frozen
+    class Opts:
+        path: str = ""
+
+    class P:
+        @hookimpl
+        def mofa_register_config_sections(self):
+            return [ConfigSection(name="my_table", options_type=Opts)]
+    mofa_pm.register_plugin(P(), "tables")
+    assert mofa_pm.registry.config_sections["my_table"].options_type is Opts
+
+
+def test_hook_mofa_operator_latency(mofa_pm, mofa_predictor):
+    base = predict(mofa_predictor)
+
+    class Wrapper:  # a partial override: GEMMs twice as fast, the rest from the built-in
+        @hookimpl(wrapper=True)
+        def mofa_operator_latency(self, ops, hardware):
+            default = yield
+            return np.where(ops.kind == OP_KINDS.index("gemm"), default / 2, default)
+    mofa_pm.register_plugin(Wrapper(), "fast_gemm")
+    assert predict(mofa_predictor).breakdown["compute_bwd_weight"] == pytest.approx(base.breakdown["compute_bwd_weight"] / 2)
+    mofa_pm.unregister(name="fast_gemm")
+
+    class Provider:  # a full provider wins over the trylast built-in
+        @hookimpl
+        def mofa_operator_latency(self, ops, hardware):
+            return np.full(len(ops), 1e-3)
+    mofa_pm.register_plugin(Provider(), "constant")
+    r = predict(mofa_predictor)
+    assert r.provenance["compute_fwd"] == "constant"
+    assert r.breakdown["compute_fwd"] != base.breakdown["compute_fwd"]
+
+
+def test_hook_mofa_collective_latency(mofa_pm, mofa_predictor):
+    class Free:
+        @hookimpl
+        def mofa_collective_latency(self, colls, hardware):
+            return np.zeros(len(colls))
+    mofa_pm.register_plugin(Free(), "free_comm")
+    r = predict(mofa_predictor)
+    assert r.breakdown["tp_comm"] == 0.0 and r.breakdown["dp_comm"] == 0.0 and r.breakdown["pp_comm"] == 0.0
+
+
+def test_hook_mofa_collective_latency_bad_result_names_contract(mofa_pm, mofa_predictor):
+    from mofa_framework.errors import PluginResultError
+
+    class Bad:
+        @hookimpl
+        def mofa_collective_latency(self, colls, hardware):
+            return -np.ones(len(colls))
+    mofa_pm.register_plugin(Bad(), "negative")
+    with pytest.raises(PluginResultError, match="negative"):
+        predict(mofa_predictor)
+
+
+def test_hook_mofa_candidate_constraints(mofa_pm, mofa_predictor):
+    from mofa_framework.errors import ConfigError
+
+    class NoPP:
+        @hookimpl
+        def mofa_candidate_constraints(self, batch, model, hardware):
+            yield ConstraintResult(name="no_pp", feasible=batch.pp == 1, reason="parallel.pp must be 1 on this site")
+    mofa_pm.register_plugin(NoPP(), "site_rules")
+    with pytest.raises(ConfigError, match="parallel.pp must be 1"):
+        predict(mofa_predictor)
+
+
+def test_hook_mofa_register_commands(mofa_pm):
+    group = click.Group()
+
+    class P:
+        @hookimpl
+        def mofa_register_commands(self, cli):
+            cli.add_command(click.Command("hello", callback=lambda: click.echo("hi")))
+    mofa_pm.register_plugin(P(), "cmds")
+    mofa_pm.hook.mofa_register_commands(cli=group)
+    assert "hello" in group.commands
