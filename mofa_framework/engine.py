@@ -251,15 +251,24 @@ def _call(pm, hook: str, **kw):
         raise PluginError(f"{hook} failed in one of {impls}: {type(exc).__name__}: {exc}") from exc
 
 
+def _stacked(xs, n: int, dtype=np.float64) -> np.ndarray:
+    """Per-op values (arrays of length n, or scalars) laid end to end, read-only."""
+    out = np.empty(len(xs) * n, dtype=dtype)
+    for i, x in enumerate(xs):
+        out[i * n:(i + 1) * n] = x
+    out.setflags(write=False)
+    return out
+
+
 def price_operators(ctx: Context, ops: list[Op]) -> list[FloatArray]:
     if not ops:
         return []
     n = len(ctx.geometry.b)
-    cat = lambda xs: np.concatenate([np.broadcast_to(np.asarray(x, dtype=np.float64), (n,)) for x in xs])  # noqa: E731
+    cat = lambda xs: _stacked(xs, n)  # noqa: E731
     batch = OperatorBatch(
         flops=cat([o.flops for o in ops]), bytes=cat([o.bytes for o in ops]),
-        kind=cat([o.kind for o in ops]).astype(np.int64),
-        precision=np.tile(ctx.geometry.precision, len(ops)),
+        kind=_stacked([o.kind for o in ops], n, np.int64),
+        precision=_stacked([ctx.geometry.precision] * len(ops), n, np.int64),
         gemm_m=cat([o.m for o in ops]), gemm_n=cat([o.n for o in ops]), gemm_k=cat([o.k for o in ops]),
     )
     out = _checked("mofa_operator_latency", _call(ctx.pm, "mofa_operator_latency", ops=batch, hardware=ctx.hardware),
@@ -272,7 +281,7 @@ def price_collectives(ctx: Context, colls: list[Coll]) -> list[FloatArray]:
     if not colls:
         return []
     n = len(ctx.geometry.b)
-    cat = lambda xs: np.concatenate([np.broadcast_to(np.asarray(x, dtype=np.float64), (n,)) for x in xs])  # noqa: E731
+    cat = lambda xs: _stacked(xs, n)  # noqa: E731
     size = cat([c.group_size for c in colls])
     batch = CollectiveBatch(
         kind=cat([c.kind for c in colls]).astype(np.int64), bytes=cat([c.bytes for c in colls]),
@@ -581,7 +590,7 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
                for k in L), z)
     # recompute FLOPs above are per micro-batch per GPU-stage; scale to the whole step
     hw_flops = model_flops + rec * m * g.t * g.c * g.dp
-    peak_flops = np.array([hardware.peak_flops_per_s(PRECISIONS[c]) for c in batch.precision])
+    peak_flops = np.array([hardware.peak_flops_per_s(p) for p in PRECISIONS])[batch.precision]
     prov = _provenance(pm, registry, trail)
     return Prediction(
         batch=batch, model=model, hardware=hardware, step_time_s=step,
@@ -598,8 +607,10 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
 
 def _provenance(pm, registry, trail) -> dict[str, str]:
     def impl(hook):
-        impls = getattr(pm.hook, hook).get_hookimpls()
-        return impls[-1].plugin_name if impls else "?"
+        impls = [i for i in reversed(getattr(pm.hook, hook).get_hookimpls()) if not (i.wrapper or i.hookwrapper)]
+        wrappers = [i.plugin_name for i in getattr(pm.hook, hook).get_hookimpls() if i.wrapper or i.hookwrapper]
+        name = impls[0].plugin_name if impls else "?"
+        return "+".join([name, *wrappers]) if wrappers else name
 
     op, coll = impl("mofa_operator_latency"), impl("mofa_collective_latency")
     prov = {k: op for k in ("compute_fwd", "compute_bwd_input", "compute_bwd_weight", "recompute")}

@@ -222,6 +222,17 @@ class EfficiencySpec:
 
 
 @attrs.frozen(kw_only=True)
+class GemmPoint:
+    """One profiled GEMM: shape M×N×K in `dtype` and the throughput it measured."""
+
+    m: int = attrs.field(validator=_pos_int)
+    n: int = attrs.field(validator=_pos_int)
+    k: int = attrs.field(validator=_pos_int)
+    tflops: float = _pos_float()
+    dtype: str = attrs.field(default="bf16", validator=v.in_(tuple(DTYPE_BYTES)))
+
+
+@attrs.frozen(kw_only=True)
 class HardwareProfile:
     """One accelerator and the node/cluster it sits in (file units in field names)."""
 
@@ -232,6 +243,8 @@ class HardwareProfile:
     interconnect: InterconnectSpec
     host: HostSpec = attrs.field(factory=HostSpec)
     efficiency: EfficiencySpec = attrs.field(factory=EfficiencySpec)
+    #: measured GEMM throughput by shape; the `profiled_gemm` provider interpolates it
+    gemm_profile: tuple[GemmPoint, ...] = attrs.field(default=(), converter=tuple)
     display_name: str = ""
     aliases: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
     source: str = ""
