@@ -87,6 +87,11 @@ class Predictor:
                     raise PluginError(f"plugin {plugin!r}: constraint {r.name!r} has shape {mask.shape}, "
                                       f"expected ({len(batch)},)")
                 out.append(r)
+        for code, sched in enumerate(self.registry.schedules.values()):
+            rows = batch.schedule == code
+            if sched.feasible is not None and rows.any():
+                r = sched.feasible(batch, rows)
+                out.append(attrs.evolve(r, feasible=np.asarray(r.feasible, bool) | ~rows))
         for feat in self.registry.features.values():
             rows = batch.feature(feat.name)
             if feat.feasible is not None and rows.enabled.any():
@@ -94,8 +99,10 @@ class Predictor:
                 out.append(attrs.evolve(r, feasible=np.asarray(r.feasible, bool) | ~rows.enabled))
         return out
 
-    def evaluate(self, batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile) -> Prediction:
-        return evaluate(batch, model, hardware, self.pm)
+    def evaluate(self, batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
+                 structure=None) -> Prediction:
+        """The vectorised engine over a batch (see :func:`mofa_framework.engine.evaluate`)."""
+        return evaluate(batch, model, hardware, self.pm, structure=structure)
 
     # ---- jobs end to end
     def predict(self, jobs: TrainingJob | Iterable[TrainingJob]) -> list[PredictionResult]:

@@ -352,6 +352,8 @@ class Feature:
     conflicts: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
     #: optional ``(batch, rows) -> ConstraintResult`` for rows where the feature cannot apply
     feasible: Callable | None = None
+    #: optional ``(options) -> list[str]``: the Megatron-LM arguments that turn it on
+    megatron_args: Callable | None = None
 
     def acts_in(self, phase: Phase) -> Callable | None:
         return getattr(self, phase.value)
@@ -394,6 +396,16 @@ class PipelineSchedule:
     #: minimum micro-batches per step as a function of pp (e.g. m ≥ p); None: m ≥ 1
     min_microbatches: Callable | None = None
     equation: str = ""
+    #: the Megatron-LM arguments selecting it (beyond the parallel sizes)
+    megatron_args: tuple[str, ...] = ()
+    #: other names it is known by (e.g. the ZeroBubble paper's "ZB-1p")
+    aliases: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
+    #: optional ``(p, v, m) -> per-stage op lists`` for :mod:`mofa_framework.simulate`
+    order: Callable | None = None
+    #: optional ``(mb) -> stage of each virtual stage`` placement for the simulator (V shapes)
+    route: Callable | None = None
+    #: optional ``(batch, rows: BoolArray) -> ConstraintResult`` for rows using this schedule
+    feasible: Callable | None = None
 
 
 @attrs.frozen(kw_only=True)

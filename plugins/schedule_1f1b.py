@@ -47,11 +47,23 @@ def inflight(x) -> Inflight:
                     last=np.minimum(x.m, 1.0))
 
 
+def op_order(p, v, m):
+    """PipeDream-Flush: stage s warms up with min(m, p−s−1) forwards, then F/BW pairs."""
+    out = []
+    for s in range(p):
+        n = min(m, p - s - 1)
+        ops = [("F", i, 0) for i in range(n)]
+        for i in range(m - n):
+            ops += [("F", n + i, 0), ("BW", i, 0)]
+        out.append(ops + [("BW", i, 0) for i in range(m - n, m)])
+    return out
+
+
 SCHEDULE = PipelineSchedule(
     name="1f1b",
     description="one-forward-one-backward (PipeDream-Flush), Megatron's default without interleaving",
     time=time, inflight=inflight, supports_vpp=False, equation="[9]-[12]",
-    min_microbatches=lambda p: p,
+    min_microbatches=lambda p: p, order=op_order,
 )
 
 

@@ -29,11 +29,31 @@ def inflight(x) -> Inflight:
     return Inflight(first=stage(0.0), mid=stage(np.minimum(1.0, x.p - 1.0)), last=stage(x.p - 1.0))
 
 
+def op_order(p, v, m):
+    """Megatron's interleaved 1F1B (needs m % p == 0): virtual op k of a stage is chunk
+    (k // p) % v of micro-batch (k // (p·v))·p + k % p; backwards run the chunks in reverse."""
+    def fwd(k):
+        return (k // (p * v)) * p + k % p, (k // p) % v
+
+    def bwd(k):
+        return (k // (p * v)) * p + k % p, v - 1 - (k // p) % v
+
+    total = m * v
+    out = []
+    for s in range(p):
+        n = min(total, (p - s - 1) * 2 + (v - 1) * p)
+        ops = [("F", *fwd(k)) for k in range(n)]
+        for i in range(total - n):
+            ops += [("F", *fwd(n + i)), ("BW", *bwd(i))]
+        out.append(ops + [("BW", *bwd(i)) for i in range(total - n, total)])
+    return out
+
+
 SCHEDULE = PipelineSchedule(
     name="interleaved-1f1b",
     description="interleaved 1F1B with v virtual chunks per stage (Megatron --num-layers-per-virtual-pipeline-stage)",
     time=time, inflight=inflight, supports_vpp=True, requires_vpp=True, equation="[9]-[12]",
-    min_microbatches=lambda p: p,
+    min_microbatches=lambda p: p, order=op_order, aliases=("1f1b-i", "interleaved"),
 )
 
 

@@ -1,0 +1,47 @@
+"""GPipe (Huang et al. 2019): every forward of the step, then every backward.
+
+With per-stage forward F, backward-input B, backward-weight W and p2p time τ on the critical
+stage: busy ``m(F+B+W)``; fill and drain cost the other stages' work,
+``Σ_j(F_j+B_j+W_j) − (F+B+W)`` — ``(p−1)(F+B+W)`` for equal stages, the same bubble as 1F1B;
+one p2p is exposed after each forward and each backward (``2mτ``; no steady phase for PP
+overlap to hide). The price is memory: every stage holds all ``m`` micro-batches'
+activations at the turn from forwards to backwards.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mofa_framework import hookimpl
+from mofa_framework.engine import Inflight, PipelineTimes
+from mofa_framework.types import PipelineSchedule
+
+
+def time(x) -> PipelineTimes:
+    bubble_f = np.maximum(x.sum_F - x.F, 0.0)
+    bubble_b = np.maximum(x.sum_B + x.sum_W - x.B - x.W, 0.0)
+    warmup = x.m * (x.F + x.p2p_s) + bubble_f
+    cooldown = x.m * (x.B + x.W + x.p2p_s) + bubble_b
+    return PipelineTimes(busy_s=x.m * (x.F + x.B + x.W), bubble_s=bubble_f + bubble_b, pp_comm_s=2.0 * x.m * x.p2p_s,
+                         warmup_s=warmup, steady_s=np.zeros_like(x.m), cooldown_s=cooldown)
+
+
+def inflight(x) -> Inflight:
+    return Inflight(first=x.m * 1.0, mid=x.m * 1.0, last=x.m * 1.0)
+
+
+def op_order(p: int, v: int, m: int) -> list[list[tuple[str, int, int]]]:
+    """Per stage: F of micro-batches 0..m−1, then their (unsplit) backwards in the same order."""
+    return [[("F", i, 0) for i in range(m)] + [("BW", i, 0) for i in range(m)] for _ in range(p)]
+
+
+SCHEDULE = PipelineSchedule(
+    name="gpipe",
+    description="GPipe: all forwards, then all backwards; holds every micro-batch's activations",
+    time=time, inflight=inflight, supports_vpp=False, equation="[9]-[12] (GPipe)", order=op_order,
+)
+
+
+@hookimpl
+def mofa_register_pipeline_schedules():
+    return [SCHEDULE]

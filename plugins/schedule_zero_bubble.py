@@ -1,0 +1,177 @@
+"""ZeroBubble pipeline schedules (Qi et al. 2023, arXiv 2401.10241; ZB-V: §6 and arXiv 2405.15362).
+
+The backward is split into B (input gradient, on the critical path between stages) and W
+(weight gradient, free to move), so W fills the bubbles. On the critical stage, with per
+chunk F, B, W and p2p time τ, busy time is ``m·v·(F+B+W)`` and the bubbles are:
+
+- ``zb-h1`` (alias ``zb-1p``, the paper's automatic schedule at 1F1B's memory):
+  ``(p−1)(F+B−W)`` — a third of 1F1B's when F = B = W — holding 1F1B's ``min(m, p−j)``
+  micro-batches on stage j;
+- ``zb-h2`` (alias ``zb-2p``): ``(p−1)·max(F+B−2W, 0)`` once ``m ≥ 2p−1``, zero when
+  ``2W ≥ F+B``; it warms up with up to ``2(p−j)−1`` forwards on stage j, so the first stage
+  holds ``min(m, 2p−1)`` micro-batches — about twice 1F1B's activations. It needs that
+  memory headroom: the engine's ``fits_in_memory`` tells. With fewer micro-batches the
+  extra warmup forwards run out: the W credit shrinks linearly from 2 (``m ≥ 2p−1``) to
+  1 (``m = p``, ZB-H1's bubble);
+- ``zb-v`` (vpp = 2, V-shaped placement: stage j holds chunks j and 2p−1−j):
+  ``(p−1)·max(F+B−2W, 0)`` with *chunk* times (half of ZB-H2's in stage times) at 1F1B's
+  memory: stage j holds ``min(2p, m+j+1, 2m)`` chunks, i.e. ``p`` micro-batches' worth
+  once ``m ≥ 2p``, on every stage; same small-m interpolation as ZB-H2.
+
+With unequal stages the ``(p−1)X`` terms become ``Σ_j X_j − X`` over stages (as in 1F1B).
+The bubbles of ZB-H2 and ZB-V assume the paper's optimizer post-validation, which lets a
+stage start the next step as soon as its own work is done: the step time is the longest
+*stage span*, not the makespan of one isolated step. p2p is counted as in 1F1B
+(:func:`~mofa_plugins.schedule_1f1b.phase_times`): exposed after each warmup forward and
+cooldown backward, and per steady pair as the pipeline phase leaves it; ZB-V moves
+twice the p2p traffic of 1F1B (2 chunks).
+
+``op_order(p, v, m)`` gives each schedule's per-stage op list for
+:func:`mofa_framework.simulate.simulate`: ZB-H1 is 1F1B with B and W split and stage j's
+W delayed by j; ZB-H2 and ZB-V are found by the paper's greedy heuristic
+(:func:`~mofa_framework.simulate.greedy_order`) at unit op times (or given times).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mofa_framework import hookimpl
+from mofa_framework.engine import Inflight, PipelineTimes
+from mofa_framework.simulate import greedy_order
+from mofa_framework.types import PipelineSchedule
+
+
+def _zb_times(x, n_w, chunks, w_credit) -> PipelineTimes:
+    """Busy, bubble and p2p of a ZeroBubble schedule with `w_credit` W's filling each stage's
+    share of the bubble (1: ZB-H1, 2: ZB-H2/ZB-V)."""
+    work = x.F + x.B + x.W
+    total_chunks = x.m * chunks
+    busy = total_chunks * work
+    fill_f = np.maximum(x.sum_F / chunks - x.F, 0.0)
+    fill_b = np.maximum(x.sum_B / chunks - x.B, 0.0)
+    fill_w = np.maximum(x.sum_W / chunks - x.W, 0.0)
+    bubble = np.maximum(fill_f + fill_b - w_credit * fill_w, 0.0)
+    steady_n = total_chunks - n_w
+    pp = 2.0 * n_w * x.p2p_s + steady_n * x.steady_p2p_s
+    bubble_warm = np.minimum(fill_f, bubble)
+    warmup = n_w * (x.F + x.p2p_s) + bubble_warm
+    steady = steady_n * (work + x.steady_p2p_s)
+    cooldown = n_w * (x.B + x.W + x.p2p_s) + (bubble - bubble_warm)
+    return PipelineTimes(busy_s=busy, bubble_s=bubble, pp_comm_s=pp, warmup_s=warmup, steady_s=steady,
+                         cooldown_s=cooldown)
+
+
+def _credit(x):
+    """W credit 1 at m = p rising to 2 at m ≥ 2p−1 (the extra warmup forwards that fill)."""
+    return 1.0 + np.clip((x.m - x.p) / np.maximum(x.p - 1.0, 1.0), 0.0, 1.0)
+
+
+# ------------------------------------------------------------------------------ ZB-H1
+
+def time_h1(x) -> PipelineTimes:
+    return _zb_times(x, np.minimum(x.m, x.p - 1.0), 1.0, 1.0)
+
+
+def inflight_h1(x) -> Inflight:
+    return Inflight(first=np.minimum(x.m, x.p), mid=np.minimum(x.m, np.maximum(x.p - 1.0, 1.0)),
+                    last=np.minimum(x.m, 1.0))
+
+
+def op_order_h1(p: int, v: int, m: int) -> list[list[tuple[str, int, int]]]:
+    """1F1B's order with B and W split; stage j runs the W of micro-batch i after B of i+j."""
+    out = []
+    for s in range(p):
+        n_w = min(m, p - s - 1)
+        ops = [("F", i, 0) for i in range(n_w)]
+        w_next = 0
+        for i in range(m):
+            if n_w + i < m:
+                ops.append(("F", n_w + i, 0))
+            ops.append(("B", i, 0))
+            if i - s >= 0:
+                ops.append(("W", i - s, 0))
+                w_next = i - s + 1
+        ops += [("W", i, 0) for i in range(w_next, m)]
+        out.append(ops)
+    return out
+
+
+# ------------------------------------------------------------------------------ ZB-H2
+
+def time_h2(x) -> PipelineTimes:
+    return _zb_times(x, np.minimum(x.m, 2.0 * (x.p - 1.0)), 1.0, _credit(x))
+
+
+def inflight_h2(x) -> Inflight:
+    def stage(j):
+        return np.minimum(x.m, np.maximum(2.0 * (x.p - j) - 1.0, 1.0))
+    return Inflight(first=stage(0.0), mid=stage(np.minimum(1.0, x.p - 1.0)), last=stage(x.p - 1.0))
+
+
+def op_order_h2(p: int, v: int, m: int, F=1.0, B=1.0, W=1.0) -> list[list[tuple[str, int, int]]]:
+    """Greedy order with stage j holding at most 2(p−j)−1 micro-batches."""
+    return greedy_order(p=p, v=1, m=m, limit=lambda s: 2 * (p - s) - 1, F=F, B=B, W=W)
+
+
+# ------------------------------------------------------------------------------ ZB-V
+
+def v_route(p: int):
+    """V-shaped placement: chunk 0 runs down stages 0..p−1, chunk 1 back up p−1..0."""
+    hops = [(s, 0) for s in range(p)] + [(s, 1) for s in reversed(range(p))]
+    return lambda mb: hops
+
+
+def time_v(x) -> PipelineTimes:
+    return _zb_times(x, np.minimum(x.m * x.v, 2.0 * x.p - 1.0), x.v, _credit(x))
+
+
+def inflight_v(x) -> Inflight:
+    def stage(j):
+        return np.minimum(np.minimum(2.0 * x.p, x.m + j + 1.0), 2.0 * x.m) / 2.0
+    return Inflight(first=stage(0.0), mid=stage(np.maximum(x.p - 2.0, 0.0)), last=stage(x.p - 1.0))
+
+
+def op_order_v(p: int, v: int, m: int, F=1.0, B=1.0, W=1.0) -> list[list[tuple[str, int, int]]]:
+    """Greedy order on the V route, stage j holding at most 2p chunks (1F1B's memory)."""
+    if v != 2:
+        raise ValueError("zb-v runs exactly 2 chunks per stage (vpp = 2)")
+    return greedy_order(p=p, v=2, m=m, limit=lambda s: 2 * p, route=v_route(p), F=F, B=B, W=W)
+
+
+ZB_H1 = PipelineSchedule(
+    name="zb-h1", aliases=("zb-1p", "zb1p"),
+    description="ZeroBubble ZB-H1: 1F1B with split backward, bubble (p-1)(F+B-W) at 1F1B's memory",
+    time=time_h1, inflight=inflight_h1, supports_vpp=False, equation="ZB-H1 (Qi et al. 2023)",
+    min_microbatches=lambda p: p, order=op_order_h1,
+    megatron_args=("# sail-sg/zero-bubble-pipeline-parallelism fork: --enable-zero-bubble",),
+)
+ZB_H2 = PipelineSchedule(
+    name="zb-h2", aliases=("zb-2p", "zb2p"),
+    description="ZeroBubble ZB-H2: bubble (p-1)(F+B-2W)+ with ~2x 1F1B's activations (2p-1 on stage 0)",
+    time=time_h2, inflight=inflight_h2, supports_vpp=False, equation="ZB-H2 (Qi et al. 2023)",
+    min_microbatches=lambda p: p, order=op_order_h2,
+    megatron_args=("# sail-sg/zero-bubble-pipeline-parallelism fork: --enable-zero-bubble",),
+)
+ZB_V = PipelineSchedule(
+    name="zb-v", aliases=("zbv",),
+    description="ZeroBubble ZB-V: V-shaped 2 chunks per stage, bubble (p-1)(F+B-2W)+ per chunk at 1F1B's memory",
+    time=time_v, inflight=inflight_v, supports_vpp=True, requires_vpp=True, equation="ZB-V (Qi et al. 2023, §6)",
+    min_microbatches=lambda p: p, order=op_order_v, route=v_route,
+    megatron_args=("# sail-sg/zero-bubble-pipeline-parallelism fork: --enable-zero-bubble --zero-bubble-v-schedule",),
+)
+
+#: the op-order generator of each schedule, for :func:`mofa_framework.simulate.simulate`
+ORDERS = {"zb-h1": op_order_h1, "zb-h2": op_order_h2, "zb-v": op_order_v}
+ROUTES = {"zb-v": v_route}
+
+
+def op_order(p: int, v: int, m: int, schedule: str = "zb-h1", **durations):
+    """The op order of `schedule` (``zb-h1``, ``zb-h2`` or ``zb-v``)."""
+    fn = ORDERS[schedule]
+    return fn(p, v, m, **durations) if durations else fn(p, v, m)
+
+
+@hookimpl
+def mofa_register_pipeline_schedules():
+    return [ZB_H1, ZB_H2, ZB_V]
