@@ -1,0 +1,66 @@
+"""Shared pieces of the overlap plugins (paper eqs. [20]–[24]); not a plugin itself.
+
+Every overlap strategy prices parts that run concurrently as the max of the two, each
+slowed by a contention coefficient: α (``contention_compute``) on the compute and β
+(``contention_comm``) on the communication, both ≥ 1. They default to the hardware
+profile's ``efficiency.contention_compute`` / ``contention_comm``; a feature's options may
+override them per job (``0`` = take the profile's value).
+
+Bookkeeping rule shared by all of them: the overlap formula gives the *total* time T of the
+overlapped compute + communication; the compute is already counted in its own breakdown
+field, so the feature writes ``T − compute`` into the *exposed communication* field. That
+keeps the breakdown additive and puts the contention slowdown of the compute, ``(α−1)·c``,
+into the exposed-communication component of the overlap that caused it.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from mofa_framework.types import option
+
+
+def _zero_or_at_least_one(inst, attribute, value):
+    if not (value == 0.0 or value >= 1.0):
+        raise ValueError(f"'{attribute.name}' must be 0 (use the hardware profile's value) or ≥ 1, got {value!r}")
+
+
+def _at_least_one(inst, attribute, value):
+    if not value >= 1:
+        raise ValueError(f"'{attribute.name}' must be ≥ 1, got {value!r}")
+
+
+def _positive_int(inst, attribute, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"'{attribute.name}' must be an integer ≥ 1, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class ContentionOptions:
+    """Options every overlap strategy takes: its contention coefficients."""
+
+    contention_compute: float = option(
+        0.0, validator=_zero_or_at_least_one,
+        doc="α ≥ 1: slowdown of compute while it overlaps communication; 0 = hardware profile's value")
+    contention_comm: float = option(
+        0.0, validator=_zero_or_at_least_one,
+        doc="β ≥ 1: slowdown of communication while it overlaps compute; 0 = hardware profile's value")
+
+
+def opt(rows, name: str, default: float) -> np.ndarray:
+    """Option `name` over the whole batch as float64; `default` on rows where the feature is off
+    (or when the batch carries no such array), so off rows never see a 0 or a NaN."""
+    n = len(rows.enabled)
+    x = rows.options.get(name)
+    if x is None:
+        return np.full(n, float(default))
+    return np.where(rows.enabled, np.asarray(x, dtype=np.float64), float(default))
+
+
+def contention(state, rows) -> tuple[np.ndarray, np.ndarray]:
+    """(α, β) per row: the option when > 0, else the hardware profile's coefficient."""
+    eff = state.ctx.hardware.efficiency
+    a = opt(rows, "contention_compute", 0.0)
+    b = opt(rows, "contention_comm", 0.0)
+    return np.where(a > 0, a, eff.contention_compute), np.where(b > 0, b, eff.contention_comm)

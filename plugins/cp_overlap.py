@@ -1,0 +1,67 @@
+"""Context-parallel (ring attention) communication overlap: paper eq. [21].
+
+Ring attention runs c = ``cp`` steps per layer and pass; step i computes attention against
+the K/V block received at step i−1 while the p2p transfer of the next block is in flight.
+With attn_i = attn/c (``attn_*_s`` split over the c blocks; causal load balancing keeps the
+blocks equal) and p2p_i = p2p/(c−1) (``cp_*_s`` is the c−1 transfers)::
+
+    T = Σ_{i=1}^{c−1} max(α·attn_i, β·p2p_i) + α·attn_c
+
+The attention is already counted in the compute components, so the exposed CP
+communication becomes ``T − attn`` (forward and backward separately), including the
+contention slowdown ``(α−1)·attn``. With α = β = 1 it is ``max(0, p2p − (c−1)/c·attn) ≤
+p2p``: never slower than no overlap.
+
+Rows with ``cp == 1`` (nothing to overlap) are left unchanged: a no-op, not an infeasible
+row, so the tuner can keep the feature on everywhere. Memory is unchanged.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from mofa_framework import hookimpl
+from mofa_framework.types import OverlapStrategy
+from mofa_plugins._overlap import ContentionOptions, contention
+
+
+@attrs.frozen(kw_only=True)
+class CpOverlapOptions(ContentionOptions):
+    pass
+
+
+def ring(attn, p2p, c, alpha, beta):
+    """[21]: total time of c ring-attention steps with the c−1 p2p transfers overlapped."""
+    steps = np.maximum(c - 1.0, 1.0)
+    return steps * np.maximum(alpha * attn / c, beta * p2p / steps) + alpha * attn / c
+
+
+def layer(state, rows):
+    alpha, beta = contention(state, rows)
+    c = state.batch.cp.astype(np.float64)
+    applies = c > 1
+
+    def one(lc):
+        kw = {}
+        for d in ("fwd", "bwd"):
+            attn, comm = getattr(lc, f"attn_{d}_s"), getattr(lc, f"cp_{d}_s")
+            exposed = ring(attn, comm, c, alpha, beta) - attn
+            kw[f"cp_exposed_{d}_s"] = np.where(applies & (comm > 0), exposed, getattr(lc, f"cp_exposed_{d}_s"))
+        return attrs.evolve(lc, **kw)
+
+    return attrs.evolve(state, layers={k: one(lc) for k, lc in state.layers.items()})
+
+
+FEATURE = OverlapStrategy(
+    name="cp_overlap",
+    description="ring attention: each step's attention hides the next K/V p2p transfer",
+    equation="[21] T = Σ_{i=1}^{c−1} max(α·attn_i, β·p2p_i) + α·attn_c",
+    options_type=CpOverlapOptions,
+    layer=layer,
+)
+
+
+@hookimpl
+def mofa_register_overlap_strategies():
+    return [FEATURE]

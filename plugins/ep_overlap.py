@@ -1,0 +1,77 @@
+"""Expert-parallel all-to-all overlap: paper eq. [22].
+
+DualPipe (DeepSeek-V3) and Megatron's combined 1F1B A2A overlap pair the forward of one
+micro-batch with the backward of another on the same MoE layer: the forward compute hides
+the backward's all-to-alls (dispatch + combine, and the expert-TP gather/scatter) and the
+backward compute hides the forward's. Per MoE layer, with the two pairs i::
+
+    T = Σ_i max(α·comp_i, β·a2a_i)
+      = max(α·F_comp, β·a2a_bwd) + max(α·B_comp, β·a2a_fwd)
+
+**Which compute hides it** (option ``hide_with``):
+
+- ``layer`` (default, the paper's wording "the computation of the forward pass"): the
+  whole MoE layer's compute of that pass — attention, router, shared and routed experts
+  (F_comp = ``fwd_compute_s``, B_comp = ``bwd_input_s + bwd_weight_s``);
+- ``experts``: only the routed-expert GEMMs (``expert_fwd_s``, ``expert_bwd_s``) — a
+  conservative reading for when attention is busy hiding TP/CP communication.
+
+The compute is already counted in the compute components, so the exposed EP communication
+becomes ``max(α·F_comp, β·a2a_bwd) − F_comp`` in the forward and ``max(α·B_comp, β·a2a_fwd)
+− B_comp`` in the backward (including the contention slowdown of the compute). With
+α = β = 1 each is ``max(0, a2a − comp) ≤ a2a``: never slower than no overlap. It applies
+to every micro-batch (the steady-state pairing of [22]; warmup/cooldown micro-batches
+without a partner are not treated separately).
+
+Dense layers and rows with no EP communication (``ep == etp == 1``, or a dense model) are
+left unchanged: a no-op, not an infeasible row. Memory is unchanged (the extra in-flight
+micro-batch of DualPipe is the schedule's business).
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from mofa_framework import hookimpl
+from mofa_framework.types import OverlapStrategy, option
+from mofa_plugins._overlap import ContentionOptions, contention
+
+HIDE_WITH = ("layer", "experts")
+
+
+@attrs.frozen(kw_only=True)
+class EpOverlapOptions(ContentionOptions):
+    hide_with: str = option("layer", choices=HIDE_WITH,
+                            doc="compute that hides the other pass's all-to-all: the whole MoE layer, or the experts")
+
+
+def layer(state, rows):
+    moe = state.layers.get("moe")
+    if moe is None:  # a dense model: nothing to overlap
+        return state
+    alpha, beta = contention(state, rows)
+    experts = rows.choice("hide_with", "experts") if "hide_with" in rows.options else np.zeros(len(rows.enabled), bool)
+    f_comp = np.where(experts, moe.expert_fwd_s, moe.fwd_compute_s)
+    b_comp = np.where(experts, moe.expert_bwd_s, moe.bwd_input_s + moe.bwd_weight_s)
+    a2a_f, a2a_b = moe.ep_fwd_s, moe.ep_bwd_s
+    applies = (a2a_f + a2a_b) > 0
+    exp_f = np.maximum(alpha * f_comp, beta * a2a_b) - f_comp
+    exp_b = np.maximum(alpha * b_comp, beta * a2a_f) - b_comp
+    new = attrs.evolve(moe, ep_exposed_fwd_s=np.where(applies, exp_f, moe.ep_exposed_fwd_s),
+                       ep_exposed_bwd_s=np.where(applies, exp_b, moe.ep_exposed_bwd_s))
+    return attrs.evolve(state, layers={**state.layers, "moe": new})
+
+
+FEATURE = OverlapStrategy(
+    name="ep_overlap",
+    description="forward compute of one micro-batch hides another's backward all-to-all, and vice versa",
+    equation="[22] T = Σ_i max(α·comp_i, β·a2a_i)",
+    options_type=EpOverlapOptions,
+    layer=layer,
+)
+
+
+@hookimpl
+def mofa_register_overlap_strategies():
+    return [FEATURE]

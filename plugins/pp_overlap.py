@@ -1,0 +1,56 @@
+"""Pipeline p2p overlap in the steady phase: paper eq. [23].
+
+In 1F1B's steady phase the send/receive of one micro-batch's boundary activation (or
+gradient) runs while the stage computes the next forward or backward chunk (Megatron's
+``--overlap-p2p-communication``). Per steady pair of one forward + one backward chunk, the
+time becomes::
+
+    T_pair = max(β·τ_pair, α·T_chunk),   τ_pair = 2τ,   T_chunk = F + B + W
+
+(F, B, W: the critical stage's per-chunk forward, backward-input and backward-weight times
+from the pipeline inputs). The chunk's work is already counted, so the exposed p2p per
+steady pair (``PipelineInputs.steady_p2p_s``, 2τ without overlap) becomes
+``max(β·2τ, α·(F+B+W)) − (F+B+W)``; schedules multiply it by the number of steady pairs
+and report it under ``pp_comm`` (it includes the contention slowdown of the chunk). With
+α = β = 1 it is ``max(0, 2τ − (F+B+W)) ≤ 2τ``: never slower than no overlap. Warmup and
+cooldown transfers stay exposed. Rows with ``pp == 1`` are left unchanged (no-op).
+Memory is unchanged.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from mofa_framework import hookimpl
+from mofa_framework.types import OverlapStrategy
+from mofa_plugins._overlap import ContentionOptions, contention
+
+
+@attrs.frozen(kw_only=True)
+class PpOverlapOptions(ContentionOptions):
+    pass
+
+
+def pipeline(state, rows):
+    alpha, beta = contention(state, rows)
+    p = state.pipe
+    work = p.F + p.B + p.W
+    pair = p.steady_p2p_s  # 2τ unless another feature changed it
+    exposed = np.maximum(beta * pair, alpha * work) - work
+    applies = (p.p > 1) & (pair > 0)
+    return attrs.evolve(state, pipe=attrs.evolve(p, steady_p2p_s=np.where(applies, exposed, p.steady_p2p_s)))
+
+
+FEATURE = OverlapStrategy(
+    name="pp_overlap",
+    description="steady-phase p2p of one micro-batch hidden behind the next chunk's compute",
+    equation="[23] T = max(β·τ, α·T_chunk) per steady pair",
+    options_type=PpOverlapOptions,
+    pipeline=pipeline,
+)
+
+
+@hookimpl
+def mofa_register_overlap_strategies():
+    return [FEATURE]
