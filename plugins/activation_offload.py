@@ -1,0 +1,111 @@
+"""Asynchronous activation offloading (paper eqs. [33]–[35]).
+
+Each layer's saved activations S go device→host while the next layer runs its forward, and
+come back host→device while the following layer (in backward order) runs its backward.
+Per offloaded layer and micro-batch::
+
+    [33] T_fwd' = max(α_d2h · S/BW_d2h, β · T_fwd)
+    [34] T_bwd' = max(α_h2d · S/BW_h2d, β · T_bwd)
+
+α (transfer) and β (compute) are the slow-downs each suffers while both run; by default the
+hardware profile's contention coefficients (``contention_comm``, ``contention_compute``),
+overridable by the options. The increase ``T' − T`` goes into the layer's
+``offload_exposed_fwd_s`` / ``offload_exposed_bwd_s`` (the ``offload`` breakdown entry).
+
+[35] memory: only the layers in flight stay on the GPU — ``resident_layers`` per model
+chunk and micro-batch in flight (default 2: the layer computing and the one being copied).
+With L_j layers on stage j, v chunks and a fraction f of layers offloaded, the share of a
+stage's activations that leaves the GPU is::
+
+    q_j = f · (1 − min(1, resident_layers·v / L_j))
+    M_act' = (1 − q_j)·M_act,        M_host += q_j·M_act
+
+The per-layer time uses q of the first stage (the memory-critical one). The offloaded
+bytes are whatever earlier features left in the saved activations (run after recompute,
+memfine and fp8).
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from mofa_framework import hookimpl
+from mofa_framework.engine import stage_layout
+from mofa_framework.types import MemoryOptimizer, option
+
+
+@attrs.frozen(kw_only=True)
+class ActivationOffloadOptions:
+    fraction: float = option(1.0, validator=[attrs.validators.gt(0.0), attrs.validators.le(1.0)],
+                             doc="fraction of the layers whose activations are offloaded")
+    resident_layers: int = option(2, validator=attrs.validators.ge(1),
+                                  doc="layers per chunk and micro-batch in flight that stay on the GPU")
+    alpha_d2h: float = option(0.0, validator=attrs.validators.ge(0.0),
+                              doc="α of [33]; 0 = the profile's contention_comm")
+    alpha_h2d: float = option(0.0, validator=attrs.validators.ge(0.0),
+                              doc="α of [34]; 0 = the profile's contention_comm")
+    beta: float = option(0.0, validator=attrs.validators.ge(0.0),
+                         doc="β of [33][34]; 0 = the profile's contention_compute")
+
+
+def offloaded_share(state, rows) -> np.ndarray:
+    """q_j of [35] per stage: array (3, N)."""
+    lay = stage_layout(state.ctx.model, state.batch)
+    kept = rows.options["resident_layers"] * state.batch.vpp
+    resident = np.minimum(1.0, kept[None, :] / np.maximum(lay.total, 1.0))
+    return rows.options["fraction"][None, :] * (1.0 - resident)
+
+
+def _coeff(value, default):
+    return np.where(value > 0, value, default)
+
+
+def layer(state, rows):
+    hw = state.ctx.hardware
+    eff = hw.efficiency
+    a_d2h = _coeff(rows.options["alpha_d2h"], eff.contention_comm)
+    a_h2d = _coeff(rows.options["alpha_h2d"], eff.contention_comm)
+    beta = _coeff(rows.options["beta"], eff.contention_compute)
+    q = offloaded_share(state, rows)[0]
+    out = {}
+    for kind, c in state.layers.items():
+        t_fwd = c.fwd_s
+        t_bwd = c.bwd_input_total_s + c.bwd_weight_s
+        t_d2h = c.act_saved_bytes / hw.d2h_bandwidth_bytes_per_s
+        t_h2d = c.act_saved_bytes / hw.h2d_bandwidth_bytes_per_s
+        extra_f = np.maximum(a_d2h * t_d2h, beta * t_fwd) - t_fwd
+        extra_b = np.maximum(a_h2d * t_h2d, beta * t_bwd) - t_bwd
+        out[kind] = attrs.evolve(c, offload_exposed_fwd_s=c.offload_exposed_fwd_s + q * np.maximum(extra_f, 0.0),
+                                 offload_exposed_bwd_s=c.offload_exposed_bwd_s + q * np.maximum(extra_b, 0.0))
+    return attrs.evolve(state, layers=out)
+
+
+def memory(state, rows):
+    mem = state.mem
+    q = offloaded_share(state, rows)
+    moved = mem.activations_bytes * q
+    return attrs.evolve(state, mem=attrs.evolve(mem, activations_bytes=mem.activations_bytes - moved,
+                                                host_bytes=mem.host_bytes + moved))
+
+
+def megatron_args(options) -> list[str]:
+    return ["--cpu-offloading"]  # Megatron-Core/TE; set --cpu-offloading-num-layers from `fraction`
+
+
+FEATURE = MemoryOptimizer(
+    name="activation_offload",
+    description="asynchronously offload each layer's activations to host memory during the next layer's "
+                "forward and prefetch them during backward",
+    equation="[33]-[35]",
+    megatron_args=megatron_args,
+    options_type=ActivationOffloadOptions,
+    layer=layer,
+    memory=memory,
+    after=("recompute", "memfine", "fp8", "kernel_scaling", "tp_overlap", "cp_overlap", "ep_overlap"),
+)
+
+
+@hookimpl
+def mofa_register_memory_optimizers():
+    return [FEATURE]

@@ -1,0 +1,113 @@
+"""Megatron's distributed optimizer (paper eqs. [25], [26]; ZeRO-1).
+
+Each data-parallel rank keeps and updates only ``1/D`` of the optimizer state, where D is
+the size of the group the parameter's gradient is reduced over (``engine._dp_groups``):
+DP×CP for dense parameters, the expert-DP size ``t·c·D/(e·etp)`` for expert parameters.
+
+[25] memory, bytes per parameter held on a GPU (bf16 weights, fp32 gradients, Adam)::
+
+    M = P·(2 + 4) + P·12/D          (18 → 6 + 12/D)
+
+[26] time: the update touches ``P/D`` parameters, and the all-reduce of the gradients
+becomes a reduce-scatter of the (fp32) gradients plus an all-gather of the updated bf16
+parameters::
+
+    T_opt = RS(P·d_g, D) + AG(P·2, D) + (P/D)·c_upd / BW
+
+Both collectives are priced by the ``mofa_collective_latency`` provider
+(``ctx.collective_s``). The exposed DP time is set to the whole DP time; a DP-overlap
+feature (``dp_overlap``) runs after this one and hides part of it.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from mofa_framework import hookimpl
+from mofa_framework.decompose import ALL_GATHER, REDUCE_SCATTER, Coll
+from mofa_framework.engine import _dp_groups, _grad_bytes_per_param
+from mofa_framework.types import MemoryOptimizer, NoOptions
+
+#: optimizer state bytes per parameter (fp32 master + Adam m + v)
+STATE_BYTES = 12.0
+#: bytes per parameter of the all-gathered bf16 weights
+PARAM_BYTES = 2.0
+
+
+def dp_sizes(state):
+    """(D_dense, D_expert) as float arrays over the batch."""
+    (d_size, _), (e_size, _) = _dp_groups(state.ctx, state.batch)
+    n = len(state.batch)
+    return (np.broadcast_to(np.asarray(d_size, dtype=np.float64), (n,)),
+            np.broadcast_to(np.asarray(e_size, dtype=np.float64), (n,)))
+
+
+def local_params(state):
+    """(dense, expert) parameters on the busiest stage, recovered from the gradient bytes."""
+    gb = _grad_bytes_per_param(state.batch)
+    return state.opt.dense_grad_bytes / gb, state.opt.expert_grad_bytes / gb
+
+
+def sharded_dp_comm_s(state) -> np.ndarray:
+    """Reduce-scatter of the gradients + all-gather of bf16 parameters, dense and expert groups."""
+    ctx, batch = state.ctx, state.batch
+    (d_size, d_stride), (e_size, e_stride) = _dp_groups(ctx, batch)
+    p_dense, p_expert = local_params(state)
+    total = np.zeros(len(batch))
+    for label, grad, params, size, stride in (
+            ("dense", state.opt.dense_grad_bytes, p_dense, d_size, d_stride),
+            ("expert", state.opt.expert_grad_bytes, p_expert, e_size, e_stride)):
+        rs = Coll(name=f"dp_{label}_grad_rs", parallel="dp", kind=REDUCE_SCATTER, bytes=grad, group_size=size,
+                  stride=stride)
+        ag = Coll(name=f"dp_{label}_param_ag", parallel="dp", kind=ALL_GATHER, bytes=params * PARAM_BYTES,
+                  group_size=size, stride=stride)
+        # a group with nothing to reduce (no expert parameters) costs nothing, not a latency
+        total = total + np.where(grad > 0, ctx.collective_s(rs) + ctx.collective_s(ag), 0.0)
+    return total
+
+
+def shard_fraction(dense, expert, d_dense, d_expert):
+    """(dense/D_d + expert/D_e) / (dense + expert): the share of the state one rank keeps."""
+    tot = dense + expert
+    return np.where(tot > 0, (dense / d_dense + expert / d_expert) / np.where(tot > 0, tot, 1.0), 1.0)
+
+
+def optimizer(state, rows):
+    p_dense, p_expert = local_params(state)
+    d_dense, d_expert = dp_sizes(state)
+    frac = shard_fraction(p_dense, p_expert, d_dense, d_expert)
+    comm = sharded_dp_comm_s(state)
+    opt = attrs.evolve(state.opt, dp_comm_s=comm, dp_exposed_s=comm, update_s=state.opt.update_s * frac)
+    return attrs.evolve(state, opt=opt)
+
+
+def memory(state, rows):
+    mem = state.mem
+    d_dense, d_expert = dp_sizes(state)
+    frac = shard_fraction(mem.dense_params, mem.expert_params, d_dense[None, :], d_expert[None, :])
+    return attrs.evolve(state, mem=attrs.evolve(mem, optimizer_bytes=mem.optimizer_bytes * frac))
+
+
+def megatron_args(options) -> list[str]:
+    return ["--use-distributed-optimizer"]
+
+
+FEATURE = MemoryOptimizer(
+    name="distributed_optimizer",
+    description="shard fp32 master weights and Adam states over the data-parallel group (Megatron "
+                "--use-distributed-optimizer, ZeRO-1): 18 → 6 + 12/D bytes per parameter; gradients are "
+                "reduce-scattered and bf16 parameters all-gathered",
+    equation="[25],[26]",
+    megatron_args=megatron_args,
+    options_type=NoOptions,
+    optimizer=optimizer,
+    memory=memory,
+    before=("dp_overlap",),
+    conflicts=("cpu_optimizer",),
+)
+
+
+@hookimpl
+def mofa_register_memory_optimizers():
+    return [FEATURE]

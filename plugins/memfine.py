@@ -1,0 +1,95 @@
+"""MemFine-style chunked MoE recomputation (beyond the paper's equations).
+
+MemFine splits an MoE layer's token dispatch and expert computation into ``n`` chunks
+(``chunks``) and recomputes the experts chunk by chunk in backward, so only a chunk's worth
+of expert activations is materialised at a time. Per MoE layer and micro-batch, with
+S_exp = the expert activations (dispatched tokens + the expert FFN's saved tensors,
+``dt·R·h + dt·R·(3|2)·f_e/etp`` for R routed token-expert pairs on this GPU, as in
+``decompose.saved_activation_bytes``)::
+
+    S' = S − S_exp + S_exp/n             (the last chunk's, whose backward starts at once)
+    W  = max(W, S_exp/n)                 (one recomputed chunk while its backward runs)
+    T_bwd' = T_bwd + (n−1)/n · T_exp_fwd + (n−1)·o
+    T_fwd' = T_fwd + (n−1)·o
+
+``o`` (``chunk_overhead_us``, default 20 µs) is the cost of one more chunk per pass: an
+extra grouped-GEMM launch pair and an extra dispatch/combine all-to-all pair, whose
+latency no longer amortises (**choice**: a constant; measure it with `mofa calibrate`).
+Dense layers are untouched. MemFine acts before ``recompute``: under full recompute the
+re-run forward is chunked again and its experts are recomputed again (nested checkpoints), so
+both recompute times count. The recomputed expert forward FLOPs go to ``recompute_flops``.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from mofa_framework import hookimpl
+from mofa_framework.decompose import layer_operators
+from mofa_framework.types import Activation, MemoryOptimizer, option
+
+
+@attrs.frozen(kw_only=True)
+class MemFineOptions:
+    chunks: int = option(4, validator=attrs.validators.ge(1), search=(2, 4, 8),
+                         doc="chunks the dispatch + expert computation of a micro-batch is split into")
+    chunk_overhead_us: float = option(20.0, validator=attrs.validators.ge(0.0),
+                                      doc="launch + all-to-all latency per extra chunk and pass, µs")
+
+
+def expert_activation_bytes(model, g) -> np.ndarray:
+    """S_exp: the routed experts' saved tensors per MoE layer and micro-batch."""
+    routed = g.tokens / g.sp_div * model.experts_per_token * g.etp
+    width = 3.0 if model.activation is Activation.swiglu else 2.0
+    return g.dt * routed * model.hidden_size + g.dt * routed * width * model.moe_ffn_hidden_size / g.etp
+
+
+def layer(state, rows):
+    if "moe" not in state.layers:
+        return state
+    ctx = state.ctx
+    c = state.layers["moe"]
+    n = np.maximum(rows.options["chunks"], 1.0)
+    extra = (n - 1.0) / n
+    o = (n - 1.0) * rows.options["chunk_overhead_us"] * 1e-6
+    s_exp = expert_activation_bytes(ctx.model, ctx.geometry)
+    dropped = s_exp * extra
+    ops = layer_operators(ctx.model, ctx.geometry, "moe")
+    exp_flops = sum((np.asarray(op.flops, dtype=np.float64) for op in ops if op.group == "expert"),
+                    np.zeros(len(n)))
+    new = attrs.evolve(
+        c,
+        fwd_compute_s=c.fwd_compute_s + o,
+        bwd_input_s=c.bwd_input_s + o,
+        expert_fwd_s=c.expert_fwd_s + o,
+        expert_bwd_s=c.expert_bwd_s + o,
+        recompute_s=c.recompute_s + extra * c.expert_fwd_s,
+        recompute_flops=c.recompute_flops + extra * exp_flops,
+        act_other_bytes=c.act_other_bytes - dropped,
+        act_saved_bytes=c.act_saved_bytes - dropped,
+        act_working_bytes=np.maximum(c.act_working_bytes, s_exp / n),
+    )
+    return attrs.evolve(state, layers={**state.layers, "moe": new})
+
+
+def megatron_args(options) -> list[str]:
+    return []  # not an upstream Megatron-LM option
+
+
+FEATURE = MemoryOptimizer(
+    name="memfine",
+    description="MemFine: chunked MoE token dispatch + expert computation with per-chunk recomputation "
+                "(MoE layers only)",
+    equation="S' = S − (n−1)/n·S_exp; T_bwd' = T_bwd + (n−1)/n·T_exp_fwd + (n−1)·o",
+    megatron_args=megatron_args,
+    options_type=MemFineOptions,
+    layer=layer,
+    after=("fp8", "kernel_scaling", "tp_overlap", "ep_overlap"),
+    before=("recompute", "activation_offload"),
+)
+
+
+@hookimpl
+def mofa_register_memory_optimizers():
+    return [FEATURE]
