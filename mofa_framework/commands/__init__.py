@@ -7,7 +7,9 @@ import importlib
 import click
 
 #: module name → attribute holding a click command
-_COMMANDS: tuple[tuple[str, str], ...] = ()
+_COMMANDS: tuple[tuple[str, str], ...] = (
+    ("e2e", "e2e"),
+)
 
 
 def register_builtin_commands(cli: click.Group) -> None:
