@@ -466,8 +466,52 @@ def _apply_phase(state: CostState, registry, phase: Phase, trail: dict) -> CostS
     return state
 
 
-def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile, pm) -> Prediction:
-    """Cost every row of `batch` for `model` on `hardware` with the plugins of `pm`."""
+def _expand(obj, inverse: np.ndarray):
+    """Rows of per-structure results, repeated to the batch's rows (last axis)."""
+    if isinstance(obj, np.ndarray):
+        return obj[..., inverse]
+    if isinstance(obj, Mapping):
+        return {k: _expand(v, inverse) for k, v in obj.items()}
+    if attrs.has(type(obj)):
+        return attrs.evolve(obj, **{f.name: _expand(getattr(obj, f.name), inverse)
+                                    for f in attrs.fields(type(obj)) if f.init})
+    return obj
+
+
+def _priced(ctx: Context, batch: CandidateBatch) -> dict:
+    """Everything the providers price: layer costs, embedding/head, p2p τ, DP and the update."""
+    model, g = ctx.model, ctx.geometry
+    n = len(batch)
+    z = np.zeros(n)
+    kinds = ["dense"] + (["moe"] if model.is_moe else [])
+    out: dict = {"layers": {k: _layer_costs(ctx, k) for k in kinds}}
+    emb_ops, head_ops = embedding_operators(model, g), head_operators(model, g)
+    et = price_operators(ctx, emb_ops + head_ops)
+    emb_t, head_t = et[: len(emb_ops)], et[len(emb_ops):]
+    out["emb_f"] = sum(emb_t, z)
+    out["emb_b"] = sum((t * o.bwd_input for t, o in zip(emb_t, emb_ops)), z)
+    out["head_f"] = sum(head_t, z)
+    out["head_bi"] = sum((t * o.bwd_input for t, o in zip(head_t, head_ops)), z)
+    out["head_bw"] = sum((t * o.bwd_weight for t, o in zip(head_t, head_ops)), z)
+    hc = head_collectives(model, g)
+    out["head_comm"] = sum((t * c.count for t, c in zip(price_collectives(ctx, hc), hc)), z)
+    # pipeline p2p: one micro-batch's boundary activation, sequence-parallel sharded
+    pp_coll = Coll(name="pp_p2p", parallel="pp", kind=4, bytes=g.tokens * model.hidden_size * g.dt / g.sp_div,
+                   group_size=np.full(n, 2.0), stride=g.t * g.c * g.dp)
+    out["tau"] = np.where(batch.pp > 1, price_collectives(ctx, [pp_coll])[0], 0.0)
+    out["opt"] = _optimizer_costs(ctx, batch, stage_layout(model, batch))
+    return out
+
+
+def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile, pm,
+             structure: tuple[np.ndarray, np.ndarray] | None = None) -> Prediction:
+    """Cost every row of `batch` for `model` on `hardware` with the plugins of `pm`.
+
+    `structure` = ``(first_rows, inverse)`` says that rows share everything the providers
+    price (parallel sizes, batch shape, precision) with row ``first_rows[inverse[i]]``, so
+    operators and collectives are priced once per structure (the tuner's case: one
+    structure × many feature combinations). Results are identical either way.
+    """
     registry = pm.registry
     g = Geometry.of(batch)
     ctx = Context(model=model, hardware=hardware, geometry=g, pm=pm)
@@ -475,23 +519,22 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
     z = np.zeros(n)
     trail: dict[str, list[str]] = {}
 
+    # ---- priced once per structure
+    if structure is None:
+        priced = _priced(ctx, batch)
+    else:
+        first, inverse = structure
+        sub = batch.take(first)
+        priced = _expand(_priced(attrs.evolve(ctx, geometry=Geometry.of(sub)), sub), inverse)
+
     # ---- layer level
-    kinds = ["dense"] + (["moe"] if model.is_moe else [])
-    state = CostState(batch=batch, ctx=ctx, layers={k: _layer_costs(ctx, k) for k in kinds})
+    state = CostState(batch=batch, ctx=ctx, layers=priced["layers"])
     state = _apply_phase(state, registry, Phase.layer, trail)
 
     # ---- stages: first / worst middle / last; embedding on the first, head (+MTP) on the last
     lay = stage_layout(model, batch)
-    emb_ops, head_ops = embedding_operators(model, g), head_operators(model, g)
-    et = price_operators(ctx, emb_ops + head_ops)
-    emb_t, head_t = et[: len(emb_ops)], et[len(emb_ops):]
-    emb_f = sum(emb_t, z)
-    emb_b = sum((t * o.bwd_input for t, o in zip(emb_t, emb_ops)), z)
-    head_f = sum(head_t, z)
-    head_bi = sum((t * o.bwd_input for t, o in zip(head_t, head_ops)), z)
-    head_bw = sum((t * o.bwd_weight for t, o in zip(head_t, head_ops)), z)
-    hc = head_collectives(model, g)
-    head_comm = sum((t * c.count for t, c in zip(price_collectives(ctx, hc), hc)), z)
+    emb_f, emb_b = priced["emb_f"], priced["emb_b"]
+    head_f, head_bi, head_bw, head_comm = priced["head_f"], priced["head_bi"], priced["head_bw"], priced["head_comm"]
     L = state.layers
     mtp = float(model.num_mtp_layers)
     getters = {
@@ -537,11 +580,7 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
     pick = lambda arr: np.take_along_axis(arr, crit[None, :], axis=0)[0]  # noqa: E731
     total_of = lambda arr: np.where(p > 1, arr[0] + arr[2] + mid_count * arr[1], arr[0])  # noqa: E731
 
-    # ---- pipeline p2p: one micro-batch's boundary activation, sequence-parallel sharded
-    pp_msg = g.tokens * model.hidden_size * g.dt / g.sp_div
-    pp_coll = Coll(name="pp_p2p", parallel="pp", kind=4, bytes=pp_msg, group_size=np.full(n, 2.0),
-                   stride=g.t * g.c * g.dp)
-    tau = np.where(p > 1, price_collectives(ctx, [pp_coll])[0], 0.0)
+    tau = priced["tau"]
     pipe = PipelineInputs(p=p, v=v, m=m, F=pick(F) / v, B=pick(B) / v, W=pick(W) / v, sum_F=total_of(F),
                           sum_B=total_of(B), sum_W=total_of(W), p2p_s=tau, steady_p2p_s=2.0 * tau)
     state = attrs.evolve(state, pipe=pipe)
@@ -549,7 +588,7 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
     times, inflight = run_schedules(state, registry)
 
     # ---- optimizer level
-    state = attrs.evolve(state, opt=_optimizer_costs(ctx, batch, lay))
+    state = attrs.evolve(state, opt=priced["opt"])
     state = _apply_phase(state, registry, Phase.optimizer, trail)
 
     # ---- memory level
