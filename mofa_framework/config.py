@@ -162,6 +162,11 @@ class FaultSettings:
     init_s: float | None = attrs.field(default=None, validator=v.optional(v.ge(0.0)))
     #: asynchronous checkpointing: only the GPU→host snapshot stalls training
     async_checkpoint: bool = False
+    #: bytes one parameter occupies in a checkpoint (bf16 weights + fp32 master + Adam m, v)
+    checkpoint_bytes_per_param: float = attrs.field(default=14.0, validator=v.gt(0.0))
+    #: job start-up, seconds, and its growth per node (fit to paper Table 5's T_init)
+    startup_s: float = attrs.field(default=121.09, validator=v.ge(0.0))
+    startup_per_node_s: float = attrs.field(default=0.832, validator=v.ge(0.0))
     #: options of the chosen policy (read into the policy's options type)
     options: dict[str, Any] = attrs.field(factory=dict)
 
@@ -306,8 +311,9 @@ def resolve_job(raw: JobFile, registry, where: str) -> TrainingJob:
         if clash:
             raise ConfigError(f"{where}: features.{fname} cannot be combined with features.{clash[0]}: "
                               "enable only one of them")
-    if raw.fault.policy != FaultSettings().policy:  # the default is checked when e2e needs it
-        registry.policy(raw.fault.policy, field=f"{where}: fault.policy")
+    if raw.fault.policy != FaultSettings().policy or raw.fault.options:  # else checked when e2e needs it
+        pol = registry.policy(raw.fault.policy, field=f"{where}: fault.policy")
+        structure(dict(raw.fault.options), pol.options_type, f"{where}: fault.options")
     return TrainingJob(name=raw.name or Path(where).stem, model=model, hardware=hw, num_gpus=raw.hardware.num_gpus,
                        parallel=par, schedule=sched.name, features=features, training=raw.training, fault=raw.fault)
 

@@ -495,8 +495,9 @@ def _priced(ctx: Context, batch: CandidateBatch) -> dict:
     out["head_bw"] = sum((t * o.bwd_weight for t, o in zip(head_t, head_ops)), z)
     hc = head_collectives(model, g)
     out["head_comm"] = sum((t * c.count for t, c in zip(price_collectives(ctx, hc), hc)), z)
-    # pipeline p2p: one micro-batch's boundary activation, sequence-parallel sharded
-    pp_coll = Coll(name="pp_p2p", parallel="pp", kind=4, bytes=g.tokens * model.hidden_size * g.dt / g.sp_div,
+    # pipeline p2p: one micro-batch's boundary activation; Megatron sends 1/t of it either way
+    # (sequence-parallel shard, or --scatter-gather-tensors-in-pipeline without SP)
+    pp_coll = Coll(name="pp_p2p", parallel="pp", kind=4, bytes=g.tokens * model.hidden_size * g.dt / g.t,
                    group_size=np.full(n, 2.0), stride=g.t * g.c * g.dp)
     out["tau"] = np.where(batch.pp > 1, price_collectives(ctx, [pp_coll])[0], 0.0)
     out["opt"] = _optimizer_costs(ctx, batch, stage_layout(model, batch))
