@@ -171,6 +171,26 @@ class FaultSettings:
     options: dict[str, Any] = attrs.field(factory=dict)
 
 
+def _int_list(x):
+    return None if x is None else tuple(x)
+
+
+@attrs.frozen(kw_only=True)
+class SearchSection:
+    """`[search]`: the ranges `mofa tune` explores (unset = the default space)."""
+
+    tp: tuple[int, ...] | None = None
+    pp: tuple[int, ...] | None = None
+    vpp: tuple[int, ...] | None = None
+    cp: tuple[int, ...] | None = None
+    ep: tuple[int, ...] | None = None
+    etp: tuple[int, ...] | None = None
+    micro_batch_size: tuple[int, ...] | None = None
+    schedules: tuple[str, ...] | None = None
+    #: features to search (each off or on with its options' search values); None = all tunable
+    features: tuple[str, ...] | None = None
+
+
 @attrs.frozen(kw_only=True)
 class JobFile:
     """The raw job file; names are resolved by :func:`resolve_job`."""
@@ -183,6 +203,7 @@ class JobFile:
     features: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     training: TrainingSection = attrs.field(factory=TrainingSection)
     fault: FaultSettings = attrs.field(factory=FaultSettings)
+    search: SearchSection = attrs.field(factory=SearchSection)
 
 
 @attrs.frozen(kw_only=True)
@@ -198,6 +219,7 @@ class TrainingJob:
     features: Mapping[str, Any] = attrs.field(factory=dict)
     training: TrainingSection = attrs.field(factory=TrainingSection)
     fault: FaultSettings = attrs.field(factory=FaultSettings)
+    search: SearchSection = attrs.field(factory=SearchSection)
 
     @property
     def dp(self) -> int:
@@ -315,7 +337,8 @@ def resolve_job(raw: JobFile, registry, where: str) -> TrainingJob:
         pol = registry.policy(raw.fault.policy, field=f"{where}: fault.policy")
         structure(dict(raw.fault.options), pol.options_type, f"{where}: fault.options")
     return TrainingJob(name=raw.name or Path(where).stem, model=model, hardware=hw, num_gpus=raw.hardware.num_gpus,
-                       parallel=par, schedule=sched.name, features=features, training=raw.training, fault=raw.fault)
+                       parallel=par, schedule=sched.name, features=features, training=raw.training, fault=raw.fault,
+                       search=raw.search)
 
 
 def job_from_dict(data: Mapping[str, Any], registry, where: str = "job") -> TrainingJob:

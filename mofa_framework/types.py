@@ -354,6 +354,11 @@ class Feature:
     feasible: Callable | None = None
     #: optional ``(options) -> list[str]``: the Megatron-LM arguments that turn it on
     megatron_args: Callable | None = None
+    #: optional ``(batch, model, hardware) -> BoolArray``: rows where turning the feature on
+    #: can change anything (the tuner skips it elsewhere, as on ≡ off there); None = all rows
+    applies: Callable | None = None
+    #: whether `mofa tune` searches it by default (False for what-if knobs such as faster kernels)
+    tunable: bool = True
 
     def acts_in(self, phase: Phase) -> Callable | None:
         return getattr(self, phase.value)

@@ -34,6 +34,9 @@ def mofa_candidate_constraints(batch, model, hardware):
         reason=f"parallel.pp × parallel.vpp must split model.num_layers ({model.num_layers}) into whole chunks: "
                "choose pp/vpp dividing it, or set parallel.first_stage_layers / last_stage_layers")
     yield ConstraintResult(
+        name="vpp_needs_pp", feasible=(batch.vpp == 1) | (batch.pp > 1),
+        reason="parallel.vpp > 1 interleaves pipeline stages and needs parallel.pp > 1: set vpp = 1")
+    yield ConstraintResult(
         name="gbs_divisible", feasible=(gbs % (dp * b) == 0) & (gbs >= dp * b),
         reason="parallel.global_batch_size must be a multiple of data-parallel size × micro_batch_size "
                "(data-parallel size = num_gpus / (tp·pp·cp))")

@@ -9,6 +9,7 @@ import click
 #: module name → attribute holding a click command
 _COMMANDS: tuple[tuple[str, str], ...] = (
     ("e2e", "e2e"),
+    ("tune", "tune_cmd"),
 )
 
 
