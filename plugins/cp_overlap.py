@@ -59,6 +59,8 @@ FEATURE = OverlapStrategy(
     equation="[21] T = Σ_{i=1}^{c−1} max(α·attn_i, β·p2p_i) + α·attn_c",
     options_type=CpOverlapOptions,
     layer=layer,
+    applies=lambda batch, model, hardware: batch.cp > 1,
+    megatron_args=lambda o: ["--cp-comm-type", "p2p"],  # TE ring attention overlaps each step's K/V transfer
 )
 
 

@@ -105,6 +105,8 @@ FEATURE = MemoryOptimizer(
     memory=memory,
     before=("dp_overlap",),
     conflicts=("cpu_optimizer",),
+    applies=lambda batch, model, hardware: (batch.dp * batch.cp > 1) | (
+        (batch.tp * batch.cp * batch.dp > batch.ep * batch.etp) if model.is_moe else False),
 )
 
 

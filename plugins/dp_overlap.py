@@ -6,10 +6,14 @@ chunk j hides the gradient reduce-scatter of chunk j+1 (whose gradients are comp
 the next step's warmup, the forward of chunk j hides the parameter all-gather of chunk j+1.
 Only the first all-gather and the last reduce-scatter have nothing to hide behind. With
 v = ``pipe.v`` chunks, the DP communication split evenly over them, and per chunk the
-critical stage's forward F (warmup side) or backward B + W (cooldown side)::
+compute the critical stage runs between two chunks' collectives — in interleaved 1F1B the
+first stage runs one chunk for ``n = min(m, p)`` micro-batches before moving to the next
+(warmup forwards, cooldown backwards), so ``n·F`` and ``n·(B+W)`` with F, B, W per chunk::
 
-    T_dp_exposed = AG_1 + RS_v + Σ_{j=1}^{v−1} [max(α·F, β·AG_j) − F]
-                               + Σ_{j=1}^{v−1} [max(α·(B+W), β·RS_j) − (B+W)]
+    T_dp_exposed = AG_1 + RS_v + Σ_{j=1}^{v−1} [max(α·nF, β·AG_j) − nF]
+                               + Σ_{j=1}^{v−1} [max(α·n(B+W), β·RS_j) − n(B+W)]
+
+(v = 1: n = 1, the last micro-batch's backward, split into buckets below.)
 
 **Choice** on contention: cost-model.md writes the overlapped term as
 ``max(0, β·comm − α·compute)``; that lets a larger α (slower compute) *hide more*. Here the
@@ -83,8 +87,10 @@ def optimizer(state, rows):
     rs_share = np.where(sharded_rows(batch), grad_bytes / (grad_bytes + PARAM_BYTES), 1.0)
     comm = o.dp_comm_s
     rs, ag = comm * rs_share, comm * (1.0 - rs_share)
-    exposed_rs = side(rs, (pipe.B + pipe.W) / k, pieces, alpha, beta)
-    exposed_ag = np.where(ag > 0, side(ag, pipe.F / k, pieces, alpha, beta), 0.0)
+    # micro-batches of one chunk the first stage runs back to back between two chunks' collectives
+    n = np.where(pipe.v > 1, np.minimum(pipe.m, pipe.p), 1.0)
+    exposed_rs = side(rs, n * (pipe.B + pipe.W) / k, pieces, alpha, beta)
+    exposed_ag = np.where(ag > 0, side(ag, n * pipe.F / k, pieces, alpha, beta), 0.0)
     exposed = np.where(comm > 0, exposed_rs + exposed_ag, o.dp_exposed_s)
     return attrs.evolve(state, opt=attrs.evolve(o, dp_exposed_s=exposed))
 
@@ -97,6 +103,9 @@ FEATURE = OverlapStrategy(
     options_type=DpOverlapOptions,
     optimizer=optimizer,
     after=("distributed_optimizer", "cpu_optimizer", "kernel_scaling"),
+    applies=lambda batch, model, hardware: (batch.dp * batch.cp > 1) | (
+        (batch.tp * batch.cp * batch.dp > batch.ep * batch.etp) if model.is_moe else False),
+    megatron_args=lambda o: ["--overlap-grad-reduce", "--overlap-param-gather"],
 )
 
 

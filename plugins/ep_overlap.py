@@ -69,6 +69,8 @@ FEATURE = OverlapStrategy(
     equation="[22] T = Σ_i max(α·comp_i, β·a2a_i)",
     options_type=EpOverlapOptions,
     layer=layer,
+    applies=lambda batch, model, hardware: (batch.ep > 1) & model.is_moe,
+    megatron_args=lambda o: ["--overlap-moe-expert-parallel-comm"],
 )
 
 

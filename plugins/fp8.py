@@ -164,6 +164,8 @@ FEATURE = CostTransform(
     memory=memory,
     before=("kernel_scaling", "recompute", "memfine", "activation_offload", "tp_overlap", "cp_overlap",
             "ep_overlap"),
+    applies=lambda batch, model, hardware: np.full(len(batch), "fp8" in hardware.compute.peak_tflops),
+    tunable=False,  # numerics are the user's choice: `mofa tune --features ...,fp8` searches it
 )
 
 

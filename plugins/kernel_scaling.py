@@ -76,6 +76,7 @@ FEATURE = CostTransform(
     options_type=KernelScalingOptions,
     layer=layer, pipeline=pipeline, optimizer=optimizer,
     after=("fp8", "distributed_optimizer", "cpu_optimizer"),
+    tunable=False,  # a what-if (faster kernels / collectives), not a choice made at launch
     before=("tp_overlap", "cp_overlap", "ep_overlap", "pp_overlap", "dp_overlap", "activation_offload"),
 )
 

@@ -87,6 +87,7 @@ FEATURE = MemoryOptimizer(
     layer=layer,
     after=("fp8", "kernel_scaling", "tp_overlap", "ep_overlap"),
     before=("recompute", "activation_offload"),
+    applies=lambda batch, model, hardware: np.full(len(batch), model.is_moe),
 )
 
 

@@ -48,6 +48,8 @@ FEATURE = OverlapStrategy(
     equation="[23] T = max(β·τ, α·T_chunk) per steady pair",
     options_type=PpOverlapOptions,
     pipeline=pipeline,
+    applies=lambda batch, model, hardware: batch.pp > 1,
+    megatron_args=lambda o: ["--overlap-p2p-communication"],
 )
 
 

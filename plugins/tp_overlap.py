@@ -67,6 +67,8 @@ FEATURE = OverlapStrategy(
     equation="[20] T = β·m_1 + Σ_{i=1}^{n−1} max(α·c_i, β·m_{i+1}) + α·c_n",
     options_type=TpOverlapOptions,
     layer=layer,
+    applies=lambda batch, model, hardware: (batch.tp > 1) & batch.sequence_parallel,
+    megatron_args=lambda o: ["--tp-comm-overlap"],
 )
 
 

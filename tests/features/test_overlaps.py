@@ -194,8 +194,10 @@ def test_dp_overlap_eq24_all_reduce(mofa_predictor, buckets):
     pipe, comm = off.state.pipe, f0(off.state.opt.dp_comm_s)
     v = 2
     assert comm > 0 and f0(pipe.v) == v
-    # no distributed optimizer: the all-reduce runs chunk by chunk in the cooldown, behind B+W
-    expected = _dp_side(comm, (f0(pipe.B) + f0(pipe.W)) / buckets, v * buckets, a, b)
+    # no distributed optimizer: the all-reduce runs chunk by chunk in the cooldown, behind the
+    # n = min(m, p) backwards of one chunk the first stage runs before the next chunk's
+    n = min(f0(pipe.m), f0(pipe.p))
+    expected = _dp_side(comm, n * (f0(pipe.B) + f0(pipe.W)) / buckets, v * buckets, a, b)
     assert f0(on.state.opt.dp_exposed_s) == pytest.approx(expected, rel=1e-12)
     assert f0(on.breakdown["dp_comm"]) == pytest.approx(expected, rel=1e-12)
     assert f0(on.state.opt.dp_comm_s) == comm
@@ -212,8 +214,9 @@ def test_dp_overlap_eq24_distributed_optimizer(mofa_predictor):
     pipe, comm = off.state.pipe, f0(off.state.opt.dp_comm_s)
     # RS of fp32 gradients (4 B/param) + AG of bf16 parameters (2 B/param): split 2/3 : 1/3
     rs, ag = comm * 4 / 6, comm * 2 / 6
-    expected = (_dp_side(rs, f0(pipe.B) + f0(pipe.W), 2, a, b)  # cooldown: backward hides RS
-                + _dp_side(ag, f0(pipe.F), 2, a, b))  # warmup: forward hides AG
+    n = min(f0(pipe.m), f0(pipe.p))  # micro-batches of one chunk between two chunks' collectives
+    expected = (_dp_side(rs, n * (f0(pipe.B) + f0(pipe.W)), 2, a, b)  # cooldown: backwards hide RS
+                + _dp_side(ag, n * f0(pipe.F), 2, a, b))  # warmup: forwards hide AG
     assert f0(on.state.opt.dp_exposed_s) == pytest.approx(expected, rel=1e-12)
     assert f0(on.step_time_s) == pytest.approx(f0(off.step_time_s) - (comm - expected), rel=1e-12)
     assert_memory_unchanged(on, off)
