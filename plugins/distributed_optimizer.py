@@ -17,6 +17,11 @@ parameters::
 Both collectives are priced by the ``mofa_collective_latency`` provider
 (``ctx.collective_s``). The exposed DP time is set to the whole DP time; a DP-overlap
 feature (``dp_overlap``) runs after this one and hides part of it.
+
+Option ``shard_gradients`` (ZeRO-2; Megatron-Core FSDP's ``optim_grads``, Llama 3's FSDP
+without parameter resharding) also keeps only ``1/D`` of the fp32 gradient buffer: each
+bucket is reduce-scattered and freed as it completes, so ``M = P·2 + P·(4 + 12)/D``; the
+communication is unchanged.
 """
 
 from __future__ import annotations
@@ -27,12 +32,18 @@ import numpy as np
 from mofa_framework import hookimpl
 from mofa_framework.decompose import ALL_GATHER, REDUCE_SCATTER, Coll
 from mofa_framework.engine import _dp_groups, _grad_bytes_per_param
-from mofa_framework.types import MemoryOptimizer, NoOptions
+from mofa_framework.types import MemoryOptimizer, option
 
 #: optimizer state bytes per parameter (fp32 master + Adam m + v)
 STATE_BYTES = 12.0
 #: bytes per parameter of the all-gathered bf16 weights
 PARAM_BYTES = 2.0
+
+
+@attrs.frozen(kw_only=True)
+class DistributedOptimizerOptions:
+    shard_gradients: bool = option(False, search=(False, True),
+                                   doc="also shard the fp32 gradient buffer over DP (ZeRO-2 / FSDP optim_grads)")
 
 
 def dp_sizes(state):
@@ -86,10 +97,13 @@ def memory(state, rows):
     mem = state.mem
     d_dense, d_expert = dp_sizes(state)
     frac = shard_fraction(mem.dense_params, mem.expert_params, d_dense[None, :], d_expert[None, :])
-    return attrs.evolve(state, mem=attrs.evolve(mem, optimizer_bytes=mem.optimizer_bytes * frac))
+    grads = np.where(rows.options["shard_gradients"][None, :] > 0.5, mem.grads_bytes * frac, mem.grads_bytes)
+    return attrs.evolve(state, mem=attrs.evolve(mem, optimizer_bytes=mem.optimizer_bytes * frac, grads_bytes=grads))
 
 
 def megatron_args(options) -> list[str]:
+    if options is not None and options.shard_gradients:
+        return ["--use-custom-fsdp", "--data-parallel-sharding-strategy", "optim_grads"]
     return ["--use-distributed-optimizer"]
 
 
@@ -100,7 +114,7 @@ FEATURE = MemoryOptimizer(
                 "reduce-scattered and bf16 parameters all-gathered",
     equation="[25],[26]",
     megatron_args=megatron_args,
-    options_type=NoOptions,
+    options_type=DistributedOptimizerOptions,
     optimizer=optimizer,
     memory=memory,
     before=("dp_overlap",),

@@ -1,0 +1,24 @@
+"""The bundled example jobs predict, fit, and land in plausible bands of what was measured."""
+
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.toml")), ids=lambda p: p.stem)
+def test_every_example_predicts_and_fits(mofa_predictor, path):
+    job = mofa_predictor.load_job(path)
+    r = mofa_predictor.predict(job)[0]
+    assert r.fits_in_memory, f"{path.name}: {r.peak_memory_gib:.1f} GiB"
+    assert sum(r.breakdown.values()) == pytest.approx(r.step_time_s)
+    assert 0.05 < r.mfu < 0.75
+
+
+def test_llama3_405b_mfu_in_published_band(mofa_predictor):
+    """Llama 3 (arXiv 2407.21783, Table 4): 430 TFLOPS/GPU, 43 % BF16 MFU on 8,192 H100s at
+    TP8 PP16 DP64 (38–43 % across its three configurations). MoFa must land near it."""
+    r = mofa_predictor.predict(mofa_predictor.load_job(EXAMPLES / "llama3-405b-h100.toml"))[0]
+    assert 0.36 <= r.mfu <= 0.50, r.mfu
+    assert 360 <= r.model_tflops_per_gpu <= 500
