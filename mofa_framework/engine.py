@@ -197,13 +197,32 @@ class Context:
     hardware: HardwareProfile
     geometry: Geometry
     pm: object
+    #: ``(first_rows, inverse)`` when rows share structures (see :func:`evaluate`)
+    structure: tuple[np.ndarray, np.ndarray] | None = None
 
-    def collective_s(self, coll: Coll) -> FloatArray:
-        """Seconds for `coll` (once) on every row, priced by the collective provider."""
+    def collective_s(self, coll: Coll, per_structure: bool = False) -> FloatArray:
+        """Seconds for `coll` (once) on every row, priced by the collective provider.
+
+        ``per_structure=True`` promises that the collective's sizes depend only on the
+        structure (parallel sizes, batch shape), not on feature options: it is then priced
+        once per structure and expanded, as the engine prices layers.
+        """
+        if per_structure and self.structure is not None:
+            first, inverse = self.structure
+            pick = lambda x: x[first] if np.ndim(x) else x  # noqa: E731
+            sub = Coll(name=coll.name, parallel=coll.parallel, kind=pick(coll.kind), bytes=pick(coll.bytes),
+                       group_size=pick(coll.group_size), stride=pick(coll.stride), count=coll.count,
+                       passes=coll.passes)
+            sub_ctx = attrs.evolve(self, geometry=_take_geometry(self.geometry, first), structure=None)
+            return price_collectives(sub_ctx, [sub])[0][inverse]
         return price_collectives(self, [coll])[0]
 
     def group_nodes(self, group_size, stride) -> FloatArray:
         return nodes_spanned(group_size, stride, self.hardware.scaleup_domain_gpus)
+
+
+def _take_geometry(g: Geometry, rows: np.ndarray) -> Geometry:
+    return attrs.evolve(g, **{f.name: getattr(g, f.name)[rows] for f in attrs.fields(Geometry)})
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -213,6 +232,8 @@ class CostState:
     batch: CandidateBatch
     ctx: Context
     layers: Mapping[str, LayerCosts]
+    #: layers of each type on the first / worst middle / last stage
+    layout: StageLayout | None = None
     pipe: PipelineInputs | None = None
     opt: OptimizerCosts | None = None
     mem: MemoryCosts | None = None
@@ -431,8 +452,8 @@ class Prediction:
 
 def _merge(mask: np.ndarray, new, old):
     """Rows where `mask` is off keep `old`, bit for bit; recurse through attrs and dicts."""
-    if old is None or new is None:
-        return new
+    if new is old or old is None or new is None:
+        return new  # untouched (transforms evolve what they change and keep the rest)
     if isinstance(old, np.ndarray) or isinstance(new, np.ndarray):
         new = np.asarray(new, dtype=np.float64) if np.asarray(new).dtype.kind == "f" else np.asarray(new)
         return np.where(mask, new, old)
@@ -515,7 +536,7 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
     """
     registry = pm.registry
     g = Geometry.of(batch)
-    ctx = Context(model=model, hardware=hardware, geometry=g, pm=pm)
+    ctx = Context(model=model, hardware=hardware, geometry=g, pm=pm, structure=structure)
     n = len(batch)
     z = np.zeros(n)
     trail: dict[str, list[str]] = {}
@@ -526,14 +547,14 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
     else:
         first, inverse = structure
         sub = batch.take(first)
-        priced = _expand(_priced(attrs.evolve(ctx, geometry=Geometry.of(sub)), sub), inverse)
+        priced = _expand(_priced(attrs.evolve(ctx, geometry=Geometry.of(sub), structure=None), sub), inverse)
 
     # ---- layer level
-    state = CostState(batch=batch, ctx=ctx, layers=priced["layers"])
+    lay = stage_layout(model, batch)
+    state = CostState(batch=batch, ctx=ctx, layers=priced["layers"], layout=lay)
     state = _apply_phase(state, registry, Phase.layer, trail)
 
     # ---- stages: first / worst middle / last; embedding on the first, head (+MTP) on the last
-    lay = stage_layout(model, batch)
     emb_f, emb_b = priced["emb_f"], priced["emb_b"]
     head_f, head_bi, head_bw, head_comm = priced["head_f"], priced["head_bi"], priced["head_bw"], priced["head_comm"]
     L = state.layers
@@ -625,7 +646,13 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
 
     tokens = batch.global_batch_size * batch.sequence_length
     n_gpus = batch.num_gpus.astype(np.float64)
-    model_flops = 3.0 * model_flops_per_sequence(model, batch.sequence_length) * batch.global_batch_size
+    seq = batch.sequence_length
+    if len(seq) and (seq == seq[0]).all():  # the usual case: one sequence length
+        per_seq = np.full(n, model_flops_per_sequence(model, seq[:1])[0])
+    else:
+        uniq, inv = np.unique(seq, return_inverse=True)
+        per_seq = model_flops_per_sequence(model, uniq)[inv]
+    model_flops = 3.0 * per_seq * batch.global_batch_size
     rec = sum((np.asarray(L[k].recompute_flops) * (lay.dense if k == "dense" else lay.moe).sum(axis=0)
                for k in L), z)
     # recompute FLOPs above are per micro-batch per GPU-stage; scale to the whole step

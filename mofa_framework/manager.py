@@ -13,6 +13,8 @@ import os
 import sys
 from collections.abc import Iterable
 
+from typing import TYPE_CHECKING
+
 import attrs
 import pluggy
 
@@ -30,6 +32,9 @@ from .types import (
     OverlapStrategy,
     PipelineSchedule,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .registry import Registry
 
 ENTRY_POINT_GROUP = "mofa"
 BUILTIN_DISTRIBUTION = "mofa"

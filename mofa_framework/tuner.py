@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -229,28 +229,27 @@ def _combos(req: TuneRequest, registry, names: list[str]) -> list[tuple]:
     return out
 
 
-def _feature_rows(all_names, names, combos, registry, combo_idx: np.ndarray) -> dict[str, FeatureRows]:
-    """FeatureRows for every searched feature; those not in `names` are off in this group."""
-    rows = {}
-    n = len(combo_idx)
-    for name in all_names:
-        if name not in names:
-            continue
-        j = names.index(name)
+def _feature_tables(names, combos, registry) -> dict[str, tuple[np.ndarray, dict, dict]]:
+    """Per feature: on/off and option values of every combination (indexed by combination)."""
+    tables = {}
+    for j, name in enumerate(names):
         feat = registry.features[name]
         fields = attrs.fields(feat.options_type) if attrs.has(feat.options_type) else ()
-        enabled_table = np.array([c[j] is not None for c in combos])
+        enabled = np.array([c[j] is not None for c in combos])
         opts = {}
         for f in fields:
             choices = f.metadata.get("choices")
-            vals = []
-            for c in combos:
-                v = (c[j] or {}).get(f.name, f.default)
-                vals.append(float(choices.index(v)) if choices else float(v))
-            opts[f.name] = np.array(vals)[combo_idx] if n else np.zeros(0)
-        rows[name] = FeatureRows(enabled=enabled_table[combo_idx], options=opts,
-                                 choices={f.name: f.metadata["choices"] for f in fields if f.metadata.get("choices")})
-    return rows
+            vals = [(c[j] or {}).get(f.name, f.default) for c in combos]
+            opts[f.name] = np.array([float(choices.index(v)) if choices else float(v) for v in vals])
+        tables[name] = (enabled, opts, {f.name: f.metadata["choices"] for f in fields if f.metadata.get("choices")})
+    return tables
+
+
+def _feature_rows(tables, combo_idx: np.ndarray) -> dict[str, FeatureRows]:
+    """FeatureRows of a chunk: each row is combination ``combo_idx[row]`` of its group."""
+    return {name: FeatureRows(enabled=enabled[combo_idx], options={k: v[combo_idx] for k, v in opts.items()},
+                              choices=choices)
+            for name, (enabled, opts, choices) in tables.items()}
 
 
 # ---------------------------------------------------------------------- search
@@ -329,13 +328,13 @@ def tune(predictor, req: TuneRequest, progress: Callable[[int, int], None] | Non
     mem_reason = "peak memory exceeds the GPU's HBM"
     for names, combos, members in plan:
         n_combo = len(combos)
+        tables = _feature_tables(names, combos, registry)
         per_chunk = max(1, req.chunk_rows // n_combo)
         for lo in range(0, len(members), per_chunk):
             sel = members[lo:lo + per_chunk]
             s_idx = np.repeat(sel, n_combo)
             c_idx = np.tile(np.arange(n_combo), len(sel))
-            batch = attrs.evolve(structs.take(s_idx),
-                                 features=_feature_rows(all_names, names, combos, registry, c_idx))
+            batch = attrs.evolve(structs.take(s_idx), features=_feature_rows(tables, c_idx))
             ok = np.ones(len(batch), bool)
             for feat in registry.features.values():
                 rows = batch.feature(feat.name)

@@ -31,7 +31,6 @@ import attrs
 import numpy as np
 
 from mofa_framework import hookimpl
-from mofa_framework.engine import stage_layout
 from mofa_framework.types import MemoryOptimizer, option
 
 
@@ -51,7 +50,7 @@ class ActivationOffloadOptions:
 
 def offloaded_share(state, rows) -> np.ndarray:
     """q_j of [35] per stage: array (3, N)."""
-    lay = stage_layout(state.ctx.model, state.batch)
+    lay = state.layout
     kept = rows.options["resident_layers"] * state.batch.vpp
     resident = np.minimum(1.0, kept[None, :] / np.maximum(lay.total, 1.0))
     return rows.options["fraction"][None, :] * (1.0 - resident)

@@ -74,7 +74,9 @@ def sharded_dp_comm_s(state) -> np.ndarray:
         ag = Coll(name=f"dp_{label}_param_ag", parallel="dp", kind=ALL_GATHER, bytes=params * PARAM_BYTES,
                   group_size=size, stride=stride)
         # a group with nothing to reduce (no expert parameters) costs nothing, not a latency
-        total = total + np.where(grad > 0, ctx.collective_s(rs) + ctx.collective_s(ag), 0.0)
+        # sizes depend on the structure only: priced once per structure in a tuning search
+        total = total + np.where(grad > 0, ctx.collective_s(rs, per_structure=True)
+                                 + ctx.collective_s(ag, per_structure=True), 0.0)
     return total
 
 

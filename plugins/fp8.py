@@ -38,7 +38,7 @@ from mofa_framework import hookimpl
 from mofa_framework.batch import PRECISIONS
 from mofa_framework.decompose import GEMM, layer_operators, layer_params
 from mofa_framework.engine import price_operators, stage_layout
-from mofa_framework.types import Activation, ConstraintResult, CostTransform, option
+from mofa_framework.types import ConstraintResult, CostTransform, option
 
 FP8 = PRECISIONS.index("fp8")
 #: bytes moved per element by a bf16 → fp8 quantisation kernel

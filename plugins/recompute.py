@@ -37,7 +37,6 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.decompose import layer_operators
-from mofa_framework.engine import stage_layout
 from mofa_framework.types import MemoryOptimizer, option
 
 
@@ -60,7 +59,7 @@ def _group_flops(ctx, kind: str, groups) -> np.ndarray:
 
 def full_fraction(state, rows) -> np.ndarray:
     """Share of a chunk's layers that full recompute re-runs."""
-    lay = stage_layout(state.ctx.model, state.batch)
+    lay = state.layout
     per_chunk = lay.total[0] / state.batch.vpp
     n = rows.options["num_layers"]
     return np.where(n > 0, np.minimum(n, per_chunk) / np.maximum(per_chunk, 1.0), 1.0)
