@@ -10,6 +10,8 @@ import click
 _COMMANDS: tuple[tuple[str, str], ...] = (
     ("e2e", "e2e"),
     ("tune", "tune_cmd"),
+    ("validate", "validate_cmd"),
+    ("validate", "calibrate_cmd"),
 )
 
 

@@ -1,0 +1,150 @@
+"""Regenerate the tables of docs/validation.md (predicted vs published step times, k-fold calibration).
+
+    .venv/bin/python benchmarks/validation_report.py [--data DIR] [--doc docs/validation.md] [--folds 5] [--check]
+
+Runs ``mofa validate`` on the calibration set (the files below) with the shipped profiles, and
+``mofa calibrate --folds K`` for each shipped fitted profile (reporting only; the profiles are
+not rewritten), and replaces the section between the markers of the doc. ``--check`` exits 1
+if the doc is out of date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("MOFA_SHARED_DATA", ROOT.parent / "shared" / "data"))
+DOC = ROOT / "docs" / "validation.md"
+BEGIN, END = "<!-- validation-report:begin -->", "<!-- validation-report:end -->"
+#: the calibration set: each measurement once (the *_dense.csv files repeat NVIDIA-schema rows
+#: with architecture columns and are validated separately)
+FILES = ("megatron_selene_a100.csv", "zero_bubble.csv", "vtrain_single_node_a100.csv", "nvidia_megatron_bridge.csv",
+         "nemo_2407.csv", "nemo_long_context.csv", "megatron_core_moe.csv", "torchtitan.csv")
+DUPLICATES = ("nvidia_megatron_bridge_dense.csv", "nemo_2407_dense.csv", "torchtitan_dense.csv")
+#: shipped profiles → the coefficients fitted for them (see the comment in each TOML)
+PROFILES = {
+    "a100-sxm4-80gb": ("gemm_efficiency", "gemm_half_efficiency_s", "attention_efficiency",
+                       "scaleup_bus_efficiency", "scaleout_bus_efficiency", "step_overhead_s"),
+    "h100-sxm5-80gb": ("gemm_efficiency", "gemm_half_efficiency_s", "attention_efficiency", "step_overhead_s"),
+    "b200-sxm-180gb": ("gemm_efficiency", "gemm_half_efficiency_s", "attention_efficiency", "step_overhead_s"),
+    "gb200-nvl72": ("gemm_efficiency", "gemm_half_efficiency_s", "attention_efficiency", "step_overhead_s"),
+}
+
+
+def pct(x) -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f} %"
+
+
+def summary_table(result) -> list[str]:
+    lines = ["| source | rows | not predicted | MAPE | p90 | max | bias | Spearman mean / min (groups) "
+             "| top-1 regret mean / max | memory MAPE (n) | target column |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in [*result.sources, result.overall]:
+        r = s.ranking
+        name = f"**{s.source}**" if s.source == "overall" else s.source
+        lines.append(
+            f"| {name} | {s.rows} | {s.skipped} | {pct(s.step_time.mape)} | {pct(s.step_time.p90)} | "
+            f"{pct(s.step_time.max)} | {pct(s.step_time.bias) if s.rows else '—'} | "
+            + (f"{r.spearman_mean:.2f} / {r.spearman_min:.2f} ({len(r.spearman)})" if r.spearman else "—") + " | "
+            + (f"{pct(r.regret_mean)} / {pct(r.regret_max)}" if r.regret else "—") + " | "
+            + (f"{pct(s.memory.mape)} ({s.memory.n})" if s.memory.n else "—") + " | "
+            + (", ".join(f"`{k}` {v}" for k, v in s.targets.items()) or "—") + " |")
+    return lines
+
+
+def by_reference(result) -> list[str]:
+    from mofa_framework.validate import ErrorStats
+
+    groups: dict[tuple[str, str], list[float]] = {}
+    for r in result.rows:
+        groups.setdefault((r.source, r.reference), []).append(r.error)
+    lines = ["| source | reference | rows | MAPE | max | bias |", "|---|---|---|---|---|---|"]
+    for (src, ref), errs in groups.items():
+        st = ErrorStats.of(errs)
+        lines.append(f"| {src} | {ref} | {st.n} | {pct(st.mape)} | {pct(st.max)} | {pct(st.bias)} |")
+    return lines
+
+
+def skipped_table(result) -> list[str]:
+    counts = Counter((s.source, s.kind, s.reason) for s in result.skipped)
+    lines = ["| source | kind | rows | reason |", "|---|---|---|---|"]
+    for (src, kind, reason), n in sorted(counts.items()):
+        lines.append(f"| {src} | {kind} | {n} | {reason.replace('|', '/')} |")
+    return lines
+
+
+def ranking_table(result, source: str) -> list[str]:
+    s = next((x for x in result.sources if x.source == source), None)
+    if s is None or not s.ranking.spearman:
+        return []
+    lines = ["| group | Spearman ρ | top-1 regret |", "|---|---|---|"]
+    for k, rho in s.ranking.spearman.items():
+        lines.append(f"| {k} | {rho:.3f} | {pct(s.ranking.regret.get(k))} |")
+    return lines
+
+
+def calibration_tables(paths, folds: int) -> list[str]:
+    from mofa_framework import Predictor
+    from mofa_framework.calibrate import calibrate
+
+    predictor = Predictor()
+    lines = ["| profile | rows (per source) | coefficients (fitted) | in-sample MAPE / max | "
+             f"{folds}-fold held-out MAPE / max |", "|---|---|---|---|---|"]
+    for hw, params in PROFILES.items():
+        r = calibrate(paths, hw, predictor, parameters=params, folds=folds)
+        coeffs = ", ".join(f"{k} {v:.3g}" for k, v in r.fitted.items() if k not in r.not_identifiable)
+        cv = r.cross_validated
+        lines.append(f"| {hw} | {r.rows} ({', '.join(f'{k} {v}' for k, v in r.rows_by_source.items())}) | {coeffs} | "
+                     f"{pct(r.after.mape)} / {pct(r.after.max)} | "
+                     + (f"{pct(cv.mape)} / {pct(cv.max)}" if cv else "—") + " |")
+    return lines
+
+
+def render(data: Path, folds: int) -> str:
+    from mofa_framework.validate import validate
+
+    paths = [data / f for f in FILES]
+    main = validate(paths)
+    dups = validate([data / f for f in DUPLICATES if (data / f).exists()])
+    out = ["_Generated by `.venv/bin/python benchmarks/validation_report.py`; do not edit by hand._", "",
+           "### Step time per source (shipped profiles)", "", *summary_table(main), "",
+           "### Per reference", "", *by_reference(main), "",
+           "### vTrain: strategy ranking per model architecture and GPU count", "",
+           *ranking_table(main, "vtrain_single_node_a100.csv".removesuffix(".csv")), "",
+           "### Rows not predicted", "", *skipped_table(main), "",
+           "### Calibration: k-fold cross-validation", "",
+           "Each profile is refitted on k−1 folds of its rows (all sources) and scored on the held-out fold.", "",
+           *calibration_tables(paths, folds), "",
+           "### Duplicate files (`*_dense.csv`, NVIDIA rows with architecture columns; not in the overall)", "",
+           *summary_table(dups), ""]
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--doc", type=Path, default=DOC)
+    ap.add_argument("--folds", type=int, default=5)
+    ap.add_argument("--check", action="store_true")
+    args = ap.parse_args(argv)
+    body = render(args.data, args.folds)
+    text = args.doc.read_text()
+    if BEGIN not in text or END not in text:
+        print(f"{args.doc}: markers {BEGIN} / {END} not found", file=sys.stderr)
+        return 2
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    new = f"{head}{BEGIN}\n{body}\n{END}{tail}"
+    if args.check:
+        return 0 if new == text else 1
+    args.doc.write_text(new)
+    print(f"wrote {args.doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,342 @@
+"""Fit a hardware profile's ``[efficiency]`` coefficients to published step times (``mofa calibrate``).
+
+A few physically meaningful coefficients of :class:`~mofa_framework.types.EfficiencySpec` are
+fitted per hardware profile, across all its rows of all sources (never one per row), by least
+squares on the log step-time error::
+
+    r_i = w_i · ln(t_pred,i(θ) / t_meas,i)        w_i = 1/√(rows of row i's source)
+
+so every source weighs the same however many rows it has (vTrain's 1,440 would otherwise drown
+Megatron's 25), plus a weak prior ``λ·ln(θ/θ₀)`` that holds coefficients the rows cannot see at
+their starting value. Bounds keep them physical (efficiencies in [0.3, 1]). Coefficients the rows
+are insensitive to are reported and left alone. k-fold cross-validation refits on k−1 folds and
+reports the error on the rows held out.
+
+SciPy (``pip install mofa[fit]``) is used if present (``scipy.optimize.least_squares``); without
+it a small numpy coordinate search does the same job, more slowly.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from .errors import ConfigError
+from .validate import ErrorStats, MappedRow, map_rows, predict_prepared, prepare
+
+#: name → (lower, upper, log-scaled?)
+PARAMETERS: dict[str, tuple[float, float, bool]] = {
+    "gemm_efficiency": (0.3, 1.0, False),
+    "gemm_half_efficiency_s": (1e-8, 1e-4, True),
+    "attention_efficiency": (0.3, 1.0, False),
+    "memory_efficiency": (0.3, 1.0, False),
+    "scaleup_bus_efficiency": (0.3, 1.0, False),
+    "scaleout_bus_efficiency": (0.3, 1.0, False),
+    "scaleup_latency_us": (0.5, 100.0, True),
+    "scaleout_latency_us": (0.5, 100.0, True),
+    "step_overhead_s": (0.0, 2.0, False),
+}
+DEFAULT_PARAMETERS = ("gemm_efficiency", "gemm_half_efficiency_s", "attention_efficiency",
+                      "scaleup_bus_efficiency", "scaleout_bus_efficiency", "step_overhead_s")
+#: weight of the prior ln(θ/θ₀) residuals (≈ a 1/λ relative step is worth one source's misfit)
+PRIOR_WEIGHT = 0.05
+#: a coefficient is fitted only if some row's ln t moves by this much over its bounds' range
+MIN_SENSITIVITY = 0.01
+#: robust loss: residuals beyond ~this weighted ln-error count linearly, not squared (outlier rows,
+#: e.g. MoE configurations whose expert kernels the cost model does not price, cannot drag the fit)
+ROBUST_SCALE = 0.05
+
+
+@attrs.frozen(kw_only=True)
+class FoldResult:
+    fold: int
+    train_rows: int
+    test_rows: int
+    coefficients: dict[str, float]
+    test: ErrorStats
+
+
+@attrs.frozen(kw_only=True)
+class CalibrationResult:
+    hardware: str
+    #: coefficients before and after
+    start: dict[str, float]
+    fitted: dict[str, float]
+    #: parameters asked for but left alone (the rows do not constrain them)
+    not_identifiable: tuple[str, ...]
+    rows: int
+    rows_by_source: dict[str, int]
+    before: ErrorStats
+    after: ErrorStats
+    after_by_source: dict[str, ErrorStats]
+    folds: tuple[FoldResult, ...]
+    #: held-out error over all folds (each row predicted by the fit that did not see it)
+    cross_validated: ErrorStats | None
+    cross_validated_by_source: dict[str, ErrorStats]
+    method: str
+    skipped: int
+
+    def to_dict(self) -> dict:
+        return attrs.asdict(self)
+
+
+# ====================================================================== model of the fit
+
+
+class _Problem:
+    """Rows of one hardware profile, prepared once; ln-error as a function of θ."""
+
+    def __init__(self, mapped: Sequence[MappedRow], predictor, hw, params: Sequence[str]):
+        self.mapped = list(mapped)
+        self.predictor = predictor
+        self.hw = hw
+        self.params = list(params)
+        self.groups, self.infeasible = prepare(self.mapped, predictor)
+        self.meas = np.array([m.measured_s for m in self.mapped])
+        self.sources = np.array([m.source for m in self.mapped])
+        self.n_evals = 0
+
+    def coefficients(self, x: np.ndarray) -> dict[str, float]:
+        out = {}
+        for name, xi in zip(self.params, x):
+            lo, hi, log = PARAMETERS[name]
+            out[name] = float(10.0 ** xi) if log else float(xi)
+        return out
+
+    def encode(self, coeffs: dict[str, float]) -> np.ndarray:
+        out = []
+        for name in self.params:
+            lo, hi, log = PARAMETERS[name]
+            v = min(max(coeffs[name], lo if not log else lo * 1.0000001), hi)
+            out.append(math.log10(max(v, 1e-30)) if log else v)
+        return np.array(out, dtype=float)
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        lo = [math.log10(PARAMETERS[n][0]) if PARAMETERS[n][2] else PARAMETERS[n][0] for n in self.params]
+        hi = [math.log10(PARAMETERS[n][1]) if PARAMETERS[n][2] else PARAMETERS[n][1] for n in self.params]
+        return np.array(lo), np.array(hi)
+
+    def profile(self, coeffs: dict[str, float]):
+        return attrs.evolve(self.hw, efficiency=attrs.evolve(self.hw.efficiency, **coeffs))
+
+    def log_error(self, coeffs: dict[str, float]) -> np.ndarray:
+        self.n_evals += 1
+        arr = predict_prepared(self.groups, self.predictor, {self.hw.name: self.profile(coeffs)},
+                               n_rows=len(self.mapped))
+        return np.log(arr["step_s"] / self.meas)
+
+
+def _weights(sources: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    w = np.zeros(len(sources))
+    for s in np.unique(sources[mask]):
+        sel = mask & (sources == s)
+        w[sel] = 1.0 / math.sqrt(sel.sum())
+    return w
+
+
+def _fit(problem: _Problem, x0: np.ndarray, mask: np.ndarray, prior: np.ndarray) -> tuple[np.ndarray, str]:
+    lo, hi = problem.bounds()
+    w = _weights(problem.sources, mask)
+    span = hi - lo
+
+    def residuals(x):
+        e = problem.log_error(problem.coefficients(x))
+        e = np.where(np.isfinite(e), e, 5.0)
+        return np.concatenate([(w * e)[mask], PRIOR_WEIGHT * (x - prior) / span])
+
+    x0 = np.clip(x0, lo + 1e-9 * span, hi - 1e-9 * span)
+    try:
+        from scipy.optimize import least_squares
+    except ImportError:
+        return _coordinate_search(residuals, x0, lo, hi), "numpy coordinate search"
+    sol = least_squares(residuals, x0, bounds=(lo, hi), x_scale=span, diff_step=1e-3, xtol=1e-6, ftol=1e-8,
+                        loss="soft_l1", f_scale=ROBUST_SCALE,
+                        max_nfev=200)
+    return sol.x, "scipy.optimize.least_squares (trust-region reflective)"
+
+
+def _coordinate_search(residuals, x0, lo, hi, rounds: int = 30) -> np.ndarray:
+    """Fallback without SciPy: shrink-step coordinate descent on Σr²."""
+    x = x0.copy()
+    best = float(np.sum(residuals(x) ** 2))
+    step = (hi - lo) / 4.0
+    for _ in range(rounds):
+        improved = False
+        for i in range(len(x)):
+            for sgn in (1.0, -1.0):
+                y = x.copy()
+                y[i] = min(max(y[i] + sgn * step[i], lo[i]), hi[i])
+                f = float(np.sum(residuals(y) ** 2))
+                if f < best:
+                    x, best, improved = y, f, True
+                    break
+        if not improved:
+            step = step / 2.0
+            if np.all(step < 1e-4 * (hi - lo)):
+                break
+    return x
+
+
+# ====================================================================== entry point
+
+
+def calibrate(paths: Iterable[str | Path], hardware: str, predictor=None, *,
+              parameters: Sequence[str] = DEFAULT_PARAMETERS, folds: int = 5, seed: int = 0,
+              start: dict[str, float] | None = None, mapped: Sequence[MappedRow] | None = None) -> CalibrationResult:
+    """Fit `parameters` of `hardware`'s efficiency to every row on that profile in `paths`.
+
+    ``start`` overrides the starting coefficients (default: the profile's); ``mapped`` passes
+    rows already mapped (tests, synthetic data). ``folds`` < 2 skips cross-validation.
+    """
+    from .api import Predictor
+
+    predictor = predictor or Predictor()
+    unknown = [p for p in parameters if p not in PARAMETERS]
+    if unknown:
+        raise ConfigError(f"--param {unknown[0]}: not a fittable coefficient; choose from {', '.join(PARAMETERS)}")
+    hw = predictor.registry.hardware_profile(hardware, field="--hardware")
+    if mapped is None:
+        mapped, _ = map_rows(paths, predictor.registry)
+    mine = [m for m in mapped if predictor.registry.hardware_profile(m.job["hardware"]["name"]).name == hw.name]
+    if not mine:
+        raise ConfigError(f"no mappable rows on hardware {hw.name!r} in the given files (see `mofa validate`)")
+    base = {name: float(getattr(hw.efficiency, name)) for name in parameters}
+    if start:
+        base.update({k: float(v) for k, v in start.items() if k in base})
+    problem = _Problem(mine, predictor, hw, parameters)
+    ok = np.isfinite(problem.log_error(base))
+    if not ok.any():
+        raise ConfigError(f"none of the {len(mine)} rows on {hw.name!r} is feasible (see `mofa validate`)")
+    # which coefficients do the rows see? ln t at both ends of each bound
+    keep = []
+    for name in parameters:
+        lo, hi, _ = PARAMETERS[name]
+        a = problem.log_error({**base, name: lo if name != "step_overhead_s" else 0.0})
+        b = problem.log_error({**base, name: hi if name != "step_overhead_s" else 1.0})
+        if np.nanmax(np.abs(a - b)[ok]) >= MIN_SENSITIVITY:
+            keep.append(name)
+    frozen = tuple(p for p in parameters if p not in keep)
+    problem.params = keep
+    prior = problem.encode(base)
+    x0 = prior.copy()
+    before = ErrorStats.of(np.expm1(problem.log_error(base)[ok]))
+    method = "none (no identifiable coefficient)"
+    x = x0
+    if keep:
+        x, method = _fit(problem, x0, ok, prior)
+    fitted = {**base, **problem.coefficients(x)}
+    err = np.expm1(problem.log_error(fitted))
+    after = ErrorStats.of(err[ok])
+    by_source = {s: ErrorStats.of(err[ok & (problem.sources == s)]) for s in dict.fromkeys(problem.sources[ok])}
+    fold_results: list[FoldResult] = []
+    held = np.full(len(mine), np.nan)
+    if folds >= 2 and keep and ok.sum() >= folds:
+        rng = np.random.default_rng(seed)
+        idx = rng.permutation(np.flatnonzero(ok))
+        for k, test in enumerate(np.array_split(idx, folds)):
+            train = ok.copy()
+            train[test] = False
+            xk, _ = _fit(problem, x0, train, prior)
+            ck = {**base, **problem.coefficients(xk)}
+            ek = np.expm1(problem.log_error(ck))
+            held[test] = ek[test]
+            fold_results.append(FoldResult(fold=k + 1, train_rows=int(train.sum()), test_rows=len(test),
+                                           coefficients=problem.coefficients(xk), test=ErrorStats.of(ek[test])))
+    cv = ErrorStats.of(held[np.isfinite(held)]) if fold_results else None
+    cv_by = ({s: ErrorStats.of(held[np.isfinite(held) & (problem.sources == s)])
+              for s in dict.fromkeys(problem.sources[ok])} if fold_results else {})
+    counts: dict[str, int] = defaultdict(int)
+    for s in problem.sources[ok]:
+        counts[str(s)] += 1
+    return CalibrationResult(
+        hardware=hw.name, start=base, fitted=fitted, not_identifiable=frozen, rows=int(ok.sum()),
+        rows_by_source=dict(counts), before=before, after=after, after_by_source=by_source,
+        folds=tuple(fold_results), cross_validated=cv, cross_validated_by_source=cv_by, method=method,
+        skipped=int((~ok).sum()))
+
+
+# ====================================================================== writing the profile
+
+
+def profile_path(hardware: str) -> Path:
+    """The shipped TOML of a profile (``hardware_profiles/<name>.toml``)."""
+    import mofa_hardware_profiles
+
+    p = Path(mofa_hardware_profiles.__file__).resolve().parent / f"{hardware}.toml"
+    if not p.exists():
+        raise ConfigError(f"profile {hardware!r} has no TOML in {p.parent}; write its [efficiency] table by hand")
+    return p
+
+
+_MARK = "# [efficiency] fitted by `mofa calibrate`"
+
+
+def _fmt(x: float) -> str:
+    if x == 0:
+        return "0.0"
+    if abs(x) < 1e-3 or abs(x) >= 1e4:
+        return f"{x:.4g}".replace("e-0", "e-").replace("e+0", "e+")
+    return f"{x:.4g}" if "." in f"{x:.4g}" or "e" in f"{x:.4g}" else f"{x:.4g}.0"
+
+
+def efficiency_table(values: dict[str, float], comment: Sequence[str]) -> str:
+    lines = [f"{_MARK}: " + comment[0]] + [f"# {c}" for c in comment[1:]] + ["[efficiency]"]
+    lines += [f"{k} = {_fmt(v)}" for k, v in values.items()]
+    return "\n".join(lines) + "\n"
+
+
+def replace_efficiency(text: str, table: str) -> str:
+    """`text` (a profile TOML) with its ``[efficiency]`` table (and our comment) replaced by `table`."""
+    lines = text.splitlines()
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith(_MARK):  # our previous comment block
+            while i < len(lines) and lines[i].startswith("#"):
+                i += 1
+            continue
+        if line.strip() == "[efficiency]":
+            i += 1
+            while i < len(lines) and not re.match(r"\s*\[", lines[i]):
+                i += 1
+            continue
+        out.append(line)
+        i += 1
+    body = "\n".join(out).rstrip("\n")
+    return body + "\n\n" + table
+
+
+def write_profile(result: CalibrationResult, dest: str | Path, command: str, source: str | Path | None = None) -> Path:
+    """Write the profile's TOML with the fitted ``[efficiency]`` table to `dest`."""
+    from .api import Predictor
+
+    src = Path(source) if source else profile_path(result.hardware)
+    text = src.read_text()
+    hw = Predictor().registry.hardware_profile(result.hardware)
+    values = {}
+    from .types import EfficiencySpec
+
+    default = EfficiencySpec()
+    for f in attrs.fields(EfficiencySpec):  # keep hand-set entries, then the fitted ones
+        v = getattr(hw.efficiency, f.name)
+        if f.name in result.fitted:
+            values[f.name] = result.fitted[f.name]
+        elif v != getattr(default, f.name):
+            values[f.name] = v
+    cv = result.cross_validated
+    comment = [command,
+               f"{result.rows} rows ({', '.join(f'{k}: {v}' for k, v in result.rows_by_source.items())}); "
+               f"step-time MAPE {100 * result.before.mape:.1f} % → {100 * result.after.mape:.1f} %"
+               + (f", {len(result.folds)}-fold held-out MAPE {100 * cv.mape:.1f} %" if cv else "")]
+    if result.not_identifiable:
+        comment.append(f"left at their defaults (the rows do not constrain them): {', '.join(result.not_identifiable)}")
+    dest = Path(dest)
+    dest.write_text(replace_efficiency(text, efficiency_table(values, comment)))
+    return dest

@@ -1,0 +1,161 @@
+"""``mofa validate`` and ``mofa calibrate``: predicted vs published step times; fitted efficiencies."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from ..cli import _emit_json, _table, pass_state
+from ..errors import ConfigError
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f} %"
+
+
+def _num(x: float | None, fmt: str = ".2f") -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def _json_safe(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def summary_rows(result) -> list[list[str]]:
+    out = []
+    for s in [*result.sources, result.overall]:
+        r = s.ranking
+        out.append([s.source, str(s.rows), str(s.skipped), _pct(s.step_time.mape), _pct(s.step_time.p90),
+                    _pct(s.step_time.max), f"{100 * s.step_time.bias:+.1f} %" if s.rows else "—",
+                    f"{_num(r.spearman_mean)} / {_num(r.spearman_min)}" if r.spearman else "—",
+                    f"{_pct(r.regret_mean)} / {_pct(r.regret_max)}" if r.regret else "—",
+                    f"{_pct(s.memory.mape)} ({s.memory.n})" if s.memory.n else "—",
+                    ", ".join(f"{k}: {v}" for k, v in s.targets.items()) or "—"])
+    return out
+
+
+SUMMARY_HEADERS = ["source", "rows", "skipped", "MAPE", "p90", "max", "bias", "Spearman mean / min",
+                   "regret mean / max", "memory MAPE (n)", "target column"]
+
+
+@click.command("validate")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+@click.option("--source", "sources", multiple=True, metavar="TEXT",
+              help="Keep rows whose source (file stem) or reference contains TEXT (repeatable).")
+@click.option("--rows", "show_rows", is_flag=True, help="Also list every row (table format).")
+@pass_state
+def validate_cmd(state, files, fmt, sources, show_rows):
+    """Predict every row of published-measurement CSV FILES and report the error.
+
+    Reads the dense, NVIDIA and vTrain schemas of /work/shared/data (see docs/validation.md).
+    Step time is compared with measured_iter_time_s, else step_time_s, else the derived column
+    (the `target column` says which). Unmappable and infeasible rows are listed with the reason.
+    """
+    from ..validate import validate
+
+    result = validate(files, state.predictor(), sources=sources or None)
+    if fmt == "json":
+        click.echo(json.dumps(_json_safe(result.to_dict()), indent=2, default=str))
+        return
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(["source", "reference", "row_id", "model", "hardware", "num_gpus", "strategy", "target",
+                    "measured_s", "predicted_s", "error_pct", "measured_tflops", "predicted_tflops_source_convention",
+                    "predicted_model_tflops", "measured_memory_gib", "predicted_memory_gib", "fits_in_memory",
+                    "status", "reason"])
+        for r in result.rows:
+            w.writerow([r.source, r.reference, r.row_id, r.model, r.hardware, r.num_gpus, r.strategy, r.target,
+                        f"{r.measured_s:.6g}", f"{r.predicted_s:.6g}", f"{100 * r.error:.2f}",
+                        r.measured_tflops or "", f"{r.predicted_tflops_source_convention:.4g}"
+                        if r.predicted_tflops_source_convention else "", f"{r.predicted_model_tflops:.4g}",
+                        r.measured_memory_gib or "", f"{r.predicted_memory_gib:.4g}", r.fits_in_memory, "ok", ""])
+        for s in result.skipped:
+            w.writerow([s.source, s.reference, s.row_id, s.model, "", "", "", "", "", "", "", "", "", "", "", "",
+                        "", s.kind, s.reason])
+        click.echo(buf.getvalue(), nl=False)
+        return
+    if show_rows:
+        _table([[r.source, r.row_id, r.model, r.hardware, r.num_gpus, r.strategy, f"{r.measured_s:.3f}",
+                 f"{r.predicted_s:.3f}", f"{100 * r.error:+.1f} %",
+                 _num(r.measured_memory_gib, ".1f") + " / " + f"{r.predicted_memory_gib:.1f}"
+                 if r.measured_memory_gib else "—"] for r in result.rows],
+               ["source", "row", "model", "hardware", "GPUs", "strategy", "measured s", "predicted s", "error",
+                "memory GiB meas / pred"], title="rows")
+    _table(summary_rows(result), SUMMARY_HEADERS, title="step time: predicted vs measured")
+    if result.skipped:
+        counts: dict[tuple[str, str, str], int] = {}
+        for s in result.skipped:
+            key = (s.source, s.kind, s.reason)
+            counts[key] = counts.get(key, 0) + 1
+        _table([[src, kind, str(n), reason] for (src, kind, reason), n in counts.items()],
+               ["source", "kind", "rows", "reason"], title="rows not predicted")
+
+
+@click.command("calibrate")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--hardware", required=True, help="Hardware profile to fit (name or alias).")
+@click.option("--param", "params", multiple=True, metavar="NAME",
+              help="Coefficient to fit (repeatable; default: gemm_efficiency, gemm_half_efficiency_s, "
+                   "attention_efficiency, scaleup/scaleout_bus_efficiency, step_overhead_s).")
+@click.option("--folds", type=int, default=5, show_default=True, help="k of k-fold cross-validation (0 = none).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--source", "sources", multiple=True, metavar="TEXT",
+              help="Fit only rows whose source or reference contains TEXT (repeatable).")
+@click.option("--write", "write", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the profile's TOML with the fitted [efficiency] table to this path.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@pass_state
+def calibrate_cmd(state, files, hardware, params, folds, seed, sources, write, fmt):
+    """Fit a hardware profile's [efficiency] coefficients to the step times in FILES."""
+    from ..calibrate import DEFAULT_PARAMETERS, calibrate, write_profile
+    from ..validate import map_rows
+
+    if folds < 0 or folds == 1:
+        raise ConfigError(f"--folds must be 0 (none) or ≥ 2, got {folds}")
+    predictor = state.predictor()
+    mapped, _ = map_rows(files, predictor.registry)
+    if sources:
+        keys = [s.lower() for s in sources]
+        mapped = [m for m in mapped if any(k in m.source.lower() or k in m.reference.lower() for k in keys)]
+    result = calibrate(files, hardware, predictor, parameters=params or DEFAULT_PARAMETERS, folds=folds, seed=seed,
+                       mapped=mapped)
+    if write:
+        argv = ["mofa", "calibrate", *sys.argv[2:]] if sys.argv[1:2] == ["calibrate"] else None
+        command = shlex.join(argv) if argv else shlex.join(
+            ["mofa", "calibrate", "--hardware", hardware, *(f"--param={p}" for p in params), f"--folds={folds}",
+             *(f"--source={s}" for s in sources), *map(str, files)])
+        write_profile(result, write, command)
+    if fmt == "json":
+        click.echo(json.dumps(_json_safe(result.to_dict()), indent=2, default=str))
+        return
+    _table([[k, f"{result.start[k]:.4g}", f"{result.fitted[k]:.4g}",
+             "left at start (rows insensitive)" if k in result.not_identifiable else "fitted"]
+            for k in result.fitted], ["coefficient", "start", "fitted", ""],
+           title=f"{result.hardware}: {result.rows} rows, {result.method}")
+    rows = [["all (in-sample)", str(result.rows), _pct(result.before.mape), _pct(result.after.mape),
+             _pct(result.after.p90), _pct(result.after.max),
+             _pct(result.cross_validated.mape) if result.cross_validated else "—",
+             _pct(result.cross_validated.max) if result.cross_validated else "—"]]
+    for s, st in result.after_by_source.items():
+        cv = result.cross_validated_by_source.get(s)
+        rows.append([s, str(st.n), "", _pct(st.mape), _pct(st.p90), _pct(st.max), _pct(cv.mape) if cv else "—",
+                     _pct(cv.max) if cv else "—"])
+    _table(rows, ["rows", "n", "MAPE before", "MAPE after", "p90", "max", "held-out MAPE", "held-out max"],
+           title=f"step-time error ({len(result.folds)}-fold cross-validation)" if result.folds else "step-time error")
+    if write:
+        click.echo(f"wrote {write}")

@@ -1,0 +1,652 @@
+"""Validation against published measurements (``mofa validate``; GitHub issue 7).
+
+Reads the three CSV schemas of the shared measurement set (docs/validation.md):
+
+- *dense* (``megatron_selene_a100.csv``, ``zero_bubble.csv``, ``*_dense.csv``): one row per run,
+  architecture in columns, features in words (``recompute``, ``sequence_parallel``, ...);
+- *NVIDIA* (``nvidia_megatron_bridge.csv``, ``nemo_*.csv``, ``megatron_core_moe.csv``,
+  ``torchtitan.csv``): model by name, parallel sizes, ``step_time_s`` or ``step_time_s_derived``;
+- *vTrain* (``vtrain_single_node_a100.csv``): architecture by columns, Megatron-DeepSpeed on one
+  A100 node, fp16, full recompute, 1F1B.
+
+Each row becomes a job (:func:`map_rows`); rows that cannot be mapped are kept with the reason
+(:class:`SkippedRow`), never dropped. Rows sharing model and hardware are evaluated as one batch
+(:func:`prepare` + :func:`predict_prepared`), feasibility is checked row by row, and
+:func:`validate` returns a :class:`ValidationResult`: per row measured vs predicted step time,
+per source MAPE / p90 / max, Spearman rank correlation of strategies within a model and
+top-1 regret.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from .errors import ConfigError, UnknownRecordError
+
+SCHEMAS = ("dense", "nvidia", "vtrain")
+_DENSE_KEYS = {"model_name", "n_layers", "hidden", "gpu_type", "n_gpus", "tp", "pp"}
+_NVIDIA_KEYS = {"source_id", "model", "gpu_type", "num_gpus", "gbs", "seq_len", "tp", "pp"}
+_VTRAIN_KEYS = {"# GPUs", "global batch", "hidden size", "# layers", "iteration time (ms)"}
+
+#: constraints the engine can safely ignore for a source (see :func:`_dense_job`)
+_ZB_IGNORED = frozenset({"pp_splits_layers"})
+_ZB_SCHEDULES = {"1F1B": "1f1b", "1F1B-I": "interleaved-1f1b", "ZB-1p": "zb-1p", "ZB-2p": "zb-2p", "ZB-V": "zb-v"}
+
+
+# ====================================================================== records
+
+
+@attrs.frozen(kw_only=True)
+class MappedRow:
+    """One measurement turned into a job dict (internal; exposed for calibration)."""
+
+    source: str
+    reference: str
+    row_id: str
+    job: dict
+    #: seconds, and the column it came from
+    measured_s: float
+    target: str
+    #: strategy grouping (Spearman / regret); None = not ranked
+    group: tuple | None = None
+    measured_tflops: float | None = None
+    tflops_convention: str = ""
+    measured_memory_gib: float | None = None
+    #: constraint names the engine may ignore for this row
+    ignore_constraints: frozenset[str] = frozenset()
+    notes: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class SkippedRow:
+    """A row that was not predicted, and why (unmappable or infeasible)."""
+
+    source: str
+    reference: str
+    row_id: str
+    model: str
+    reason: str
+    kind: str = "unmappable"  # or "infeasible"
+
+
+@attrs.frozen(kw_only=True)
+class RowResult:
+    source: str
+    reference: str
+    row_id: str
+    model: str
+    hardware: str
+    num_gpus: int
+    strategy: str
+    target: str
+    measured_s: float
+    predicted_s: float
+    #: predicted / measured − 1
+    error: float
+    measured_tflops: float | None
+    #: the source's own TFLOPS convention applied to the predicted time (= measured FLOPs / predicted time)
+    predicted_tflops_source_convention: float | None
+    predicted_model_tflops: float
+    tflops_convention: str
+    measured_memory_gib: float | None
+    predicted_memory_gib: float
+    fits_in_memory: bool
+    group: tuple | None = None
+    #: seconds per sequence (ranking key: step time / global batch)
+    measured_s_per_seq: float = 0.0
+    predicted_s_per_seq: float = 0.0
+
+
+@attrs.frozen(kw_only=True)
+class ErrorStats:
+    n: int
+    mape: float
+    p90: float
+    max: float
+    #: mean signed error (bias)
+    bias: float
+
+    @classmethod
+    def of(cls, errors: Sequence[float]) -> ErrorStats:
+        e = np.asarray(list(errors), dtype=float)
+        if not len(e):
+            return cls(n=0, mape=math.nan, p90=math.nan, max=math.nan, bias=math.nan)
+        a = np.abs(e)
+        return cls(n=len(e), mape=float(a.mean()), p90=float(np.percentile(a, 90)), max=float(a.max()),
+                   bias=float(e.mean()))
+
+
+@attrs.frozen(kw_only=True)
+class RankStats:
+    """Strategy ranking within groups of ≥ 3 rows (same source, model, hardware, GPU count)."""
+
+    groups: int
+    #: Spearman ρ per group key
+    spearman: dict[str, float]
+    #: top-1 regret per group: measured time/seq of the predicted best ÷ measured best − 1
+    regret: dict[str, float]
+
+    @property
+    def spearman_mean(self) -> float:
+        return float(np.mean(list(self.spearman.values()))) if self.spearman else math.nan
+
+    @property
+    def spearman_min(self) -> float:
+        return float(min(self.spearman.values())) if self.spearman else math.nan
+
+    @property
+    def regret_mean(self) -> float:
+        return float(np.mean(list(self.regret.values()))) if self.regret else math.nan
+
+    @property
+    def regret_max(self) -> float:
+        return float(max(self.regret.values())) if self.regret else math.nan
+
+
+@attrs.frozen(kw_only=True)
+class SourceSummary:
+    source: str
+    rows: int
+    skipped: int
+    step_time: ErrorStats
+    memory: ErrorStats
+    ranking: RankStats
+    targets: dict[str, int]
+
+
+@attrs.frozen(kw_only=True)
+class ValidationResult:
+    rows: list[RowResult]
+    skipped: list[SkippedRow]
+    sources: list[SourceSummary]
+    overall: SourceSummary
+
+    def to_dict(self) -> dict[str, Any]:
+        def summary(s: SourceSummary) -> dict:
+            d = attrs.asdict(s)
+            d["ranking"].update(spearman_mean=s.ranking.spearman_mean, spearman_min=s.ranking.spearman_min,
+                                regret_mean=s.ranking.regret_mean, regret_max=s.ranking.regret_max)
+            return d
+
+        return {"overall": summary(self.overall), "sources": [summary(s) for s in self.sources],
+                "rows": [attrs.asdict(r) for r in self.rows], "skipped": [attrs.asdict(s) for s in self.skipped]}
+
+
+# ====================================================================== reading
+
+
+def read_csv(path: str | Path) -> tuple[str, list[dict]]:
+    """(schema, rows) of one measurement file; ConfigError for a missing file or unknown schema."""
+    p = Path(path)
+    try:
+        with p.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            header = set(reader.fieldnames or ())
+            rows = list(reader)
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: no such file") from None
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise ConfigError(f"{p}: cannot read CSV: {exc}") from None
+    if _DENSE_KEYS <= header:
+        return "dense", rows
+    if _NVIDIA_KEYS <= header:
+        return "nvidia", rows
+    if _VTRAIN_KEYS <= header:
+        return "vtrain", rows
+    raise ConfigError(f"{p}: unknown schema (expected the dense, NVIDIA or vTrain columns of "
+                      "/work/shared/data/README.md)")
+
+
+def _num(x: str | None) -> float | None:
+    if x is None:
+        return None
+    x = x.strip()
+    if not x:
+        return None
+    try:
+        return float(x)
+    except ValueError:
+        return None
+
+
+def _int(x: str | None, default: int | None = None) -> int | None:
+    v = _num(x)
+    return default if v is None else int(round(v))
+
+
+def _short_reference(text: str) -> str:
+    return re.split(r"\s*[(,;]", text.strip(), maxsplit=1)[0] or text.strip()
+
+
+def _precision(text: str) -> tuple[str, bool]:
+    """(parallel.precision, fp8 feature on?) for a source's precision column."""
+    t = text.lower()
+    if "nvfp4" in t or "fp4" in t:
+        return "fp4", False
+    if "fp8" in t or "float8" in t:
+        # Transformer Engine: GEMMs in fp8, attention core and everything else in bf16
+        return "bf16", True
+    if "fp16" in t and "bf16" not in t:
+        return "fp16", False
+    return "bf16", False
+
+
+def _lookup_model(registry, name: str):
+    for cand in (name, re.sub(r"\s*\(.*?\)\s*", " ", name).strip()):
+        try:
+            return registry.model(cand)
+        except UnknownRecordError:
+            continue
+    return None
+
+
+def _lookup_hw(registry, name: str):
+    try:
+        return registry.hardware_profile(name.strip())
+    except UnknownRecordError:
+        return None
+
+
+# ====================================================================== mapping
+
+
+def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
+    ref = _short_reference(r.get("source", ""))
+    rid = r.get("row_id", "")
+    name = r["model_name"]
+    skip = lambda reason: SkippedRow(source=source, reference=ref, row_id=rid, model=name, reason=reason)  # noqa: E731
+    fw = r.get("framework", "")
+    dopt = r.get("distributed_optimizer", "").lower()
+    if "zero-3" in dopt or "fsdp" in dopt or "zero-3" in fw.lower():
+        return skip(f"{dopt or fw}: full parameter sharding (ZeRO-3/FSDP) is not modelled")
+    hw = _lookup_hw(registry, r["gpu_type"])
+    if hw is None:
+        return skip(f"unknown GPU {r['gpu_type']!r}")
+    model = _lookup_model(registry, name)
+    model_section: dict[str, Any]
+    if model is not None:
+        model_section = {"name": model.name}
+    else:
+        h, L, a = _int(r["hidden"]), _int(r["n_layers"]), _int(r["n_heads"])
+        if not (h and L and a):
+            return skip(f"unknown model {name!r} and no architecture columns")
+        ffn = _int(r.get("ffn_hidden"), 4 * h)
+        model_section = {"name": "csv-" + re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-"),
+                         "num_layers": L, "hidden_size": h, "num_attention_heads": a,
+                         "num_kv_heads": _int(r.get("n_kv_heads"), a), "ffn_hidden_size": ffn,
+                         "vocab_size": _int(r.get("vocab"), 51200),
+                         "activation": "gelu" if ffn == 4 * h else "swiglu"}
+    measured, target = _num(r.get("measured_iter_time_s")), "measured_iter_time_s"
+    if measured is None:
+        measured, target = _num(r.get("derived_iter_time_s")), "derived_iter_time_s"
+    if measured is None:
+        return skip("no measured or derived iteration time")
+    tp, pp = _int(r["tp"], 1), _int(r["pp"], 1)
+    vpp, cp = _int(r.get("vpp"), 1) or 1, _int(r.get("cp"), 1) or 1
+    precision, fp8 = _precision(r.get("precision", ""))
+    sched_text = r.get("pp_schedule", "")
+    flash = True
+    old_megatron = any(k in fw for k in ("Megatron-LM (2021", "Megatron-LM (2022", "PTD-P", "zero-bubble"))
+    if old_megatron or "Megatron-DeepSpeed" in fw:
+        flash = False  # Megatron 2021–22 (and the ZeroBubble fork) ran the unfused core attention
+    par: dict[str, Any] = {"tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "micro_batch_size": _int(r["micro_batch"], 1),
+                           "global_batch_size": _int(r["global_batch"]), "sequence_length": _int(r["seq_len"]),
+                           "precision": precision, "flash_attention": flash}
+    sp = r.get("sequence_parallel", "").strip().lower()
+    if sp.startswith("y"):
+        par["sequence_parallel"] = True
+    elif sp.startswith("n") and sp != "n/a":
+        par["sequence_parallel"] = False
+    job: dict[str, Any] = {"model": model_section, "hardware": {"name": hw.name, "num_gpus": _int(r["n_gpus"])},
+                           "parallel": par, "features": {}}
+    ignore: frozenset[str] = frozenset()
+    if "zero-bubble" in fw and sched_text in _ZB_SCHEDULES:  # ZeroBubble: end stages hold one layer fewer
+        L = _int(r["n_layers"])
+        mid = (L + 2) // pp
+        ends = mid - 1 if pp > 2 else L // pp
+        par.update(first_stage_layers=ends, last_stage_layers=ends)
+        job["pipeline"] = {"schedule": _ZB_SCHEDULES[sched_text]}
+        ignore = _ZB_IGNORED
+    rec = r.get("recompute", "").lower()
+    if rec.startswith("full"):
+        job["features"]["recompute"] = {"granularity": "full"}
+    elif rec.startswith("selective"):
+        job["features"]["recompute"] = {"granularity": "selective"}
+    if dopt.startswith("y") or "zero-1" in dopt or "distributed" in dopt and not dopt.startswith("ddp"):
+        job["features"]["distributed_optimizer"] = {}
+    if fp8:
+        job["features"]["fp8"] = {}
+    notes = r.get("notes", "")
+    dp = _int(r.get("dp"), 1) or 1
+    if dp > 1 and ("DDP-impl torch" in notes or not old_megatron):
+        job["features"]["dp_overlap"] = {}  # torch DDP buckets overlap the all-reduce with backward
+    group = (source, name, hw.name, _int(r["n_gpus"]), _int(r["seq_len"]))
+    mem = _num(r.get("measured_memory_gb"))
+    return MappedRow(source=source, reference=ref, row_id=rid, job=job, measured_s=measured, target=target,
+                     group=group, measured_tflops=_num(r.get("measured_tflops_per_gpu")),
+                     tflops_convention=r.get("flops_convention", "")[:60], measured_memory_gib=mem,
+                     ignore_constraints=ignore, notes=notes[:200])
+
+
+def _nvidia_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
+    ref = f"{r.get('framework', '')} {r.get('release', '')}".strip()
+    rid = r.get("source_id", "")
+    name = r["model"]
+    skip = lambda reason: SkippedRow(source=source, reference=ref, row_id=rid, model=name, reason=reason)  # noqa: E731
+    notes = r.get("notes", "")
+    low = (notes + " " + name).lower()
+    if "proxy" in low or "reduced-layer" in low or "reduced layer" in low:
+        return skip("reduced-layer proxy run (notes say so); the model's layer count is not the zoo's")
+    task = r.get("task", "").strip().lower()
+    if task and "pretrain" not in task.replace("-", ""):
+        return skip(f"task {r.get('task')!r} is fine-tuning, not pretraining")
+    fsdp = r.get("fsdp", "").strip().lower()
+    fw = r.get("framework", "")
+    if fsdp not in ("", "0", "off", "no", "n") or "torchtitan" in fw.lower():
+        return skip("FSDP (Megatron-FSDP / torchtitan FSDP2, ZeRO-3-like parameter sharding) is not modelled")
+    model = _lookup_model(registry, name)
+    if model is None:
+        return skip(f"unknown model {name!r} (not in the model zoo)")
+    hw = _lookup_hw(registry, r["gpu_type"])
+    if hw is None:
+        return skip(f"unknown GPU {r['gpu_type']!r}")
+    measured, target = _num(r.get("step_time_s")), "step_time_s"
+    if measured is None:
+        measured, target = _num(r.get("step_time_s_derived")), "step_time_s_derived"
+    if measured is None:
+        return skip("no step time (measured or derived); only model TFLOPS, whose FLOPs convention is the "
+                    "source's, so a step time derived from it would not be an independent target")
+    if not r.get("precision", "").strip():
+        return skip("precision not given")
+    num_gpus = _int(r["num_gpus"])
+    tp, pp, cp = _int(r.get("tp"), 1) or 1, _int(r.get("pp"), 1) or 1, _int(r.get("cp"), 1) or 1
+    vpp, ep = _int(r.get("vp"), 1) or 1, _int(r.get("ep"), 1) or 1
+    etp = _int(r.get("etp"), 0) or 0
+    gbs, mbs, seq = _int(r.get("gbs")), _int(r.get("mbs"), 1) or 1, _int(r.get("seq_len"))
+    if not (gbs and seq and num_gpus):
+        return skip("gbs, seq_len or num_gpus missing")
+    precision, fp8 = _precision(r["precision"])
+    par = {"tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "ep": ep, "etp": etp, "micro_batch_size": mbs,
+           "global_batch_size": gbs, "sequence_length": seq, "precision": precision}
+    ignore: frozenset[str] = frozenset()
+    L = model.num_layers
+    if pp > 1 and L % (pp * vpp):
+        # Megatron-Core's uneven pipelines (account_for_embedding/loss_in_pipeline_split, or an
+        # explicit pipeline layout): the end stages hold fewer layers; the chunks are uneven
+        if (L + 2) % (pp * vpp) == 0:
+            par.update(first_stage_layers=(L + 2) // pp - 1, last_stage_layers=(L + 2) // pp - 1)
+        ignore = _ZB_IGNORED
+    # Megatron-Core recipes (NeMo / Megatron-Bridge): SP with TP, distributed optimizer, overlapped
+    # gradient reduce / parameter gather, TP comm overlap, PP p2p overlap, CP ring overlap
+    feats: dict[str, dict] = {"distributed_optimizer": {}, "dp_overlap": {}}
+    if tp > 1:
+        feats["tp_overlap"] = {}
+    if pp > 1:
+        feats["pp_overlap"] = {}
+    if cp > 1:
+        feats["cp_overlap"] = {}
+    if fp8:
+        feats["fp8"] = {}
+    job = {"model": {"name": model.name}, "hardware": {"name": hw.name, "num_gpus": num_gpus}, "parallel": par,
+           "features": feats}
+    mem = _num(r.get("peak_mem_gib"))
+    group = (source, model.name, hw.name, num_gpus, seq, r["precision"].strip())
+    return MappedRow(source=source, reference=ref, row_id=rid, job=job, measured_s=measured, target=target,
+                     group=group, measured_tflops=_num(r.get("model_tflops_per_gpu")),
+                     tflops_convention="model FLOPs (NVIDIA)", measured_memory_gib=mem, notes=notes[:200],
+                     ignore_constraints=ignore)
+
+
+#: Megatron-DeepSpeed's GPT-2 vocabulary (50,257) padded to a multiple of 128
+VTRAIN_VOCAB = 50304
+
+
+def _vtrain_job(r: dict, registry, source: str, index: int) -> MappedRow | SkippedRow:
+    h, a, L = int(r["hidden size"]), int(r["attention heads"]), int(r["# layers"])
+    seq, n = int(r["sequence length"]), int(r["# GPUs"])
+    tp, dp, pp = int(r["tensor parallelism"]), int(r["data parallelism"]), int(r["pipeline parallelism"])
+    name = f"vtrain-h{h}-a{a}-l{L}"
+    if tp * dp * pp != n:
+        return SkippedRow(source=source, reference="vTrain", row_id=str(index + 1), model=name,
+                          reason=f"tp·dp·pp = {tp * dp * pp} ≠ # GPUs = {n}")
+    model = {"name": name, "num_layers": L, "hidden_size": h, "num_attention_heads": a, "num_kv_heads": a,
+             "ffn_hidden_size": 4 * h, "vocab_size": VTRAIN_VOCAB, "activation": "gelu",
+             "normalization": "layernorm", "position_embedding": "learned"}
+    par = {"tp": tp, "pp": pp, "micro_batch_size": int(r["micro batch"]), "global_batch_size": int(r["global batch"]),
+           "sequence_length": seq, "sequence_parallel": False, "precision": "fp16", "flash_attention": False}
+    job = {"model": model, "hardware": {"name": "a100-sxm4-80gb", "num_gpus": n}, "parallel": par,
+           "pipeline": {"schedule": "1f1b"}, "features": {"recompute": {"granularity": "full"}}}
+    if dp > 1:
+        job["features"]["dp_overlap"] = {}
+    return MappedRow(source=source, reference="vTrain", row_id=str(index + 1), job=job,
+                     measured_s=float(r["iteration time (ms)"]) / 1e3, target="iteration time (ms)",
+                     group=(source, name, n, seq))
+
+
+def map_rows(paths: Iterable[str | Path], registry) -> tuple[list[MappedRow], list[SkippedRow]]:
+    """Every row of every file: mapped to a job, or skipped with the reason."""
+    mapped: list[MappedRow] = []
+    skipped: list[SkippedRow] = []
+    for path in paths:
+        schema, rows = read_csv(path)
+        source = Path(path).stem
+        for i, r in enumerate(rows):
+            try:
+                if schema == "dense":
+                    out = _dense_job(r, registry, source)
+                elif schema == "nvidia":
+                    out = _nvidia_job(r, registry, source)
+                else:
+                    out = _vtrain_job(r, registry, source, i)
+            except (KeyError, ValueError, TypeError) as exc:
+                out = SkippedRow(source=source, reference="", row_id=str(i + 1), model="?",
+                                 reason=f"malformed row: {type(exc).__name__}: {exc}")
+            (mapped if isinstance(out, MappedRow) else skipped).append(out)
+    return mapped, skipped
+
+
+# ====================================================================== prediction
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class PreparedGroup:
+    """Feasible rows sharing model + hardware, as one batch (re-evaluable with other efficiencies)."""
+
+    model: Any
+    hardware: Any
+    batch: Any
+    rows: list[int]  # indices into the mapped list
+    jobs: list[Any]
+
+
+def prepare(mapped: Sequence[MappedRow], predictor) -> tuple[list[PreparedGroup], list[SkippedRow]]:
+    """Resolve jobs, check feasibility, and group feasible rows into batches."""
+    from .config import jobs_to_batch
+    from .errors import MofaError
+
+    infeasible: list[SkippedRow] = []
+    groups: dict[tuple, list[tuple[int, Any]]] = defaultdict(list)
+    for i, m in enumerate(mapped):
+        try:
+            job = predictor.job(m.job, name=f"{m.source}:{m.row_id}")
+        except MofaError as exc:
+            infeasible.append(SkippedRow(source=m.source, reference=m.reference, row_id=m.row_id,
+                                         model=str(m.job["model"].get("name")), reason=str(exc), kind="infeasible"))
+            continue
+        groups[(repr(job.model), job.hardware.name)].append((i, job))
+    out: list[PreparedGroup] = []
+    for members in groups.values():
+        jobs = [j for _, j in members]
+        model, hw = jobs[0].model, jobs[0].hardware
+        batch = jobs_to_batch(jobs, predictor.registry)
+        ok = np.ones(len(jobs), dtype=bool)
+        reasons: dict[int, str] = {}
+        for c in predictor.constraints(batch, model, hw):
+            bad = ~np.asarray(c.feasible, bool)
+            for k in np.flatnonzero(bad & ok):
+                if c.name in mapped[members[k][0]].ignore_constraints:
+                    continue
+                ok[k] = False
+                reasons[k] = f"{c.name}: {c.reason}"
+        for k, reason in reasons.items():
+            m = mapped[members[k][0]]
+            infeasible.append(SkippedRow(source=m.source, reference=m.reference, row_id=m.row_id,
+                                         model=model.name, reason=reason, kind="infeasible"))
+        keep = [members[k] for k in np.flatnonzero(ok)]
+        if not keep:
+            continue
+        kjobs = [j for _, j in keep]
+        out.append(PreparedGroup(model=model, hardware=hw, batch=jobs_to_batch(kjobs, predictor.registry),
+                                 rows=[i for i, _ in keep], jobs=kjobs))
+    return out, infeasible
+
+
+def predict_prepared(groups: Sequence[PreparedGroup], predictor, hardware_override: dict | None = None,
+                     n_rows: int | None = None) -> dict[str, np.ndarray]:
+    """Arrays over the mapped rows (NaN where not predicted): step time, model TFLOPS, memory, fit.
+
+    ``hardware_override`` maps a profile name to a replacement :class:`HardwareProfile`
+    (calibration evaluates the same batches with other efficiency coefficients).
+    """
+    n = n_rows if n_rows is not None else (max((max(g.rows) for g in groups), default=-1) + 1)
+    out = {k: np.full(n, np.nan) for k in ("step_s", "model_tflops", "memory_gib", "fits")}
+    for g in groups:
+        hw = (hardware_override or {}).get(g.hardware.name, g.hardware)
+        pred = predictor.evaluate(g.batch, g.model, hw)
+        idx = np.asarray(g.rows)
+        out["step_s"][idx] = pred.step_time_s
+        out["model_tflops"][idx] = pred.model_tflops_per_gpu
+        out["memory_gib"][idx] = pred.peak_memory_gib
+        out["fits"][idx] = np.asarray(pred.fits_in_memory, float)
+    return out
+
+
+def _strategy(job: dict) -> str:
+    p = job["parallel"]
+    bits = [f"TP{p.get('tp', 1)}", f"PP{p.get('pp', 1)}"]
+    if p.get("vpp", 1) > 1:
+        bits.append(f"v{p['vpp']}")
+    if p.get("cp", 1) > 1:
+        bits.append(f"CP{p['cp']}")
+    if p.get("ep", 1) > 1:
+        bits.append(f"EP{p['ep']}")
+    bits.append(f"mbs{p.get('micro_batch_size', 1)}")
+    bits.append(f"gbs{p['global_batch_size']}")
+    sched = job.get("pipeline", {}).get("schedule")
+    if sched and sched not in ("1f1b",):
+        bits.append(sched)
+    rec = job.get("features", {}).get("recompute")
+    if rec:
+        bits.append(f"rc-{rec['granularity']}")
+    return " ".join(bits)
+
+
+def row_results(mapped: Sequence[MappedRow], arrays: dict[str, np.ndarray]) -> list[RowResult]:
+    out = []
+    for i, m in enumerate(mapped):
+        t = arrays["step_s"][i]
+        if not np.isfinite(t):
+            continue
+        gbs = m.job["parallel"]["global_batch_size"]
+        out.append(RowResult(
+            source=m.source, reference=m.reference, row_id=m.row_id, model=str(m.job["model"]["name"]),
+            hardware=m.job["hardware"]["name"], num_gpus=m.job["hardware"]["num_gpus"], strategy=_strategy(m.job),
+            target=m.target, measured_s=m.measured_s, predicted_s=float(t), error=float(t / m.measured_s - 1.0),
+            measured_tflops=m.measured_tflops,
+            predicted_tflops_source_convention=(m.measured_tflops * m.measured_s / float(t)
+                                                if m.measured_tflops else None),
+            predicted_model_tflops=float(arrays["model_tflops"][i]), tflops_convention=m.tflops_convention,
+            measured_memory_gib=m.measured_memory_gib, predicted_memory_gib=float(arrays["memory_gib"][i]),
+            fits_in_memory=bool(arrays["fits"][i] > 0.5), group=m.group,
+            measured_s_per_seq=m.measured_s / gbs, predicted_s_per_seq=float(t) / gbs))
+    return out
+
+
+# ====================================================================== statistics
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's ρ with average ranks for ties."""
+    def ranks(v):
+        v = np.asarray(v, float)
+        order = np.argsort(v, kind="mergesort")
+        r = np.empty(len(v))
+        r[order] = np.arange(len(v), dtype=float)
+        for val in np.unique(v):  # average ties
+            sel = v == val
+            if sel.sum() > 1:
+                r[sel] = r[sel].mean()
+        return r
+
+    rx, ry = ranks(x), ranks(y)
+    if rx.std() == 0 or ry.std() == 0:
+        return math.nan
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def rank_stats(rows: Sequence[RowResult], min_size: int = 3) -> RankStats:
+    groups: dict[tuple, list[RowResult]] = defaultdict(list)
+    for r in rows:
+        if r.group is not None:
+            groups[r.group].append(r)
+    rho: dict[str, float] = {}
+    regret: dict[str, float] = {}
+    for key, members in groups.items():
+        if len(members) < min_size:
+            continue
+        name = " / ".join(str(k) for k in key[1:])
+        meas = [r.measured_s_per_seq for r in members]
+        pred = [r.predicted_s_per_seq for r in members]
+        s = spearman(meas, pred)
+        if not math.isnan(s):
+            rho[name] = s
+        regret[name] = float(meas[int(np.argmin(pred))] / min(meas) - 1.0)
+    return RankStats(groups=len(regret), spearman=rho, regret=regret)
+
+
+def summarize(source: str, rows: Sequence[RowResult], skipped: Sequence[SkippedRow]) -> SourceSummary:
+    mem = [r.predicted_memory_gib / r.measured_memory_gib - 1.0 for r in rows if r.measured_memory_gib]
+    targets: dict[str, int] = defaultdict(int)
+    for r in rows:
+        targets[r.target] += 1
+    return SourceSummary(source=source, rows=len(rows), skipped=len(skipped),
+                         step_time=ErrorStats.of([r.error for r in rows]), memory=ErrorStats.of(mem),
+                         ranking=rank_stats(rows), targets=dict(targets))
+
+
+def validate(paths: Iterable[str | Path], predictor=None, sources: Iterable[str] | None = None) -> ValidationResult:
+    """Map, predict and score every row of the CSV files at `paths`.
+
+    ``sources`` keeps only rows whose source (file stem) or reference contains one of the
+    given strings (case-insensitive).
+    """
+    from .api import Predictor
+
+    predictor = predictor or Predictor()
+    mapped, skipped = map_rows(paths, predictor.registry)
+    if sources:
+        keys = [s.lower() for s in sources]
+        want = lambda x: any(k in x.source.lower() or k in x.reference.lower() for k in keys)  # noqa: E731
+        mapped = [m for m in mapped if want(m)]
+        skipped = [s for s in skipped if want(s)]
+    groups, infeasible = prepare(mapped, predictor)
+    skipped = skipped + infeasible
+    rows = row_results(mapped, predict_prepared(groups, predictor, n_rows=len(mapped)))
+    by_source: dict[str, list[RowResult]] = defaultdict(list)
+    for r in rows:
+        by_source[r.source].append(r)
+    skipped_by: dict[str, list[SkippedRow]] = defaultdict(list)
+    for s in skipped:
+        skipped_by[s.source].append(s)
+    names = list(dict.fromkeys([m.source for m in mapped] + [s.source for s in skipped]))
+    summaries = [summarize(n, by_source[n], skipped_by[n]) for n in names]
+    return ValidationResult(rows=rows, skipped=skipped, sources=summaries, overall=summarize("overall", rows, skipped))

@@ -1,0 +1,156 @@
+"""Validation against published measurements (issue 7): CI gates on the calibration set,
+CLI errors, and calibration recovering a known coefficient from synthetic data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import attrs
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+CALIBRATION_SET = ("megatron_selene_a100.csv", "zero_bubble.csv", "vtrain_single_node_a100.csv",
+                   "nvidia_megatron_bridge.csv", "nemo_2407.csv", "nemo_long_context.csv", "megatron_core_moe.csv",
+                   "torchtitan.csv")
+
+needs_data = pytest.mark.skipif(not (DATA / "megatron_selene_a100.csv").exists(), reason="shared data not present")
+
+# Gates: set just above what the shipped profiles achieve, so they only tighten over time
+# (docs/validation.md has the figures; benchmarks/validation_report.py regenerates them).
+OVERALL_MAPE = 0.145  # achieved 13.8 %
+OVERALL_MAX = 2.65  # achieved 257 % (a DeepSeek-V3 MoE row on B200; see docs/validation.md)
+SELENE_MAPE = 0.03  # achieved 2.7 % (target 5 %; Calculon 3.65 % mean / 8.87 % max)
+SELENE_MAX = 0.065  # achieved 6.0 %
+VTRAIN_SPEARMAN_MIN = 0.95  # achieved ≥ 0.97 in every (architecture, GPU count) group; target 0.85
+VTRAIN_REGRET_MAX = 0.05  # predicted-best strategy within 5 % of the measured best (achieved 0 %)
+
+
+@pytest.fixture(scope="module")
+def cli():
+    import mofa_framework.cli as c
+
+    c._builtin_commands()
+    return c.cli
+
+
+@pytest.fixture(scope="module")
+def calibration_result():
+    from mofa_framework.validate import validate
+
+    return validate([DATA / f for f in CALIBRATION_SET])
+
+
+@needs_data
+def test_overall_step_time_gate(calibration_result):
+    o = calibration_result.overall
+    assert o.rows > 1500
+    assert o.step_time.mape <= OVERALL_MAPE, o.step_time
+    assert o.step_time.max <= OVERALL_MAX, o.step_time
+    # nothing silently dropped: every CSV row is predicted or listed with a reason
+    import csv
+
+    total = sum(sum(1 for _ in csv.DictReader((DATA / f).open())) for f in CALIBRATION_SET)
+    assert o.rows + len(calibration_result.skipped) == total
+    assert all(s.reason for s in calibration_result.skipped)
+
+
+@needs_data
+def test_selene_mape_via_cli(cli):
+    res = CliRunner().invoke(cli, ["validate", str(DATA / "megatron_selene_a100.csv"), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    st = out["overall"]["step_time"]
+    assert st["n"] == 25
+    assert st["mape"] <= SELENE_MAPE, st
+    assert st["max"] <= SELENE_MAX, st
+    reasons = {s["reason"] for s in out["skipped"]}
+    assert any("ZeRO-3" in r for r in reasons)
+
+
+@needs_data
+def test_vtrain_ranking(calibration_result):
+    s = next(x for x in calibration_result.sources if x.source == "vtrain_single_node_a100")
+    assert s.ranking.groups == 24
+    assert s.ranking.spearman_min >= VTRAIN_SPEARMAN_MIN, s.ranking.spearman
+    assert s.ranking.regret_max <= VTRAIN_REGRET_MAX, s.ranking.regret
+
+
+@needs_data
+def test_csv_and_table_formats(cli):
+    path = str(DATA / "megatron_selene_a100.csv")
+    res = CliRunner().invoke(cli, ["validate", path, "--format", "csv", "--source", "Korthikanti"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.strip().splitlines()
+    assert lines[0].startswith("source,reference,row_id")
+    assert len(lines) == 1 + 12  # the 12 Korthikanti rows: 9 predicted, 3 without an iteration time listed
+    assert sum(line.endswith(",ok,") for line in lines) == 9
+    res = CliRunner().invoke(cli, ["validate", path, "--rows"])
+    assert res.exit_code == 0 and "rows not predicted" in res.output
+
+
+def test_bad_input_is_one_line_exit_2(cli, tmp_path):
+    res = CliRunner().invoke(cli, ["validate", str(tmp_path / "missing.csv")])
+    assert res.exit_code == 2
+    assert res.output.strip().count("\n") == 0 and "no such file" in res.output
+    bad = tmp_path / "other.csv"
+    bad.write_text("a,b,c\n1,2,3\n")
+    res = CliRunner().invoke(cli, ["validate", str(bad)])
+    assert res.exit_code == 2
+    assert res.output.strip().count("\n") == 0 and "unknown schema" in res.output
+    res = CliRunner().invoke(cli, ["calibrate", "--hardware", "a100-sxm4-80gb", str(bad)])
+    assert res.exit_code == 2 and res.output.strip().count("\n") == 0
+
+
+def _synthetic_rows(predictor, true_eff: float):
+    """A few Korthikanti-like jobs whose 'measured' step time is the prediction with a known coefficient."""
+    from mofa_framework.validate import MappedRow, prepare, predict_prepared
+
+    jobs = []
+    for model, gpus, tp, pp, vpp, gbs in (("gpt-22b", 8, 8, 1, 1, 4), ("gpt3-175b", 64, 8, 8, 3, 64),
+                                          ("gpt-7.5b", 32, 4, 2, 1, 64), ("gpt-1.7b", 8, 1, 1, 1, 64)):
+        for rec in ("full", "selective"):
+            jobs.append({"model": {"name": model}, "hardware": {"name": "a100-sxm4-80gb", "num_gpus": gpus},
+                         "parallel": {"tp": tp, "pp": pp, "vpp": vpp, "micro_batch_size": 1, "global_batch_size": gbs,
+                                      "sequence_length": 2048, "precision": "fp16"},
+                         "features": {"recompute": {"granularity": rec}}})
+    rows = [MappedRow(source="synthetic", reference="", row_id=str(i), job=j, measured_s=1.0, target="synthetic")
+            for i, j in enumerate(jobs)]
+    hw = predictor.registry.hardware_profile("a100-sxm4-80gb")
+    truth = attrs.evolve(hw, efficiency=attrs.evolve(hw.efficiency, gemm_efficiency=true_eff))
+    groups, infeasible = prepare(rows, predictor)
+    assert not infeasible
+    t = predict_prepared(groups, predictor, {hw.name: truth}, n_rows=len(rows))["step_s"]
+    return [attrs.evolve(r, measured_s=float(x)) for r, x in zip(rows, t)]
+
+
+def test_calibrate_recovers_known_coefficient(tmp_path):
+    from mofa_framework import Predictor
+    from mofa_framework.calibrate import calibrate, replace_efficiency, efficiency_table
+
+    predictor = Predictor()
+    rows = _synthetic_rows(predictor, 0.62)
+    res = calibrate([], "a100-sxm4-80gb", predictor, parameters=("gemm_efficiency",), folds=2,
+                    start={"gemm_efficiency": 0.9}, mapped=rows)
+    assert res.fitted["gemm_efficiency"] == pytest.approx(0.62, abs=0.005)
+    assert res.after.max < 0.01
+    assert res.cross_validated is not None and res.cross_validated.max < 0.02
+    # the TOML rewrite replaces an existing [efficiency] table and keeps the rest
+    text = 'name = "x"\n\n[efficiency]\ngemm_efficiency = 0.5\n\n[host]\ncpu_memory_gib = 1.0\n'
+    out = replace_efficiency(text, efficiency_table({"gemm_efficiency": 0.62}, ["test"]))
+    import tomllib
+
+    data = tomllib.loads(out)
+    assert data["efficiency"] == {"gemm_efficiency": 0.62} and data["host"]["cpu_memory_gib"] == 1.0
+    again = replace_efficiency(out, efficiency_table({"gemm_efficiency": 0.7}, ["again"]))
+    assert again.count("\n[efficiency]\n") == 1 and again.count("fitted by") == 1
+
+
+def test_spearman_ties_and_order():
+    from mofa_framework.validate import spearman
+
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert np.isnan(spearman([1, 1, 1], [1, 2, 3]))
