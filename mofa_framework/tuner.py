@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import multiprocessing as mp
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -116,6 +118,8 @@ class TuneRequest:
     e2e: Callable | None = None
     chunk_rows: int = 262_144
     pareto: bool = False
+    #: worker processes; 0 = one per core for large searches (forked; results are identical)
+    workers: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     flash_attention: bool = True
 
 
@@ -159,6 +163,10 @@ class TuneResult:
     pareto: tuple[Candidate, ...] = ()
     #: the smallest peak memory among evaluated candidates (explains an all-over-memory result)
     min_peak_memory_gib: float = float("inf")
+    #: feasible candidates never evaluated because their structure's lower bound could not
+    #: beat the k-th best found (exact branch and bound)
+    skipped_by_bound: int = 0
+    workers: int = 1
 
     @property
     def candidates_per_s(self) -> float:
@@ -317,70 +325,180 @@ def tune(predictor, req: TuneRequest, progress: Callable[[int, int], None] | Non
     groups: dict[tuple, list[int]] = {}
     for i, sig in enumerate(map(tuple, applic)):
         groups.setdefault(sig, []).append(i)
+    bound = _lower_bounds(predictor, req, structs, all_names)
     plan = []
     for sig, members in sorted(groups.items()):
         names = [n for n, on in zip(all_names, sig) if on]
-        plan.append((names, _combos(req, registry, names), np.array(members)))
+        members = np.array(members)
+        if bound is not None:  # most promising structures first, so the bound bites early
+            members = members[np.argsort(bound[members], kind="stable")]
+        plan.append((names, _combos(req, registry, names), members))
+    if bound is not None:
+        plan.sort(key=lambda g: bound[g[2][0]] if len(g[2]) else np.inf)
     total = sum(len(m) * len(c) for _, c, m in plan)
-    top, pareto_items = _TopK(req.top_k), []
-    evaluated = feasible = done = 0
-    min_peak = float("inf")
-    mem_reason = "peak memory exceeds the GPU's HBM"
+    # tasks: slices of one group's structures, each about `chunk_rows` candidates
+    tasks = []
     for names, combos, members in plan:
-        n_combo = len(combos)
-        tables = _feature_tables(names, combos, registry)
-        per_chunk = max(1, req.chunk_rows // n_combo)
-        for lo in range(0, len(members), per_chunk):
-            sel = members[lo:lo + per_chunk]
-            s_idx = np.repeat(sel, n_combo)
-            c_idx = np.tile(np.arange(n_combo), len(sel))
-            batch = attrs.evolve(structs.take(s_idx), features=_feature_rows(tables, c_idx))
-            ok = np.ones(len(batch), bool)
-            for feat in registry.features.values():
-                rows = batch.feature(feat.name)
-                if feat.feasible is not None and rows.enabled.any():
-                    r = feat.feasible(batch, rows)
-                    bad = ~np.asarray(r.feasible, bool) & rows.enabled & ok
-                    removed[r.reason] = removed.get(r.reason, 0) + int(bad.sum())
-                    ok &= ~bad
-            idx = np.flatnonzero(ok)
-            done += len(batch)
-            if len(idx):
-                sub = batch.take(idx) if len(idx) < len(batch) else batch
-                first = np.flatnonzero(np.r_[True, np.diff(s_idx[idx]) != 0])
-                inverse = np.cumsum(np.r_[False, np.diff(s_idx[idx]) != 0])
-                pred = predictor.evaluate(sub, req.model, req.hardware, structure=(first, inverse))
-                evaluated += len(idx)
-                fits = pred.fits_in_memory
-                min_peak = min(min_peak, float(pred.peak_memory_bytes.min()) / GIB)
-                removed[mem_reason] = removed.get(mem_reason, 0) + int((~fits).sum())
-                feasible += int(fits.sum())
-                val = np.where(fits, _objective(req, pred), np.inf)
-                k = min(req.top_k, len(val))
-                best = np.argpartition(val, k - 1)[:k]
-                for t in best[np.isfinite(val[best])]:
-                    combo = combos[c_idx[idx][t]]
-                    # ties go to the simpler configuration: fewer features on
-                    key = (sum(o is not None for o in combo), int(s_idx[idx][t]), repr(_combo_key(combo, names)))
-                    top.offer(float(val[t]), key,
-                              lambda t=t: _candidate(0, pred, int(t), all_names, registry, req, float(val[t])))
-                if req.pareto:
-                    ok_rows = np.flatnonzero(fits)
-                    for t in _pareto(pred.step_time_s[ok_rows], pred.peak_memory_bytes[ok_rows]):
-                        r = int(ok_rows[t])
-                        pareto_items.append(_candidate(0, pred, r, all_names, registry, req, float(val[r])))
+        per_chunk = max(1, req.chunk_rows // len(combos))
+        tasks += [(names, combos, members[lo:lo + per_chunk]) for lo in range(0, len(members), per_chunk)]
+    workers = req.workers or (min(os.cpu_count() or 1, 8) if total > 2 * req.chunk_rows else 1)
+    if workers > 1 and "fork" not in mp.get_all_start_methods():
+        workers = 1
+    parts: list[_Partial] = []
+    done = 0
+    if workers > 1 and len(tasks) > 1:
+        ctx = mp.get_context("fork")
+        shared = ctx.Value("d", np.inf)
+        _FORKED.update(predictor=predictor, req=req, structs=structs, tasks=tasks, names=all_names, bound=bound,
+                       shared=shared)
+        try:
+            with ctx.Pool(workers) as pool:
+                for part in pool.imap_unordered(_run_task, range(len(tasks))):
+                    parts.append(part)
+                    done += part.done
+                    if progress:
+                        progress(done, total)
+        finally:
+            _FORKED.clear()
+    else:
+        part = _Partial()
+        for task in tasks:
+            _search_task(predictor, req, structs, task, all_names, bound, part, None)
             if progress:
-                progress(done, total)
+                progress(part.done, total)
+        parts.append(part)
+    top = _TopK(req.top_k)
+    pareto_items: list[Candidate] = []
+    for part in parts:
+        for value, key, cand in part.top:
+            top.offer(value, key, lambda cand=cand: cand)
+        pareto_items += part.pareto
+        for k, v in part.removed.items():
+            removed[k] = removed.get(k, 0) + v
     best = tuple(attrs.evolve(c, rank=i + 1) for i, (_, _, c) in enumerate(top.items))
     front: tuple[Candidate, ...] = ()
     if pareto_items:
         t = np.array([c.step_time_s for c in pareto_items])
         mem = np.array([c.peak_memory_gib for c in pareto_items])
         front = tuple(pareto_items[i] for i in sorted(_pareto(t, mem), key=lambda i: t[i]))
-    return TuneResult(best=best, evaluated=evaluated, feasible=feasible, space_size=req.space.size,
+    return TuneResult(best=best, evaluated=sum(p.evaluated for p in parts), feasible=sum(p.feasible for p in parts),
+                      space_size=req.space.size, skipped_by_bound=sum(p.bounded for p in parts),
                       structures=req.space.structures, structures_feasible=len(structs),
                       elapsed_s=time.perf_counter() - t0, removed_by={k: v for k, v in removed.items() if v},
-                      pareto=front, min_peak_memory_gib=min_peak)
+                      pareto=front, min_peak_memory_gib=min((p.min_peak for p in parts), default=float("inf")),
+                      workers=workers)
+
+
+@attrs.define
+class _Partial:
+    """What one worker (or the sequential loop) found."""
+
+    top: list = attrs.Factory(list)
+    pareto: list = attrs.Factory(list)
+    removed: dict = attrs.Factory(dict)
+    evaluated: int = 0
+    feasible: int = 0
+    bounded: int = 0
+    done: int = 0
+    min_peak: float = float("inf")
+
+
+#: what forked workers inherit (set just before the pool forks, cleared after)
+_FORKED: dict = {}
+
+
+def _run_task(i: int) -> _Partial:
+    st = _FORKED
+    part = _Partial()
+    _search_task(st["predictor"], st["req"], st["structs"], st["tasks"][i], st["names"], st["bound"], part,
+                 st["shared"])
+    return part
+
+
+def _search_task(predictor, req: TuneRequest, structs: CandidateBatch, task, all_names, bound, part: _Partial,
+                 shared) -> None:
+    """Evaluate one slice of structures × its group's feature combinations into `part`."""
+    registry = predictor.registry
+    names, combos, sel = task
+    n_combo = len(combos)
+    top = _TopK(req.top_k)
+    top.items = part.top
+    threshold = (lambda: min(top.threshold(), shared.value)) if shared is not None else top.threshold
+    mem_reason = "peak memory exceeds the GPU's HBM"
+    removed = part.removed
+    if bound is not None:  # exact: no feature combination can beat its structure's bound
+        beatable = bound[sel] <= threshold()
+        skipped = int((~beatable).sum()) * n_combo
+        part.bounded += skipped
+        part.done += skipped
+        sel = sel[beatable]
+        if not len(sel):
+            return
+    tables = _feature_tables(names, combos, registry)
+    s_idx = np.repeat(sel, n_combo)
+    c_idx = np.tile(np.arange(n_combo), len(sel))
+    batch = attrs.evolve(structs.take(s_idx), features=_feature_rows(tables, c_idx))
+    ok = np.ones(len(batch), bool)
+    for feat in registry.features.values():
+        rows = batch.feature(feat.name)
+        if feat.feasible is not None and rows.enabled.any():
+            r = feat.feasible(batch, rows)
+            bad = ~np.asarray(r.feasible, bool) & rows.enabled & ok
+            removed[r.reason] = removed.get(r.reason, 0) + int(bad.sum())
+            ok &= ~bad
+    idx = np.flatnonzero(ok)
+    part.done += len(batch)
+    if not len(idx):
+        return
+    sub = batch.take(idx) if len(idx) < len(batch) else batch
+    first = np.flatnonzero(np.r_[True, np.diff(s_idx[idx]) != 0])
+    inverse = np.cumsum(np.r_[False, np.diff(s_idx[idx]) != 0])
+    pred = predictor.evaluate(sub, req.model, req.hardware, structure=(first, inverse))
+    part.evaluated += len(idx)
+    fits = pred.fits_in_memory
+    part.min_peak = min(part.min_peak, float(pred.peak_memory_bytes.min()) / GIB)
+    removed[mem_reason] = removed.get(mem_reason, 0) + int((~fits).sum())
+    part.feasible += int(fits.sum())
+    val = np.where(fits, _objective(req, pred), np.inf)
+    k = min(req.top_k, len(val))
+    best = np.argpartition(val, k - 1)[:k]
+    for t in best[np.isfinite(val[best])]:
+        combo = combos[c_idx[idx][t]]
+        # ties go to the simpler configuration: fewer features on
+        key = (sum(o is not None for o in combo), int(s_idx[idx][t]), repr(_combo_key(combo, names)))
+        top.offer(float(val[t]), key, lambda t=t: _candidate(0, pred, int(t), all_names, registry, req, float(val[t])))
+    part.top = top.items
+    if shared is not None and np.isfinite(top.threshold()):
+        with shared.get_lock():
+            shared.value = min(shared.value, top.threshold())
+    if req.pareto:
+        ok_rows = np.flatnonzero(fits)
+        for t in _pareto(pred.step_time_s[ok_rows], pred.peak_memory_bytes[ok_rows]):
+            r = int(ok_rows[t])
+            part.pareto.append(_candidate(0, pred, r, all_names, registry, req, float(val[r])))
+
+
+def _lower_bounds(predictor, req: TuneRequest, structs: CandidateBatch, names: list[str]) -> np.ndarray | None:
+    """An exact lower bound of the objective per structure, or None when none is valid.
+
+    Every feature off, the compute (forward, backward-input, backward-weight) a stage runs per
+    step bounds the step time of every feature combination on that structure: features only
+    add work (recompute, offload) or hide communication, except those flagged
+    ``may_reduce_compute`` — with one of those searched there is no bound. Schedules report
+    busy time m·(F+B+W); one that claims less lowers the bound by its adjustment. The
+    end-to-end objectives grow with the step time, so they are bounded through it.
+    """
+    reg = predictor.registry
+    if req.pareto or not len(structs) or any(reg.features[n].may_reduce_compute for n in names):
+        return None
+    pred = predictor.evaluate(structs, req.model, req.hardware)
+    bd = pred.breakdown
+    lb = bd["compute_fwd"] + bd["compute_bwd_input"] + bd["compute_bwd_weight"] + np.minimum(bd["schedule_adjust"], 0)
+    lb = np.maximum(lb, 0.0)
+    if req.objective == "step_time":
+        return lb
+    fake = attrs.evolve(pred, step_time_s=lb)
+    return _objective(req, fake)
 
 
 def _combo_key(combo, names) -> tuple:

@@ -359,6 +359,9 @@ class Feature:
     applies: Callable | None = None
     #: whether `mofa tune` searches it by default (False for what-if knobs such as faster kernels)
     tunable: bool = True
+    #: whether it can make compute faster than the base model's (FP8, faster kernels); the
+    #: tuner's exact step-time lower bound holds only when no searched feature can
+    may_reduce_compute: bool = False
 
     def acts_in(self, phase: Phase) -> Callable | None:
         return getattr(self, phase.value)

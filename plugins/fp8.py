@@ -166,6 +166,7 @@ FEATURE = CostTransform(
             "ep_overlap"),
     applies=lambda batch, model, hardware: np.full(len(batch), "fp8" in hardware.compute.peak_tflops),
     tunable=False,  # numerics are the user's choice: `mofa tune --features ...,fp8` searches it
+    may_reduce_compute=True,
 )
 
 

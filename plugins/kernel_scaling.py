@@ -77,6 +77,7 @@ FEATURE = CostTransform(
     layer=layer, pipeline=pipeline, optimizer=optimizer,
     after=("fp8", "distributed_optimizer", "cpu_optimizer"),
     tunable=False,  # a what-if (faster kernels / collectives), not a choice made at launch
+    may_reduce_compute=True,
     before=("tp_overlap", "cp_overlap", "ep_overlap", "pp_overlap", "dp_overlap", "activation_offload"),
 )
 
