@@ -188,3 +188,37 @@ def test_cli_tune_formats_and_errors(tmp_path):
     assert {c["parallel"]["tp"] for c in out["best"]} <= {2, 4}
     e2e = json.loads(run(str(job), "--format", "json", "--objective", "e2e_time").output)
     assert e2e["best"][0]["total_time_s"] > e2e["best"][0]["step_time_s"]
+
+
+def test_disabled_plugin_leaves_prediction_and_tuning(monkeypatch):
+    from mofa_framework import Predictor
+
+    monkeypatch.delenv("MOFA_DISABLED_PLUGINS", raising=False)
+    pred = Predictor(disabled=["tp_overlap"])
+    reg = pred.registry
+    assert "tp_overlap" not in reg.features
+    model, hw = reg.model("llama3.1-405b"), reg.hardware_profile("h100-sxm5-80gb")
+    assert "tp_overlap" not in default_space(reg, model, hw, 2048, 8192).features
+    out = json.loads(CliRunner().invoke(cli, ["--disable-plugin", "tp_overlap", "tune", "--model", "llama3.1-405b",
+                                              "--hardware", "h100-sxm5-80gb", "--gpus", "2048", "--gbs", "1024",
+                                              "--seq", "8192", "--tp-values", "8", "--pp-values", "8,16",
+                                              "--features", "distributed_optimizer,recompute",
+                                              "--format", "json"]).output)
+    assert all("tp_overlap" not in c["features"] for c in out["best"])
+    bad = CliRunner().invoke(cli, ["--disable-plugin", "tp_overlap", "tune", "--model", "llama3-8b", "--hardware",
+                                   "h100-sxm5-80gb", "--gpus", "8", "--gbs", "32", "--seq", "4096", "--features",
+                                   "tp_overlap"])
+    assert bad.exit_code == 2 and "tp_overlap" in bad.output
+
+
+def test_parallel_workers_give_the_same_answer(mofa_predictor):
+    reg = mofa_predictor.registry
+    model, hw = reg.model("llama3-70b"), reg.hardware_profile("h100-sxm5-80gb")
+    space = default_space(reg, model, hw, 256, 4096, features=["recompute", "distributed_optimizer", "tp_overlap"])
+    common = dict(model=model, hardware=hw, num_gpus=256, global_batch_size=512, sequence_length=4096, space=space,
+                  top_k=5, chunk_rows=4096)
+    one = tune(mofa_predictor, TuneRequest(**common, workers=1))
+    two = tune(mofa_predictor, TuneRequest(**common, workers=2))
+    assert two.workers == 2
+    assert [c.step_time_s for c in one.best] == [c.step_time_s for c in two.best]
+    assert [c.parallel for c in one.best] == [c.parallel for c in two.best]
