@@ -64,3 +64,21 @@ def contention(state, rows) -> tuple[np.ndarray, np.ndarray]:
     a = opt(rows, "contention_compute", 0.0)
     b = opt(rows, "contention_comm", 0.0)
     return np.where(a > 0, a, eff.contention_compute), np.where(b > 0, b, eff.contention_comm)
+
+
+def overlap_layers(state, applies, compute: str, comm: str, exposed: str, total_time):
+    """Set ``exposed`` in every layer type and pass to ``total_time(compute, comm) − compute``.
+
+    `compute`, `comm` and `exposed` name LayerCosts fields with ``{}`` for the pass
+    (``"tp_gemm_{}_s"`` → ``tp_gemm_fwd_s`` / ``tp_gemm_bwd_s``); rows where `applies` is false
+    or there is no communication keep their exposed time. `total_time` is the overlap's
+    equation for the pair (compute + communication run together).
+    """
+    def one(lc):
+        kw = {}
+        for d in ("fwd", "bwd"):
+            c, m, field = getattr(lc, compute.format(d)), getattr(lc, comm.format(d)), exposed.format(d)
+            kw[field] = np.where(applies & (m > 0), total_time(c, m) - c, getattr(lc, field))
+        return attrs.evolve(lc, **kw)
+
+    return attrs.evolve(state, layers={k: one(lc) for k, lc in state.layers.items()})

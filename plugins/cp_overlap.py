@@ -23,7 +23,7 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.types import OverlapStrategy
-from mofa_plugins._overlap import ContentionOptions, contention
+from mofa_plugins._overlap import overlap_layers, ContentionOptions, contention
 
 
 @attrs.frozen(kw_only=True)
@@ -42,15 +42,8 @@ def layer(state, rows):
     c = state.batch.cp.astype(np.float64)
     applies = c > 1
 
-    def one(lc):
-        kw = {}
-        for d in ("fwd", "bwd"):
-            attn, comm = getattr(lc, f"attn_{d}_s"), getattr(lc, f"cp_{d}_s")
-            exposed = ring(attn, comm, c, alpha, beta) - attn
-            kw[f"cp_exposed_{d}_s"] = np.where(applies & (comm > 0), exposed, getattr(lc, f"cp_exposed_{d}_s"))
-        return attrs.evolve(lc, **kw)
-
-    return attrs.evolve(state, layers={k: one(lc) for k, lc in state.layers.items()})
+    return overlap_layers(state, applies, "attn_{}_s", "cp_{}_s", "cp_exposed_{}_s",
+                          lambda attn, comm: ring(attn, comm, c, alpha, beta))
 
 
 FEATURE = OverlapStrategy(

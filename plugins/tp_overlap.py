@@ -29,7 +29,7 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.types import OverlapStrategy, option
-from mofa_plugins._overlap import ContentionOptions, _positive_int, contention, opt
+from mofa_plugins._overlap import overlap_layers, ContentionOptions, _positive_int, contention, opt
 
 
 @attrs.frozen(kw_only=True)
@@ -50,15 +50,8 @@ def layer(state, rows):
     n = opt(rows, "chunks", 4.0)
     applies = (b.tp > 1) & np.asarray(b.sequence_parallel, bool)
 
-    def one(c):
-        kw = {}
-        for d in ("fwd", "bwd"):
-            gemm, comm = getattr(c, f"tp_gemm_{d}_s"), getattr(c, f"tp_{d}_s")
-            exposed = pipelined(gemm, comm, n, alpha, beta) - gemm
-            kw[f"tp_exposed_{d}_s"] = np.where(applies & (comm > 0), exposed, getattr(c, f"tp_exposed_{d}_s"))
-        return attrs.evolve(c, **kw)
-
-    return attrs.evolve(state, layers={k: one(c) for k, c in state.layers.items()})
+    return overlap_layers(state, applies, "tp_gemm_{}_s", "tp_{}_s", "tp_exposed_{}_s",
+                          lambda gemm, comm: pipelined(gemm, comm, n, alpha, beta))
 
 
 FEATURE = OverlapStrategy(
