@@ -16,6 +16,10 @@ from .units import BoolArray, FloatArray, IntArray, frozen_bool, frozen_f64, fro
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
 
 
+def _f64_or_scalar(x):
+    return float(x) if np.ndim(x) == 0 else frozen_f64(x)
+
+
 def _frozen_options(d) -> dict:
     return {k: (v if isinstance(v, np.ndarray) and not v.flags.writeable else np.asarray(v).copy()) for k, v in d.items()}
 
@@ -142,6 +146,11 @@ class OperatorBatch:
     gemm_m: FloatArray = attrs.field(converter=frozen_f64)
     gemm_n: FloatArray = attrs.field(converter=frozen_f64)
     gemm_k: FloatArray = attrs.field(converter=frozen_f64)
+    #: equal GEMMs the row stands for (grouped expert GEMM: E/e); FLOPs and bytes are their
+    #: total, the shape is one member's. Scalar 1 (the default) or an array.
+    count: FloatArray | float = attrs.field(default=1.0, converter=_f64_or_scalar)
+    #: kernel launches per pass of the row. Scalar 1 (the default) or an array.
+    kernels: FloatArray | float = attrs.field(default=1.0, converter=_f64_or_scalar)
 
     def __len__(self) -> int:
         return len(self.flops)

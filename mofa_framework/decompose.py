@@ -46,6 +46,12 @@ class Op:
     bwd_weight: float = 1.0
     #: which group the op belongs to, for features that act on some ops only
     group: str = "other"  # qkv | core_attn | proj | mlp | expert | router | norm | head | embedding
+    #: equal, independent GEMMs the op stands for (a grouped GEMM over the local experts): FLOPs
+    #: and bytes are the group's total; the GEMM shape m×n×k and the size-efficiency curve are
+    #: those of one member
+    count: FloatArray | float = 1.0
+    #: kernel launches the op takes per pass (each pays the profile's ``kernel_launch_s``)
+    kernels: FloatArray | float = 1.0
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -103,9 +109,10 @@ def _gemm(name, m, n, k, dt, group, *, bwd_weight=1.0) -> Op:
               m=m, n=n, k=k, bwd_weight=bwd_weight, group=group)
 
 
-def _elementwise(name, nbytes, group, *, bwd=1.0) -> Op:
+def _elementwise(name, nbytes, group, *, bwd=1.0, kernels=1.0) -> Op:
     nbytes = np.asarray(nbytes, dtype=np.float64)
-    return Op(name=name, kind=ELEMENTWISE, flops=nbytes / 2.0, bytes=nbytes, bwd_input=bwd, bwd_weight=0.0, group=group)
+    return Op(name=name, kind=ELEMENTWISE, flops=nbytes / 2.0, bytes=nbytes, bwd_input=bwd, bwd_weight=0.0, group=group,
+              kernels=kernels)
 
 
 def attention_operators(model: ModelSpec, g: Geometry) -> list[Op]:
@@ -162,6 +169,14 @@ def dense_mlp_operators(model: ModelSpec, g: Geometry) -> list[Op]:
     return _mlp("mlp", model, g.tokens, model.ffn_hidden_size, g.t, g.dt, "mlp")
 
 
+#: kernels of the router and its bookkeeping per pass (softmax/sigmoid, top-k, score
+#: normalisation, auxiliary load-balancing loss, token counts) besides its GEMM
+ROUTER_KERNELS = 8.0
+#: kernels of the token permutation per pass (index computation, gather, and the matching
+#: un-permutation with the routing-probability weighted scatter-add)
+PERMUTE_KERNELS = 6.0
+
+
 def moe_mlp_operators(model: ModelSpec, g: Geometry) -> list[Op]:
     h, E, k, fe = model.hidden_size, model.num_experts, model.experts_per_token, model.moe_ffn_hidden_size
     tok = g.tokens / g.sp_div  # tokens this GPU routes (sequence-parallel shard)
@@ -169,14 +184,22 @@ def moe_mlp_operators(model: ModelSpec, g: Geometry) -> list[Op]:
     local_experts = E / g.e
     per_expert = routed / local_experts
     width = 2.0 if model.activation is Activation.swiglu else 1.0
+    ep_on = np.where(g.e > 1, 1.0, 0.0)
     ops = [
         _gemm("router", tok, E, h, g.dt, "router"),
-        _elementwise("permute", 4.0 * tok * k * h * g.dt, "expert"),
+        # scores (fp32) read and written by softmax/top-k/aux-loss kernels
+        _elementwise("router_topk", 4.0 * 4.0 * tok * E, "router", kernels=ROUTER_KERNELS),
+        # permute: read tok·h, write tok·k·h; un-permute: read tok·k·h (+ probabilities), write tok·h.
+        # With EP the received tokens are sorted by local expert once more each way.
+        _elementwise("permute", (4.0 + 4.0 * ep_on) * tok * k * h * g.dt, "expert",
+                     kernels=PERMUTE_KERNELS + 2.0 * ep_on),
     ]
     for name, nn, kk in (("expert_fc1", width * fe / g.etp, h), ("expert_fc2", h, fe / g.etp)):
         op = _gemm(name, per_expert, nn, kk, g.dt, "expert")
-        # a grouped GEMM over the local experts: FLOPs add up, each expert's weights are read
-        ops.append(attrs.evolve(op, flops=op.flops * local_experts, bytes=op.bytes * local_experts))
+        # a grouped GEMM over the local experts: FLOPs add up, each expert's weights are read,
+        # and each expert's GEMM runs at the efficiency of its own (smaller) size
+        ops.append(attrs.evolve(op, flops=op.flops * local_experts, bytes=op.bytes * local_experts,
+                                count=np.broadcast_to(local_experts, np.shape(op.flops)).astype(np.float64)))
     act = (3.0 if model.activation is Activation.swiglu else 2.0) * routed * fe / g.etp * g.dt
     ops.append(_elementwise("expert_act", act, "expert"))
     if model.num_shared_experts:

@@ -86,6 +86,13 @@ class LayerCosts:
     ep_exposed_bwd_s: FloatArray
     offload_exposed_fwd_s: FloatArray
     offload_exposed_bwd_s: FloatArray
+    #: data-parallel communication that runs inside the layer's passes (fully sharded data
+    #: parallelism gathers the layer's parameters and scatters its gradients per micro-batch):
+    #: total and exposed, per pass; 0 in the base model, where DP communication is per step
+    dp_fwd_s: FloatArray
+    dp_bwd_s: FloatArray
+    dp_exposed_fwd_s: FloatArray
+    dp_exposed_bwd_s: FloatArray
     #: saved activations: the pieces recompute features choose from, and what is kept
     act_layer_input_bytes: FloatArray
     act_core_attn_bytes: FloatArray
@@ -99,13 +106,13 @@ class LayerCosts:
     @property
     def fwd_s(self) -> FloatArray:
         return (self.fwd_compute_s + self.tp_exposed_fwd_s + self.cp_exposed_fwd_s + self.ep_exposed_fwd_s
-                + self.offload_exposed_fwd_s)
+                + self.offload_exposed_fwd_s + self.dp_exposed_fwd_s)
 
     @property
     def bwd_input_total_s(self) -> FloatArray:
         """Backward-input pass incl. recompute and exposed backward communication (ZeroBubble's B)."""
         return (self.bwd_input_s + self.recompute_s + self.tp_exposed_bwd_s + self.cp_exposed_bwd_s
-                + self.ep_exposed_bwd_s + self.offload_exposed_bwd_s)
+                + self.ep_exposed_bwd_s + self.offload_exposed_bwd_s + self.dp_exposed_bwd_s)
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -291,6 +298,7 @@ def price_operators(ctx: Context, ops: list[Op]) -> list[FloatArray]:
         kind=_stacked([o.kind for o in ops], n, np.int64),
         precision=_stacked([ctx.geometry.precision] * len(ops), n, np.int64),
         gemm_m=cat([o.m for o in ops]), gemm_n=cat([o.n for o in ops]), gemm_k=cat([o.k for o in ops]),
+        count=cat([o.count for o in ops]), kernels=cat([o.kernels for o in ops]),
     )
     out = _checked("mofa_operator_latency", _call(ctx.pm, "mofa_operator_latency", ops=batch, hardware=ctx.hardware),
                    len(batch))
@@ -354,6 +362,7 @@ def _layer_costs(ctx: Context, kind: str) -> LayerCosts:
         cp_exposed_fwd_s=comm[("cp", "fwd")], cp_exposed_bwd_s=comm[("cp", "bwd")],
         ep_exposed_fwd_s=comm[("ep", "fwd")], ep_exposed_bwd_s=comm[("ep", "bwd")],
         offload_exposed_fwd_s=z, offload_exposed_bwd_s=z,
+        dp_fwd_s=z, dp_bwd_s=z, dp_exposed_fwd_s=z, dp_exposed_bwd_s=z,
         act_layer_input_bytes=act.layer_input, act_core_attn_bytes=act.core_attention, act_other_bytes=act.other,
         act_saved_bytes=act.total, act_working_bytes=z, fwd_flops=flops, recompute_flops=z,
     )
@@ -409,8 +418,12 @@ def layers_per_stage_valid(model: ModelSpec, batch: CandidateBatch) -> BoolArray
     covered = np.where(p > 2, first + last + mid * (p - 2) >= model.num_layers, True)
     exact = np.where(p > 2, first + last + mid * (p - 2) == model.num_layers, True)
     v = batch.vpp
+    # the middle stages split into v equal chunks; explicitly uneven end stages may split unevenly
+    # (Megatron-Core --pipeline-model-parallel-layout), balanced ones must split equally too
+    explicit = (batch.first_stage_layers > 0) | (batch.last_stage_layers > 0)
     chunks_ok = (np.mod(mid, v) == 0) | (p <= 2)
-    chunks_ok &= np.where(p > 1, (np.mod(first, v) == 0) & (np.mod(last, v) == 0), np.mod(first, v) == 0)
+    chunks_ok &= explicit | np.where(p > 1, (np.mod(first, v) == 0) & (np.mod(last, v) == 0), np.mod(first, v) == 0)
+    chunks_ok &= (first >= v) & (last >= v)
     return covered & exact & (first >= 1) & (last >= 1) & chunks_ok & (p <= model.num_layers)
 
 
@@ -566,6 +579,7 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
         "cp_fwd": lambda c: c.cp_exposed_fwd_s, "cp_bwd": lambda c: c.cp_exposed_bwd_s,
         "ep_fwd": lambda c: c.ep_exposed_fwd_s, "ep_bwd": lambda c: c.ep_exposed_bwd_s,
         "offload_fwd": lambda c: c.offload_exposed_fwd_s, "offload_bwd": lambda c: c.offload_exposed_bwd_s,
+        "dp_layer_fwd": lambda c: c.dp_exposed_fwd_s, "dp_layer_bwd": lambda c: c.dp_exposed_bwd_s,
     }
     # (3, N) per-micro-batch time of each component on the first / worst middle / last stage
     comp = {k: lay.dense * get(L["dense"]) + (lay.moe * get(L["moe"]) if "moe" in L else 0.0)
@@ -585,12 +599,14 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
     for k in comp:
         comp[k][0] += ends["first"].get(k, 0.0) + np.where(single, last.get(k, 0.0), 0.0)
         comp[k][2] += np.where(single, 0.0, last.get(k, 0.0))
-    F = comp["compute_fwd"] + comp["tp_fwd"] + comp["cp_fwd"] + comp["ep_fwd"] + comp["offload_fwd"]
+    F = (comp["compute_fwd"] + comp["tp_fwd"] + comp["cp_fwd"] + comp["ep_fwd"] + comp["offload_fwd"]
+         + comp["dp_layer_fwd"])
     B = (comp["compute_bwd_input"] + comp["recompute"] + comp["tp_bwd"] + comp["cp_bwd"] + comp["ep_bwd"]
-         + comp["offload_bwd"])
+         + comp["offload_bwd"] + comp["dp_layer_bwd"])
     W = comp["compute_bwd_weight"]
-    for name in ("tp", "cp", "ep", "offload"):
-        comp[name if name == "offload" else f"{name}_comm"] = comp.pop(f"{name}_fwd") + comp.pop(f"{name}_bwd")
+    for name in ("tp", "cp", "ep", "offload", "dp_layer"):
+        key = name if name == "offload" else f"{name}_comm"
+        comp[key] = comp.pop(f"{name}_fwd") + comp.pop(f"{name}_bwd")
     p = batch.pp.astype(np.float64)
     v = batch.vpp.astype(np.float64)
     m = batch.num_microbatches.astype(np.float64)
@@ -681,7 +697,7 @@ def _provenance(pm, registry, trail) -> dict[str, str]:
 
     op, coll = impl("mofa_operator_latency"), impl("mofa_collective_latency")
     prov = {k: op for k in ("compute_fwd", "compute_bwd_input", "compute_bwd_weight", "recompute")}
-    prov.update({k: coll for k in ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")})
+    prov.update({k: coll for k in ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "dp_layer_comm")})
     prov.update(bubble="schedule", optimizer="engine", optimizer_host="engine", offload="engine",
                 overhead="hardware profile", schedule_adjust="schedule")
     for phase, names in trail.items():

@@ -200,6 +200,9 @@ class EfficiencySpec:
     gemm_efficiency: float = attrs.field(default=0.80, converter=float, validator=[v.gt(0.0), v.le(1.0)])
     #: size at which a GEMM reaches half of η_c·peak, expressed in seconds of peak work
     gemm_half_efficiency_s: float = attrs.field(default=2.0e-6, converter=float, validator=v.ge(0.0))
+    #: fixed cost of one kernel launch on the GPU's stream (launch + tail), seconds; paid once per
+    #: kernel of every operator and pass (a grouped GEMM is one launch)
+    kernel_launch_s: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))
     #: fused (flash) attention's fraction of peak
     attention_efficiency: float = attrs.field(default=0.55, converter=float, validator=[v.gt(0.0), v.le(1.0)])
     #: η_m: fraction of HBM bandwidth memory-bound kernels reach

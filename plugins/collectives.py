@@ -5,6 +5,18 @@ all-reduce ``2(n−1)/n·S/B + 2(n−1)λ``; all-gather / reduce-scatter ``(n−
 all-to-all ``(n−1)/n·S/B + λ``; p2p ``S/B + λ``. B is the scale-up bandwidth when the group
 stays inside one scale-up domain, else the per-GPU scale-out bandwidth decayed by eq. [3]:
 ``B_large = α·B_small`` with ``α = (1 − d)^log2(nodes)``.
+
+A ring (all-reduce, all-gather, reduce-scatter) that spans several domains crosses each domain
+boundary once per ring, and NCCL runs one ring per NIC: with ``n/nodes`` ranks of the group in
+each domain, each with its own NIC, the crossing traffic is spread over those NICs, so the ring
+runs at ``min(B_up, (n/nodes)·B_large)`` — the scale-out bandwidth of the group's share of each
+domain, capped by the scale-up links (nccl-tests bus bandwidth of multi-node rings ≈ a node's
+total NIC bandwidth).
+
+An all-to-all that spans several scale-up domains is hierarchical (NCCL's PXN, DeepEP, HybridEP):
+of the ``(n−1)/n·S`` a rank sends, the ``(n/nodes − 1)/n·S`` for peers in its own domain go over
+the scale-up links and the ``(n − n/nodes)/n·S`` for the other domains over the scale-out NIC, at
+the same time: ``max(intra, inter) + λ``.
 """
 
 from __future__ import annotations
@@ -30,9 +42,15 @@ def collective_seconds(colls, hardware) -> np.ndarray:
     frac = (n - 1.0) / n
     s = colls.bytes
     k = colls.kind
+    local = np.maximum(n / nodes, 1.0)  # ranks of the group in each scale-up domain
+    up = hardware.scaleup_bandwidth_bytes_per_s * eff.scaleup_bus_efficiency
+    # rings across domains: the boundary crossings are spread over the group's NICs in a domain
+    ring = np.where(intra, bw, np.minimum(up, local * bw))
+    # all-to-all across domains: the share for peers in the own domain rides the scale-up links
+    a2a = np.where(intra, frac * s / bw, np.maximum((local - 1.0) / n * s / up, (n - local) / n * s / bw))
     t = np.select(
         [k == AR, (k == AG) | (k == RS), k == A2A, k == P2P],
-        [2.0 * frac * s / bw + 2.0 * (n - 1.0) * lat, frac * s / bw + (n - 1.0) * lat, frac * s / bw + lat,
+        [2.0 * frac * s / ring + 2.0 * (n - 1.0) * lat, frac * s / ring + (n - 1.0) * lat, a2a + lat,
          s / bw + lat],
         default=np.nan,
     )

@@ -22,6 +22,12 @@ Option ``shard_gradients`` (ZeRO-2; Megatron-Core FSDP's ``optim_grads``, Llama 
 without parameter resharding) also keeps only ``1/D`` of the fp32 gradient buffer: each
 bucket is reduce-scattered and freed as it completes, so ``M = P·2 + P·(4 + 12)/D``; the
 communication is unchanged.
+
+Option ``grad_reduce_dtype`` (``fp32`` default: Megatron's fp32 main-grad buffer; ``bf16``:
+Megatron-LM ``--grad-reduce-in-bf16``, NeMo's ``grad_sync_dtype = bf16``) sets the dtype of the
+gradient buffer and of its reduce-scatter, d_g = 4 or 2 bytes per parameter: the reduce-scatter
+moves half the bytes and the (sharded or not) gradient buffer is half the size. fp16 jobs keep
+fp16 gradients (d_g = 2) either way.
 """
 
 from __future__ import annotations
@@ -38,12 +44,28 @@ from mofa_framework.types import MemoryOptimizer, option
 STATE_BYTES = 12.0
 #: bytes per parameter of the all-gathered bf16 weights
 PARAM_BYTES = 2.0
+#: gradient-reduction dtypes: the main-grad dtype (fp32 for bf16 jobs) or bf16
+GRAD_REDUCE_DTYPES = ("fp32", "bf16")
 
 
 @attrs.frozen(kw_only=True)
 class DistributedOptimizerOptions:
     shard_gradients: bool = option(False, search=(False, True),
                                    doc="also shard the fp32 gradient buffer over DP (ZeRO-2 / FSDP optim_grads)")
+    grad_reduce_dtype: str = option("fp32", choices=GRAD_REDUCE_DTYPES,
+                                    doc="dtype of the gradient buffer and its reduce-scatter (fp32 main grads, or "
+                                        "bf16: half the bytes); fp16 jobs reduce fp16 either way")
+
+
+def reduce_grad_bytes(batch) -> np.ndarray:
+    """d_g per row as reduced: the main-grad bytes, or 2 where the distributed optimizer (or
+    ``fsdp``) reduces gradients in bf16."""
+    gb = _grad_bytes_per_param(batch)
+    for name in ("distributed_optimizer", "fsdp"):
+        rows = batch.feature(name)
+        if "grad_reduce_dtype" in rows.options:
+            gb = np.where(rows.enabled & rows.choice("grad_reduce_dtype", "bf16"), 2.0, gb)
+    return gb
 
 
 def dp_sizes(state):
@@ -65,10 +87,11 @@ def sharded_dp_comm_s(state) -> np.ndarray:
     ctx, batch = state.ctx, state.batch
     (d_size, d_stride), (e_size, e_stride) = _dp_groups(ctx, batch)
     p_dense, p_expert = local_params(state)
+    gb = reduce_grad_bytes(batch)
     total = np.zeros(len(batch))
     for label, grad, params, size, stride in (
-            ("dense", state.opt.dense_grad_bytes, p_dense, d_size, d_stride),
-            ("expert", state.opt.expert_grad_bytes, p_expert, e_size, e_stride)):
+            ("dense", p_dense * gb, p_dense, d_size, d_stride),
+            ("expert", p_expert * gb, p_expert, e_size, e_stride)):
         rs = Coll(name=f"dp_{label}_grad_rs", parallel="dp", kind=REDUCE_SCATTER, bytes=grad, group_size=size,
                   stride=stride)
         ag = Coll(name=f"dp_{label}_param_ag", parallel="dp", kind=ALL_GATHER, bytes=params * PARAM_BYTES,
@@ -99,14 +122,16 @@ def memory(state, rows):
     mem = state.mem
     d_dense, d_expert = dp_sizes(state)
     frac = shard_fraction(mem.dense_params, mem.expert_params, d_dense[None, :], d_expert[None, :])
-    grads = np.where(rows.options["shard_gradients"][None, :] > 0.5, mem.grads_bytes * frac, mem.grads_bytes)
+    grads = mem.grads_bytes * (reduce_grad_bytes(state.batch) / _grad_bytes_per_param(state.batch))[None, :]
+    grads = np.where(rows.options["shard_gradients"][None, :] > 0.5, grads * frac, grads)
     return attrs.evolve(state, mem=attrs.evolve(mem, optimizer_bytes=mem.optimizer_bytes * frac, grads_bytes=grads))
 
 
 def megatron_args(options) -> list[str]:
+    bf16 = ["--grad-reduce-in-bf16"] if options is not None and options.grad_reduce_dtype == "bf16" else []
     if options is not None and options.shard_gradients:
-        return ["--use-custom-fsdp", "--data-parallel-sharding-strategy", "optim_grads"]
-    return ["--use-distributed-optimizer"]
+        return ["--use-custom-fsdp", "--data-parallel-sharding-strategy", "optim_grads", *bf16]
+    return ["--use-distributed-optimizer", *bf16]
 
 
 FEATURE = MemoryOptimizer(

@@ -26,8 +26,9 @@ Which collectives:
 
 - with the distributed optimizer (``distributed_optimizer``, or ``cpu_optimizer`` with
   ``shard = true``) ``opt.dp_comm_s`` is reduce-scatter + all-gather; it is split between
-  them by bytes: gradients ``d_g`` bytes/parameter (4 with fp32 main grads, 2 with fp16),
-  parameters 2 (so RS = 2/3, AG = 1/3 with bf16);
+  them by bytes: gradients ``d_g`` bytes/parameter (4 with fp32 main grads, 2 with fp16 or
+  a bf16 gradient reduction), parameters 2 (so RS = 2/3, AG = 1/3 with bf16); ``fsdp`` rows
+  keep only the per-step remainder (embedding, head) here, split the same way;
 - without it the DP communication is an all-reduce (= RS + AG of the same gradients, two
   halves) issued per chunk in the cooldown as its gradients complete (Megatron's
   ``--overlap-grad-reduce`` with the plain DDP): the whole all-reduce sits on the cooldown
@@ -49,9 +50,9 @@ import attrs
 import numpy as np
 
 from mofa_framework import hookimpl
-from mofa_framework.batch import PRECISIONS
 from mofa_framework.types import OverlapStrategy, option
 from mofa_plugins._overlap import ContentionOptions, _positive_int, contention, opt
+from mofa_plugins.distributed_optimizer import reduce_grad_bytes
 
 #: bytes per parameter of the all-gathered (bf16) parameters
 PARAM_BYTES = 2.0
@@ -65,11 +66,12 @@ class DpOverlapOptions(ContentionOptions):
 
 
 def sharded_rows(batch) -> np.ndarray:
-    """Rows whose DP communication is reduce-scatter + all-gather (a distributed optimizer)."""
-    dist = batch.feature("distributed_optimizer").enabled
+    """Rows whose DP communication is reduce-scatter + all-gather (a distributed optimizer, FSDP)."""
+    dist = np.asarray(batch.feature("distributed_optimizer").enabled, bool)
+    dist = dist | np.asarray(batch.feature("fsdp").enabled, bool)
     cpu = batch.feature("cpu_optimizer")
     shard = cpu.options.get("shard", np.ones(len(batch)))
-    return np.asarray(dist, bool) | (np.asarray(cpu.enabled, bool) & (np.asarray(shard) > 0.5))
+    return dist | (np.asarray(cpu.enabled, bool) & (np.asarray(shard) > 0.5))
 
 
 def side(comm, compute, pieces, alpha, beta):
@@ -83,7 +85,7 @@ def optimizer(state, rows):
     alpha, beta = contention(state, rows)
     k = opt(rows, "buckets_per_chunk", 1.0)
     pieces = pipe.v * k
-    grad_bytes = np.where(batch.precision == PRECISIONS.index("fp16"), 2.0, 4.0)
+    grad_bytes = reduce_grad_bytes(batch)
     rs_share = np.where(sharded_rows(batch), grad_bytes / (grad_bytes + PARAM_BYTES), 1.0)
     comm = o.dp_comm_s
     rs, ag = comm * rs_share, comm * (1.0 - rs_share)
@@ -102,7 +104,7 @@ FEATURE = OverlapStrategy(
     equation="[24] T = AG_1 + RS_v + Σ_{j<v} [max(α·F, β·AG_j) − F] + Σ_{j<v} [max(α·(B+W), β·RS_j) − (B+W)]",
     options_type=DpOverlapOptions,
     optimizer=optimizer,
-    after=("distributed_optimizer", "cpu_optimizer", "kernel_scaling"),
+    after=("distributed_optimizer", "cpu_optimizer", "fsdp", "kernel_scaling"),
     applies=lambda batch, model, hardware: (batch.dp * batch.cp > 1) | (
         (batch.tp * batch.cp * batch.dp > batch.ep * batch.etp) if model.is_moe else False),
     megatron_args=lambda o: ["--overlap-grad-reduce", "--overlap-param-gather"],

@@ -2,9 +2,11 @@
 
 ``t = FLOPs / P`` with ``P = min(η·P_peak, η_m · I · BW_hbm)`` and ``I = FLOPs / bytes``.
 GEMMs reach η_c of the peak of their numeric format, scaled down for small GEMMs by
-``F / (F + F_½)`` where ``F_½ = gemm_half_efficiency_s · P_peak``; fused attention reaches
+``F / (F + F_½)`` where ``F_½ = gemm_half_efficiency_s · P_peak`` and F is the FLOPs of *one*
+GEMM (a grouped expert GEMM of ``count`` equal GEMMs sees each expert's size); fused attention reaches
 ``attention_efficiency`` of the bf16 peak; element-wise kernels are bandwidth bound. The
-coefficients live in the hardware profile's ``[efficiency]`` table.
+coefficients live in the hardware profile's ``[efficiency]`` table. Every operator that
+does any work also pays ``kernel_launch_s`` per kernel it launches (``ops.kernels``).
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ def operator_seconds(ops, hardware) -> np.ndarray:
     attention = ops.kind == OP_KINDS.index("attention")
     peak = np.where(gemm, peaks[ops.precision], bf16)
     half = eff.gemm_half_efficiency_s * peak
-    size_eff = np.where(ops.flops > 0, ops.flops / (ops.flops + half), 1.0)
+    one = ops.flops / np.maximum(ops.count, 1.0)  # FLOPs of one GEMM of a group
+    size_eff = np.where(ops.flops > 0, one / (one + half), 1.0)
     rate = np.where(gemm, eff.gemm_efficiency * size_eff * peak,
                     np.where(attention, eff.attention_efficiency * bf16, np.inf))
     compute_s = np.where(ops.flops > 0, ops.flops / rate, 0.0)
     memory_s = ops.bytes / bw
-    return np.maximum(compute_s, memory_s)
+    launch = np.where((ops.flops > 0) | (ops.bytes > 0), eff.kernel_launch_s * ops.kernels, 0.0)
+    return np.maximum(compute_s, memory_s) + launch
 
 
 @hookimpl(trylast=True)
