@@ -31,8 +31,8 @@ PROFILES = {
     "a100-sxm4-80gb": ("gemm_efficiency", "gemm_half_efficiency_s", "attention_efficiency",
                        "scaleup_bus_efficiency", "scaleout_bus_efficiency", "step_overhead_s"),
     "h100-sxm5-80gb": ("gemm_efficiency", "gemm_half_efficiency_s", "attention_efficiency", "step_overhead_s"),
-    "b200-sxm-180gb": ("gemm_efficiency", "gemm_half_efficiency_s", "attention_efficiency", "step_overhead_s"),
-    "gb200-nvl72": ("gemm_efficiency", "gemm_half_efficiency_s", "attention_efficiency", "step_overhead_s"),
+    "b200-sxm-180gb": ("gemm_efficiency", "gemm_half_efficiency_s", "attention_efficiency", "kernel_launch_s"),
+    "gb200-nvl72": ("gemm_efficiency", "gemm_half_efficiency_s", "attention_efficiency", "kernel_launch_s"),
 }
 
 

@@ -58,7 +58,7 @@ def test_hook_mofa_register_models(mofa_pm, mofa_predictor):
 
 
 def _const_schedule(x):
-    from mofa_framework.engine import Inflight, PipelineTimes
+    from mofa_framework.engine import PipelineTimes
     busy = x.m * x.v * (x.F + x.B + x.W)
     z = np.zeros_like(busy)
     return PipelineTimes(busy_s=busy, bubble_s=z + 1.0, pp_comm_s=z, warmup_s=z, steady_s=busy + 1.0, cooldown_s=z)

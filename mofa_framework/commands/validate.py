@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from ..cli import _emit_json, _table, pass_state
+from ..cli import _table, pass_state
 from ..errors import ConfigError
 
 
