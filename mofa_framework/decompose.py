@@ -118,7 +118,8 @@ def _elementwise(name, nbytes, group, *, bwd=1.0, kernels=1.0) -> Op:
 def attention_operators(model: ModelSpec, g: Geometry) -> list[Op]:
     h, a, kv = model.hidden_size, model.num_attention_heads, model.num_kv_heads
     T, t, dt = g.tokens, g.t, g.dt
-    ops = [_elementwise("input_norm", 4.0 * T * h * dt / g.sp_div, "norm")]
+    # a norm reads and writes each element once: 2·dt bytes per element
+    ops = [_elementwise("input_norm", 2.0 * T * h * dt / g.sp_div, "norm")]
     if model.is_mla:
         dq, dv, rope = model.qk_head_dim, model.v_dim, model.qk_rope_head_dim
         if model.q_lora_rank:
@@ -150,7 +151,9 @@ def attention_operators(model: ModelSpec, g: Geometry) -> list[Op]:
                   bwd_input=ATTENTION_BWD_FACTOR, bwd_weight=0.0, group="core_attn"))
     ops.append(_elementwise("softmax_dropout", np.where(g.flash, 0.0, score_bytes), "core_attn"))
     ops.append(_gemm("o_proj", T, h, a * dv / t, dt, "proj"))
-    ops.append(_elementwise("residual_norm", (4.0 + 6.0) * T * h * dt / g.sp_div, "norm"))
+    # two residual adds (read 2, write 1), the second norm, and with dropout its 1-byte masks
+    drop = 2.0 if model.dropout else 0.0
+    ops.append(_elementwise("residual_norm", ((2.0 + 6.0) * dt + drop) * T * h / g.sp_div, "norm"))
     return ops
 
 
@@ -214,7 +217,7 @@ def embedding_operators(model: ModelSpec, g: Geometry) -> list[Op]:
 def head_operators(model: ModelSpec, g: Geometry) -> list[Op]:
     T, V, h = g.tokens, model.vocab_size, model.hidden_size
     return [
-        _elementwise("final_norm", 4.0 * T * h * g.dt / g.sp_div, "norm"),
+        _elementwise("final_norm", 2.0 * T * h * g.dt / g.sp_div, "norm"),
         _gemm("lm_head", T, V / g.t, h, g.dt, "head"),
         _elementwise("cross_entropy", 3.0 * T * V / g.t * 4.0, "head"),
     ]

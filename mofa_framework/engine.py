@@ -693,7 +693,7 @@ def _provenance(pm, registry, trail) -> dict[str, str]:
         impls = [i for i in reversed(getattr(pm.hook, hook).get_hookimpls()) if not (i.wrapper or i.hookwrapper)]
         wrappers = [i.plugin_name for i in getattr(pm.hook, hook).get_hookimpls() if i.wrapper or i.hookwrapper]
         name = impls[0].plugin_name if impls else "?"
-        return "+".join([name, *wrappers]) if wrappers else name
+        return f"{name} (wrapped by {', '.join(wrappers)})" if wrappers else name
 
     op, coll = impl("mofa_operator_latency"), impl("mofa_collective_latency")
     prov = {k: op for k in ("compute_fwd", "compute_bwd_input", "compute_bwd_weight", "recompute")}

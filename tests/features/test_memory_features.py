@@ -252,9 +252,6 @@ def test_korthikanti_full_over_selective_ratio_loose(korthikanti_rows, label):
 
 
 @pytest.mark.validation
-@pytest.mark.xfail(strict=False, reason="engine baseline, not the recompute feature: without SP the pipeline p2p "
-                   "is priced unsplit (Megatron scatter/gathers it over TP) and SP's per-layer saving is "
-                   "~0.76 ms vs 0.5 ms measured (Table 4); see docs/features/memory.md")
 @pytest.mark.parametrize("label", ["GPT 22B", "GPT-3 175B", "MT-NLG 530B", "GPT 1T"])
 def test_korthikanti_full_over_selective_ratio_5pct(korthikanti_rows, label):
     assert abs(korthikanti_rows[label]["ratio_error"]) < 0.05
