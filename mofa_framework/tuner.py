@@ -481,24 +481,33 @@ def _search_task(predictor, req: TuneRequest, structs: CandidateBatch, task, all
 def _lower_bounds(predictor, req: TuneRequest, structs: CandidateBatch, names: list[str]) -> np.ndarray | None:
     """An exact lower bound of the objective per structure, or None when none is valid.
 
-    Every feature off, the compute (forward, backward-input, backward-weight) a stage runs per
-    step bounds the step time of every feature combination on that structure: features only
-    add work (recompute, offload) or hide communication, except those flagged
-    ``may_reduce_compute`` — with one of those searched there is no bound. Schedules report
-    busy time m·(F+B+W); one that claims less lowers the bound by its adjustment. The
-    end-to-end objectives grow with the step time, so they are bounded through it.
+    The compute (forward, backward-input, backward-weight) a stage runs per step bounds the step
+    time of every feature combination on that structure: features only add work (recompute,
+    offload) or hide communication — except those flagged ``may_reduce_compute`` (FP8, faster
+    kernels). Those are tried in every combination of their searched options, everything else
+    off, and the least compute is the bound. Schedules report busy time m·(F+B+W); one that
+    claims less lowers the bound by its adjustment. The end-to-end objectives grow with the step
+    time, so they are bounded through it.
     """
     reg = predictor.registry
-    if req.pareto or not len(structs) or any(reg.features[n].may_reduce_compute for n in names):
+    if req.pareto or not len(structs):
         return None
-    pred = predictor.evaluate(structs, req.model, req.hardware)
-    bd = pred.breakdown
-    lb = bd["compute_fwd"] + bd["compute_bwd_input"] + bd["compute_bwd_weight"] + np.minimum(bd["schedule_adjust"], 0)
-    lb = np.maximum(lb, 0.0)
+    reducers = [n for n in names if reg.features[n].may_reduce_compute]
+    combos = _combos(req, reg, reducers) if reducers else [()]
+    tables = _feature_tables(reducers, combos, reg)
+    lb = np.full(len(structs), np.inf)
+    pred = None
+    for ci in range(len(combos)):
+        idx = np.full(len(structs), ci)
+        batch = attrs.evolve(structs, features=_feature_rows(tables, idx)) if reducers else structs
+        pred = predictor.evaluate(batch, req.model, req.hardware)
+        bd = pred.breakdown
+        compute = (bd["compute_fwd"] + bd["compute_bwd_input"] + bd["compute_bwd_weight"]
+                   + np.minimum(bd["schedule_adjust"], 0))
+        lb = np.minimum(lb, np.maximum(compute, 0.0))
     if req.objective == "step_time":
         return lb
-    fake = attrs.evolve(pred, step_time_s=lb)
-    return _objective(req, fake)
+    return _objective(req, attrs.evolve(pred, step_time_s=lb))
 
 
 def _combo_key(combo, names) -> tuple:
