@@ -384,6 +384,11 @@ def _nvidia_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     gbs, mbs, seq = _int(r.get("gbs")), _int(r.get("mbs"), 1) or 1, _int(r.get("seq_len"))
     if not (gbs and seq and num_gpus):
         return skip("gbs, seq_len or num_gpus missing")
+    ranks_per_stage = num_gpus // max(pp, 1)  # tp·cp·dp: what MoE layers re-fold into etp × ep × edp
+    if not etp and model.is_moe and ep > 1 and ranks_per_stage % (ep * tp):
+        # ETP not stated and Megatron-Core's default (= tp) cannot fold with this EP: the run
+        # must have set --expert-tensor-parallel-size 1 (Megatron-Bridge's MoE recipes do)
+        etp = 1
     precision, fp8 = _precision(r["precision"])
     par = {"tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "ep": ep, "etp": etp, "micro_batch_size": mbs,
            "global_batch_size": gbs, "sequence_length": seq, "precision": precision}
