@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import sys
 import tomllib
 from pathlib import Path
@@ -89,7 +90,7 @@ def _table(rows: list[list[str]], headers: list[str], title: str | None = None) 
         t.add_column(h, overflow="fold")
     for r in rows:
         t.add_row(*[str(x) for x in r])
-    Console(width=max(120, click.get_terminal_size()[0] if hasattr(click, "get_terminal_size") else 120)).print(t)
+    Console(width=max(120, shutil.get_terminal_size((120, 24)).columns)).print(t)
 
 
 # ---------------------------------------------------------------------- list-*

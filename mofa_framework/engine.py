@@ -800,8 +800,7 @@ def _memory_costs(state: CostState, lay: StageLayout, inflight: Inflight) -> Mem
     model, g = ctx.model, ctx.geometry
     dense, expert = _params_on_stages(model, batch, lay)
     params = dense + expert
-    copies = np.array([registry_param_copies(ctx, c) for c in batch.schedule], dtype=np.float64) \
-        if len(batch) < 64 else _param_copies_vec(ctx, batch)
+    copies = _param_copies(ctx, batch)
     weights = params * 2.0 * copies
     grads = params * _grad_bytes_per_param(batch) * copies
     optim = params * OPTIMIZER_STATE_BYTES * copies
@@ -823,11 +822,7 @@ def _memory_costs(state: CostState, lay: StageLayout, inflight: Inflight) -> Mem
                        optimizer_bytes=optim, activations_bytes=acts, buffers_bytes=buffers, host_bytes=host)
 
 
-def registry_param_copies(ctx: Context, code) -> float:
-    names = list(ctx.pm.registry.schedules)
-    return float(ctx.pm.registry.schedules[names[int(code)]].parameter_copies)
-
-
-def _param_copies_vec(ctx: Context, batch: CandidateBatch) -> FloatArray:
+def _param_copies(ctx: Context, batch: CandidateBatch) -> FloatArray:
+    """Copies of the stage's parameters each row's schedule keeps (DualPipe: 2)."""
     table = np.array([s.parameter_copies for s in ctx.pm.registry.schedules.values()], dtype=np.float64)
     return table[batch.schedule]
