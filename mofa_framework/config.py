@@ -260,6 +260,10 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
         out.setdefault("moe_ffn_hidden_size", out.get("ffn_hidden_size", 0))
     if cfg.get("sliding_window") is None or not cfg.get("use_sliding_window", True):
         out.pop("sliding_window", None)
+    elif isinstance(cfg.get("layer_types"), list) and cfg["layer_types"]:
+        # per-layer attention types (GPT-OSS: "sliding_attention" / "full_attention" alternating)
+        types = cfg["layer_types"]
+        out["sliding_window_layer_fraction"] = sum("sliding" in str(x) for x in types) / len(types)
     if not out.get("q_lora_rank"):
         out.pop("q_lora_rank", None)
     stem = re.sub(r"[^a-z0-9.\-]+", "-", str(cfg.get("_name_or_path") or cfg.get("model_type") or p.parent.name).lower())

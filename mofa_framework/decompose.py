@@ -135,12 +135,12 @@ def attention_operators(model: ModelSpec, g: Geometry) -> list[Op]:
         dq = dv = model.kv_channels
         ops.append(_gemm("qkv_proj", T, (a * dq + 2 * kv * dq) / t, h, dt, "qkv"))
         heads_q, heads_kv = a, kv
-    s_kv = g.s if not model.sliding_window else np.minimum(g.s, model.sliding_window)
+    s_kv, keys_causal = attended_keys(model, g.s)
     # core attention: T queries of this CP rank against the whole sequence's keys, causal
     core_flops = 2.0 * T * s_kv * heads_q * (dq + dv) / t
     io = (T * heads_q * (dq + dv) + 2.0 * T * heads_kv * (dq + dv)) / t * dt
-    fused = Op(name="core_attention", kind=ATTENTION, flops=core_flops * CAUSAL_FRACTION, bytes=io,
-               bwd_input=ATTENTION_BWD_FACTOR, bwd_weight=0.0, group="core_attn")
+    fused = Op(name="core_attention", kind=ATTENTION, flops=2.0 * T * keys_causal * heads_q * (dq + dv) / t,
+               bytes=io, bwd_input=ATTENTION_BWD_FACTOR, bwd_weight=0.0, group="core_attn")
     # unfused (2021/22 Megatron): batched GEMMs over the full square plus softmax/dropout passes
     score_bytes = UNFUSED_SCORE_PASSES * T * s_kv * heads_q / t * dt
     unfused_gemm = Op(name="core_attention", kind=GEMM, flops=core_flops, bytes=io, bwd_input=1.0, bwd_weight=1.0,
@@ -155,6 +155,24 @@ def attention_operators(model: ModelSpec, g: Geometry) -> list[Op]:
     drop = 2.0 if model.dropout else 0.0
     ops.append(_elementwise("residual_norm", ((2.0 + 6.0) * dt + drop) * T * h / g.sp_div, "norm"))
     return ops
+
+
+def attended_keys(model: ModelSpec, s) -> tuple[np.ndarray, np.ndarray]:
+    """Keys per query of one layer's core attention, averaged over the model's layers:
+    (unfused: the masked score square's width, fused causal kernel: keys actually attended).
+
+    Full causal attention: ``s`` and ``CAUSAL_FRACTION·s``. A sliding window ``w`` (query i sees
+    keys ``max(0, i−w+1)..i``): ``min(s, w)`` and ``w'·(1 − w'/(2s))`` with ``w' = min(s, w)``
+    (``s/2`` at ``w = s``). ``sliding_window_layer_fraction`` of the layers are windowed, the rest
+    full (GPT-OSS alternates the two); the per-layer costs are the fraction-weighted mix.
+    """
+    s = np.asarray(s, dtype=np.float64)
+    if not model.sliding_window:
+        return s, CAUSAL_FRACTION * s
+    f = model.sliding_window_layer_fraction
+    w = np.minimum(s, float(model.sliding_window))
+    win_causal = w * (1.0 - w / (2.0 * np.maximum(s, 1.0)))
+    return f * w + (1.0 - f) * s, f * win_causal + (1.0 - f) * CAUSAL_FRACTION * s
 
 
 def _mlp(name, model: ModelSpec, T, ffn, divisor, dt, group) -> list[Op]:
@@ -322,7 +340,7 @@ def saved_activation_bytes(model: ModelSpec, g: Geometry, kind: str) -> SavedAct
         qkv = dt * T * (a * d + 2.0 * model.num_kv_heads * d) / t
         o_in = dt * T * a * d / t
         heads = a
-    s_kv = g.s if not model.sliding_window else np.minimum(g.s, model.sliding_window)
+    s_kv, _ = attended_keys(model, g.s)
     scores = T * s_kv * heads / t
     unfused = dt * scores + drop * (scores + dt * scores)  # softmax output, dropout mask and output
     fused = 4.0 * T * heads / t  # fp32 log-sum-exp per query and head

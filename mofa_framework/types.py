@@ -93,6 +93,10 @@ class ModelSpec:
     v_head_dim: int = attrs.field(default=0, validator=_nonneg_int)
     num_mtp_layers: int = attrs.field(default=0, validator=_nonneg_int)
     sliding_window: int = attrs.field(default=0, validator=_nonneg_int)
+    #: share of the layers whose attention is windowed (GPT-OSS alternates sliding-window and
+    #: full-attention layers: 0.5); the others attend to the whole causal prefix
+    sliding_window_layer_fraction: float = attrs.field(default=1.0, converter=float,
+                                                       validator=[v.ge(0.0), v.le(1.0)])
 
     def __attrs_post_init__(self):
         if self.num_attention_heads % self.num_kv_heads:

@@ -411,6 +411,13 @@ def _nvidia_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
         feats["cp_overlap"] = {}
     if fp8:
         feats["fp8"] = {}
+    # what the notes state the run used (Megatron-Core MoE model zoo: "recompute=full",
+    # "+1f1b overlap" = --overlap-moe-expert-parallel-comm with the combined 1F1B schedule)
+    nlow = notes.lower()
+    if re.search(r"recompute\s*=\s*full", nlow):
+        feats["recompute"] = {"granularity": "full"}
+    if "1f1b overlap" in nlow and model.is_moe and ep > 1:
+        feats["ep_overlap"] = {}
     job = {"model": {"name": model.name}, "hardware": {"name": hw.name, "num_gpus": num_gpus}, "parallel": par,
            "features": feats}
     mem = _num(r.get("peak_mem_gib"))
