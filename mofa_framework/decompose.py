@@ -432,3 +432,89 @@ def model_flops_per_sequence(model: ModelSpec, seq: FloatArray) -> FloatArray:
 
 def precision_name(code) -> str:
     return PRECISIONS[int(code)]
+
+
+# ------------------------------------------------------------------ selective recompute modules
+
+#: Megatron-Core's ``--recompute-modules`` (``--recompute-granularity selective``; default
+#: ``core_attn``). ``moe_act``, ``layernorm`` and ``mla_up_proj`` use output-discarding
+#: checkpointing (the module's output is dropped and re-made from its kept input before the
+#: consumer's backward); ``core_attn``, ``mlp``, ``moe`` and ``shared_experts`` checkpoint the
+#: whole submodule (only its input is kept).
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+
+
+def _mlp_factor(model: ModelSpec) -> float:
+    """Elements an MLP keeps per hidden unit: fc1 output (2 with SwiGLU's gate) + activation output."""
+    return 3.0 if model.activation is Activation.swiglu else 2.0
+
+
+def module_saved_bytes(model: ModelSpec, g: Geometry, kind: str, module: str) -> FloatArray:
+    """Bytes of :func:`saved_activation_bytes` that recomputing Megatron module `module` drops
+    (one layer of `kind`, per micro-batch per GPU; 0 where the module is absent).
+
+    - ``core_attn``: the attention core's tensors (``SavedActivations.core_attention``);
+    - ``layernorm``: the outputs of input_layernorm and pre_mlp_layernorm, i.e. the QKV input
+      and the MLP/MoE input, ``2·dt·T·h/sp``; the norms' inputs stay;
+    - ``mla_up_proj`` (MLA only): Q, K, V after the up projections and RoPE,
+      ``dt·T·a·(2·d_qk + d_v)/t``; the latents stay;
+    - ``mlp`` (dense layers): the MLP's internal tensors, ``dt·T·(3|2)·f/t``;
+    - ``moe`` (MoE layers): every MoE tensor but its input (routed-expert, router and shared-
+      expert terms);
+    - ``moe_act`` (MoE layers): the routed experts' activation output (fc2's input),
+      ``dt·T/sp·k·etp·f_e/etp``;
+    - ``shared_experts`` (MoE layers with shared experts): ``dt·T·(3|2)·f_s/t``.
+    """
+    T, t, dt, spd = g.tokens, g.t, g.dt, g.sp_div
+    h, a = model.hidden_size, model.num_attention_heads
+    z = np.zeros_like(np.asarray(T, dtype=np.float64))
+    fe = model.moe_ffn_hidden_size
+    if module == "core_attn":
+        return saved_activation_bytes(model, g, kind).core_attention
+    if module == "layernorm":
+        return z + 2.0 * dt * T * h / spd
+    if module == "mla_up_proj":
+        return z + (dt * T * a * (2.0 * model.qk_head_dim + model.v_dim) / t if model.is_mla else 0.0)
+    if module == "mlp":
+        return z + (dt * T * _mlp_factor(model) * model.ffn_hidden_size / t if kind == "dense" else 0.0)
+    if kind != "moe":
+        if module in RECOMPUTE_MODULES:
+            return z
+        raise ValueError(f"unknown recompute module {module!r}")
+    routed = T / spd * model.experts_per_token * g.etp
+    shared = dt * T * _mlp_factor(model) * model.num_shared_experts * fe / t
+    if module == "moe":
+        expert = dt * routed * h + dt * routed * _mlp_factor(model) * fe / g.etp
+        return expert + 4.0 * T / spd * model.num_experts + shared
+    if module == "moe_act":
+        return z + dt * routed * fe / g.etp
+    if module == "shared_experts":
+        return z + shared
+    raise ValueError(f"unknown recompute module {module!r}")
+
+
+def module_operators(model: ModelSpec, g: Geometry, kind: str, module: str) -> list[Op]:
+    """Forward operators backward re-runs when Megatron module `module` is recomputed
+    (empty where the module is absent); collectives inside the module are not included."""
+    if module == "core_attn":
+        return [o for o in attention_operators(model, g) if o.group == "core_attn"]
+    if module == "layernorm":
+        # input_layernorm and pre_mlp_layernorm: each reads and writes T·h/sp elements
+        norm = 2.0 * g.tokens * model.hidden_size * g.dt / g.sp_div
+        return [_elementwise("input_norm", norm, "norm"), _elementwise("pre_mlp_norm", norm, "norm")]
+    if module == "mla_up_proj":
+        if not model.is_mla:
+            return []
+        return [o for o in attention_operators(model, g) if o.name in ("q_up_proj", "q_proj", "kv_up_proj")]
+    if module == "mlp":
+        return dense_mlp_operators(model, g) if kind == "dense" else []
+    if module not in RECOMPUTE_MODULES:
+        raise ValueError(f"unknown recompute module {module!r}")
+    if kind != "moe":
+        return []
+    ops = moe_mlp_operators(model, g)
+    if module == "moe":
+        return ops
+    if module == "moe_act":
+        return [o for o in ops if o.name == "expert_act"]
+    return [o for o in ops if o.name.startswith("shared_expert")]

@@ -806,10 +806,11 @@ def _memory_costs(state: CostState, lay: StageLayout, inflight: Inflight) -> Mem
     optim = params * OPTIMIZER_STATE_BYTES * copies
     L = state.layers
     act_stage = lay.dense * L["dense"].act_saved_bytes
-    work = lay.dense * 0 + L["dense"].act_working_bytes
+    # transient working set of the layer being recomputed: only layer types the stage holds
+    work = np.where(lay.dense > 0, L["dense"].act_working_bytes, 0.0)
     if "moe" in L:
         act_stage = act_stage + lay.moe * L["moe"].act_saved_bytes
-        work = np.maximum(work, L["moe"].act_working_bytes)
+        work = np.maximum(work, np.where(lay.moe > 0, L["moe"].act_working_bytes, 0.0))
     held = np.stack([inflight.first, inflight.mid, inflight.last])
     acts = act_stage * held
     # the last stage materialises fp32 logits of one micro-batch for the loss

@@ -27,6 +27,16 @@ every model chunk are recomputed, the others keep everything (0 = all). With
 ``r = min(num_layers, L_chunk)/L_chunk`` (L_chunk = layers per chunk on the first stage) the
 per-layer costs are the r-weighted mix of the two.
 
+**selective by module** (Megatron-Core ``--recompute-modules``): one boolean option per module
+— ``core_attn``, ``moe_act``, ``layernorm``, ``mla_up_proj``, ``mlp``, ``moe``,
+``shared_experts``. None set means ``core_attn`` (the default above); setting any replaces
+it, as in Megatron. For each module m: ``S' = S − S_m`` and ``T_bwd' = T_bwd + T_m_fwd``, where
+``S_m`` is what the module's output-discarding (``moe_act``, ``layernorm``, ``mla_up_proj``) or
+checkpointing (``mlp``, ``moe``, ``shared_experts``) drops (``decompose.module_saved_bytes``)
+and ``T_m_fwd`` its re-run operators (``decompose.module_operators``) priced by the engine;
+a checkpointed submodule is re-materialised while its backward runs (``W ≥ S_m``). ``moe``
+covers ``moe_act`` and ``shared_experts``. docs/features/memory.md tabulates each module.
+
 Recomputed forward FLOPs go to ``recompute_flops`` (hardware FLOPs, HFU).
 """
 
@@ -36,7 +46,8 @@ import attrs
 import numpy as np
 
 from mofa_framework import hookimpl
-from mofa_framework.decompose import layer_operators
+from mofa_framework.decompose import RECOMPUTE_MODULES, layer_operators, module_operators, module_saved_bytes
+from mofa_framework.engine import price_operators
 from mofa_framework.types import MemoryOptimizer, option
 
 
@@ -49,12 +60,60 @@ class RecomputeOptions:
                                  "0 = all")
     include_qkv: bool = option(False, doc="selective only: also re-run the QKV projection (the MoFa paper's "
                                           "reading; Megatron re-runs the core only)")
+    # Megatron-Core --recompute-modules (selective only); none set = core_attn, Megatron's default
+    core_attn: bool = option(False, doc="selective: recompute the core attention (Megatron's default module)")
+    moe_act: bool = option(False, doc="selective: recompute the routed experts' activation function")
+    layernorm: bool = option(False, doc="selective: recompute input_layernorm and pre_mlp_layernorm")
+    mla_up_proj: bool = option(False, doc="selective: recompute the MLA up projections (and RoPE)")
+    mlp: bool = option(False, doc="selective: recompute the dense MLP submodule")
+    moe: bool = option(False, doc="selective: recompute the whole MoE layer (router, dispatch, experts, combine)")
+    shared_experts: bool = option(False, doc="selective: recompute the shared experts of an MoE layer")
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """Megatron --recompute-modules this selects (core_attn when none is set)."""
+        return tuple(m for m in RECOMPUTE_MODULES if getattr(self, m)) or ("core_attn",)
 
 
 def _group_flops(ctx, kind: str, groups) -> np.ndarray:
     ops = layer_operators(ctx.model, ctx.geometry, kind)
     z = np.zeros(len(ctx.geometry.b))
     return sum((np.asarray(o.flops, dtype=np.float64) for o in ops if o.group in groups), z)
+
+
+#: which LayerCosts forward-time field already carries each operator group's (FP8/kernel-scaled) time
+_GROUP_FIELD = {"qkv": "tp_gemm_fwd_s", "proj": "tp_gemm_fwd_s", "mlp": "tp_gemm_fwd_s",
+                "core_attn": "attn_fwd_s", "expert": "expert_fwd_s"}
+
+
+def module_rerun(state, kind: str, c, module: str) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, FLOPs) of the forward that recomputing `module` re-runs in one layer's backward.
+
+    The module's operators are priced as the engine prices them, then rescaled per operator
+    group by the layer's current group time over its base price (1 unless an earlier feature
+    such as FP8 changed that group's time). Checkpointed submodules that contain collectives
+    re-run them too: ``mlp`` its TP block (half of a dense layer's exposed TP forward), ``moe``
+    the EP dispatch/combine (the exposed EP forward) and, with shared experts, their TP block.
+    """
+    ctx = state.ctx
+    z = np.zeros(len(ctx.geometry.b))
+    ops = module_operators(ctx.model, ctx.geometry, kind, module)
+    if not ops:
+        return z, z
+    base = layer_operators(ctx.model, ctx.geometry, kind)
+    base_t = price_operators(ctx, base)
+    scale = {}
+    for grp, field in _GROUP_FIELD.items():
+        groups = [k for k, f in _GROUP_FIELD.items() if f == field]
+        priced = sum((t for t, o in zip(base_t, base) if o.group in groups), z)
+        scale[grp] = np.divide(getattr(c, field), priced, out=np.ones_like(z), where=priced > 0)
+    secs = sum((t * scale.get(o.group, 1.0) for t, o in zip(price_operators(ctx, ops), ops)), z)
+    flops = sum((np.asarray(o.flops, dtype=np.float64) for o in ops), z)
+    if module == "mlp":
+        secs = secs + 0.5 * c.tp_exposed_fwd_s
+    elif module == "moe":
+        secs = secs + c.ep_exposed_fwd_s + (0.5 * c.tp_exposed_fwd_s if ctx.model.num_shared_experts else 0.0)
+    return secs, flops
 
 
 def full_fraction(state, rows) -> np.ndarray:
@@ -76,6 +135,33 @@ def layer(state, rows):
         sel_flops = (_group_flops(state.ctx, kind, ("core_attn",))
                      + np.where(qkv, _group_flops(state.ctx, kind, ("qkv",)), 0.0))
         sel_saved = c.act_saved_bytes - c.act_core_attn_bytes
+        sel_other = c.act_other_bytes
+        sel_work = c.act_working_bytes
+        # the other Megatron --recompute-modules; core_attn above runs unless only others are set
+        mods = {m: rows.options[m] > 0.5 for m in RECOMPUTE_MODULES if m in rows.options}
+        if any(np.any(v) for v in mods.values()):
+            core = mods["core_attn"] | ~np.logical_or.reduce([mods[m] for m in RECOMPUTE_MODULES])
+            moe_all = mods["moe"]
+            sel_time = np.where(core, sel_time, 0.0)
+            sel_flops = np.where(core, sel_flops, 0.0)
+            sel_saved = np.where(core, sel_saved, c.act_saved_bytes)
+            for m in RECOMPUTE_MODULES[1:]:
+                on = mods[m] & ~moe_all if m in ("moe_act", "shared_experts") else mods[m]
+                if not np.any(on):
+                    continue
+                drop = module_saved_bytes(state.ctx.model, state.ctx.geometry, kind, m)
+                if not np.any(drop > 0):
+                    continue
+                secs, fl = module_rerun(state, kind, c, m)
+                sel_time = sel_time + np.where(on, secs, 0.0)
+                sel_flops = sel_flops + np.where(on, fl, 0.0)
+                sel_saved = sel_saved - np.where(on, drop, 0.0)
+                sel_other = sel_other - np.where(on, drop, 0.0)
+                if m in ("mlp", "moe", "shared_experts"):  # a checkpointed submodule is re-materialised
+                    sel_work = np.where(on, np.maximum(sel_work, drop), sel_work)
+            sel_core = np.where(core, 0.0, c.act_core_attn_bytes)
+        else:
+            sel_core = 0.0
         # full: the whole forward including its exposed communication
         fwd = c.fwd_compute_s + c.tp_exposed_fwd_s + c.cp_exposed_fwd_s + c.ep_exposed_fwd_s
         full_saved = r * c.act_layer_input_bytes + (1.0 - r) * c.act_saved_bytes
@@ -86,15 +172,17 @@ def layer(state, rows):
             recompute_s=c.recompute_s + np.where(full, r * fwd, sel_time),
             recompute_flops=c.recompute_flops + np.where(full, r * c.fwd_flops, sel_flops),
             act_saved_bytes=np.where(full, full_saved, sel_saved),
-            act_core_attn_bytes=np.where(full, (1.0 - r) * c.act_core_attn_bytes, 0.0),
-            act_other_bytes=np.where(full, (1.0 - r) * c.act_other_bytes, c.act_other_bytes),
-            act_working_bytes=np.where(full, full_work, c.act_working_bytes),
+            act_core_attn_bytes=np.where(full, (1.0 - r) * c.act_core_attn_bytes, sel_core),
+            act_other_bytes=np.where(full, (1.0 - r) * c.act_other_bytes, sel_other),
+            act_working_bytes=np.where(full, full_work, sel_work),
         )
     return attrs.evolve(state, layers=out)
 
 
 def megatron_args(options) -> list[str]:
     if options.granularity == "selective":
+        if any(getattr(options, m) for m in RECOMPUTE_MODULES):
+            return ["--recompute-granularity", "selective", "--recompute-modules", *options.modules]
         return ["--recompute-granularity", "selective"]
     if options.num_layers:
         return ["--recompute-granularity", "full", "--recompute-method", "block",
