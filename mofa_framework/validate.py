@@ -347,6 +347,12 @@ def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
                      ignore_constraints=ignore, notes=notes[:200])
 
 
+#: words the Megatron-Core MoE model zoo's notes use for --recompute-modules
+_NOTE_MODULES = {"norm": "layernorm", "layernorm": "layernorm", "act": "moe_act", "moe_act": "moe_act",
+                 "shared_expert": "shared_experts", "shared_experts": "shared_experts", "up_proj": "mla_up_proj",
+                 "mla_up_proj": "mla_up_proj", "mlp": "mlp", "moe": "moe", "core_attn": "core_attn"}
+
+
 def _nvidia_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     ref = f"{r.get('framework', '')} {r.get('release', '')}".strip()
     rid = r.get("source_id", "")
@@ -416,8 +422,22 @@ def _nvidia_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     nlow = notes.lower()
     if re.search(r"recompute\s*=\s*full", nlow):
         feats["recompute"] = {"granularity": "full"}
+    else:
+        # "recompute=norm, act[, shared_expert]": Megatron-Core --recompute-modules
+        listed = re.search(r"recompute\s*=\s*([a-z_ ,]*)", nlow)
+        mods = {_NOTE_MODULES[w.strip()] for w in (listed.group(1).split(",") if listed else ())
+                if w.strip() in _NOTE_MODULES}
+        if mods:
+            feats["recompute"] = {"granularity": "selective", **dict.fromkeys(sorted(mods), True)}
     if "1f1b overlap" in nlow and model.is_moe and ep > 1:
         feats["ep_overlap"] = {}
+    if (source == "nvidia_megatron_bridge" and hw.name.startswith("h100") and model.name == "deepseek-v3"
+            and (tp, pp, vpp, ep, num_gpus, gbs) == (2, 8, 4, 64, 1024, 8192)):
+        # Megatron-Bridge's H100 DeepSeek-V3 performance recipe (deepseek_v3_h100_1024gpus_*_config:
+        # TP2 PP8 VP4 EP64, GBS 8192): DeepEP with the 1F1B all-to-all overlap
+        # (set_moe_a2a_overlap_overrides) and recompute_modules = ["mla_up_proj", "mlp"]
+        feats["ep_overlap"] = {}
+        feats["recompute"] = {"granularity": "selective", "mla_up_proj": True, "mlp": True}
     job = {"model": {"name": model.name}, "hardware": {"name": hw.name, "num_gpus": num_gpus}, "parallel": par,
            "features": feats}
     mem = _num(r.get("peak_mem_gib"))

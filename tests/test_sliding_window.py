@@ -72,7 +72,8 @@ def test_hf_layer_types_give_the_fraction(tmp_path):
 
 
 def test_notes_map_stated_moe_features(tmp_path):
-    """Megatron-Core MoE model-zoo notes: "+1f1b overlap" -> ep_overlap, "recompute=full" -> full recompute."""
+    """Megatron-Core MoE model-zoo notes: "+1f1b overlap" -> ep_overlap, "recompute=full" -> full recompute,
+    "recompute=norm, act" -> selective recompute of modules layernorm and moe_act."""
     from mofa_framework.api import Predictor
     from mofa_framework.validate import map_rows
 
@@ -87,5 +88,6 @@ def test_notes_map_stated_moe_features(tmp_path):
     mapped, skipped = map_rows([p], Predictor().registry)
     assert not skipped
     a, b = (m.job["features"] for m in mapped)
-    assert "ep_overlap" in a and "recompute" not in a  # module recompute (norm, act) is not mapped
+    assert "ep_overlap" in a  # "recompute=norm, act" -> --recompute-modules layernorm moe_act
+    assert a["recompute"] == {"granularity": "selective", "layernorm": True, "moe_act": True}
     assert b["recompute"] == {"granularity": "full"} and "fsdp" in b and "ep_overlap" not in b
