@@ -48,6 +48,7 @@ class State:
     strict: bool | None = None
     trace: bool | None = None
     _pm: MofaPluginManager | None = None
+    _warned: bool = False
 
     @property
     def pm(self) -> MofaPluginManager:
@@ -58,7 +59,15 @@ class State:
     def predictor(self):
         from .api import Predictor
 
-        return Predictor(pm=self.pm)
+        pred = Predictor(pm=self.pm)
+        pred.registry  # noqa: B018 - collecting records may mark more plugins failed
+        for info in [] if self._warned else self.pm.infos.values():
+            if info.status == "failed":  # the rest still works; say once what is missing
+                click.echo(f"warning: plugin {info.name!r} is not in use: {info.error} "
+                           "(see `mofa list-plugins`; --strict-plugins makes this an error)", err=True)
+        self._warned = True
+        return pred
+
 
 
 pass_state = click.make_pass_decorator(State)

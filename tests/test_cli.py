@@ -148,3 +148,12 @@ def test_strict_mode_turns_plugin_failure_into_exit_2(run, mofa_fake_distributio
     assert run("list-hardware").exit_code == 0
     r = run("--strict-plugins", "list-plugins")
     assert r.exit_code == 2 and "broken_cli" in r.output
+
+
+def test_broken_plugin_warns_once_and_predict_still_works(mofa_fake_distribution):
+    mofa_fake_distribution("broken", "0.1", {"broken_warn": "broken_warn"}, {"broken_warn": "import nope_nope\n"})
+    r = CliRunner().invoke(cli, ["predict", *FLAGS, "--format", "json"], catch_exceptions=False)
+    assert r.exit_code == 0
+    warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warnings) == 1 and "broken_warn" in warnings[0]
+    assert json.loads(r.stdout)["step_time_s"] > 0
