@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from mofa_framework.config import jobs_to_batch
 from mofa_framework.decompose import ALL_GATHER, REDUCE_SCATTER, Coll
 from mofa_framework.errors import ConfigError
+from mofa_framework.testing.contract import assert_same_row
 
 REPO = Path(__file__).resolve().parents[2]
 CSV = Path("/work/shared/data/megatron_selene_a100.csv")
@@ -72,12 +73,7 @@ def test_rows_with_feature_off_are_bit_identical(mofa_predictor, case):
     else:
         base, feats = GPT, FEATURE_CASES[case]
     both, alone = on_off(mofa_predictor, feats, base)
-    assert both.step_time_s[1] == alone.step_time_s[0]
-    assert both.peak_memory_bytes[1] == alone.peak_memory_bytes[0]
-    for k in alone.breakdown:
-        assert both.breakdown[k][1] == alone.breakdown[k][0], k
-    for k in alone.memory_breakdown:
-        assert both.memory_breakdown[k][1] == alone.memory_breakdown[k][0], k
+    assert_same_row(both, 1, alone)
     assert both.step_time_s[0] != both.step_time_s[1] or both.peak_memory_bytes[0] != both.peak_memory_bytes[1]
 
 

@@ -21,6 +21,7 @@ from mofa_framework.config import jobs_to_batch
 from mofa_framework.decompose import ELEMENTWISE, GEMM, Op
 from mofa_framework.engine import price_operators
 from mofa_framework.errors import ConfigError
+from mofa_framework.testing.contract import assert_same_row
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -223,12 +224,7 @@ def test_rows_with_feature_off_are_bit_identical(mofa_predictor, base, mods):
     res = both(mofa_predictor, rec(**mods), base)
     alone = mofa_predictor.evaluate(jobs_to_batch([job(mofa_predictor, None, base)], mofa_predictor.registry),
                                     res.state.ctx.model, res.state.ctx.hardware)
-    assert res.step_time_s[1] == alone.step_time_s[0]
-    assert res.peak_memory_bytes[1] == alone.peak_memory_bytes[0]
-    for k in alone.breakdown:
-        assert res.breakdown[k][1] == alone.breakdown[k][0], k
-    for k in alone.memory_breakdown:
-        assert res.memory_breakdown[k][1] == alone.memory_breakdown[k][0], k
+    assert_same_row(res, 1, alone)
 
 
 _MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
