@@ -207,6 +207,11 @@ class EfficiencySpec:
     #: fixed cost of one kernel launch on the GPU's stream (launch + tail), seconds; paid once per
     #: kernel of every operator and pass (a grouped GEMM is one launch)
     kernel_launch_s: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))
+    #: host (CPU) time to dispatch one kernel — Python, the framework's op dispatch and autograd
+    #: bookkeeping on the thread that feeds the stream. An operator cannot finish before its
+    #: kernels have been issued, so it takes at least ``kernels × host_dispatch_s``: small models
+    #: in eager frameworks are host-bound. Default 0 (the GPU is always the bottleneck)
+    host_dispatch_s: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))
     #: fused (flash) attention's fraction of peak
     attention_efficiency: float = attrs.field(default=0.55, converter=float, validator=[v.gt(0.0), v.le(1.0)])
     #: η_m: fraction of HBM bandwidth memory-bound kernels reach

@@ -6,7 +6,10 @@ GEMMs reach η_c of the peak of their numeric format, scaled down for small GEMM
 GEMM (a grouped expert GEMM of ``count`` equal GEMMs sees each expert's size); fused attention reaches
 ``attention_efficiency`` of the bf16 peak; element-wise kernels are bandwidth bound. The
 coefficients live in the hardware profile's ``[efficiency]`` table. Every operator that
-does any work also pays ``kernel_launch_s`` per kernel it launches (``ops.kernels``).
+does any work also pays ``kernel_launch_s`` per kernel it launches (``ops.kernels``), and takes at
+least as long as the host needs to issue those kernels, ``kernels × host_dispatch_s`` (the CPU
+thread that feeds the stream runs ahead of the GPU only while the GPU is the slower of the two:
+an operator whose kernels finish faster than the host can dispatch them is host-bound).
 """
 
 from __future__ import annotations
@@ -32,8 +35,10 @@ def operator_seconds(ops, hardware) -> np.ndarray:
                     np.where(attention, eff.attention_efficiency * bf16, np.inf))
     compute_s = np.where(ops.flops > 0, ops.flops / rate, 0.0)
     memory_s = ops.bytes / bw
-    launch = np.where((ops.flops > 0) | (ops.bytes > 0), eff.kernel_launch_s * ops.kernels, 0.0)
-    return np.maximum(compute_s, memory_s) + launch
+    works = (ops.flops > 0) | (ops.bytes > 0)
+    launch = np.where(works, eff.kernel_launch_s * ops.kernels, 0.0)
+    host = np.where(works, eff.host_dispatch_s * ops.kernels, 0.0)
+    return np.maximum(np.maximum(compute_s, memory_s) + launch, host)
 
 
 @hookimpl(trylast=True)
