@@ -28,8 +28,8 @@ FILES = ("megatron_selene_a100.csv", "zero_bubble.csv", "vtrain_single_node_a100
 DUPLICATES = ("nvidia_megatron_bridge_dense.csv", "nemo_2407_dense.csv", "torchtitan_dense.csv")
 #: shipped profiles → the coefficients fitted for them (see the comment in each TOML)
 PROFILES = {
-    "a100-sxm4-80gb": ("gemm_efficiency", "gemm_half_efficiency_s", "attention_efficiency",
-                       "scaleup_bus_efficiency", "scaleout_bus_efficiency", "step_overhead_s"),
+    "a100-sxm4-80gb": ("gemm_efficiency", "gemm_half_efficiency_s", "scaleup_bus_efficiency",
+                       "scaleout_bus_efficiency", "host_dispatch_s", "scaleup_latency_us"),
     "h100-sxm5-80gb": ("gemm_efficiency", "gemm_half_efficiency_s", "attention_efficiency", "step_overhead_s"),
     "b200-sxm-180gb": ("gemm_efficiency", "gemm_half_efficiency_s", "attention_efficiency", "kernel_launch_s"),
     "gb200-nvl72": ("gemm_efficiency", "gemm_half_efficiency_s", "attention_efficiency", "kernel_launch_s"),
