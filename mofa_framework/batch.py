@@ -136,7 +136,8 @@ class OperatorBatch:
 
     One row per (operator, candidate): FLOPs and bytes moved on one GPU, the kind (index into
     :data:`OP_KINDS`), the numeric format (index into :data:`~mofa_framework.batch.PRECISIONS`)
-    and, for GEMMs, the per-GPU shape M×N×K (0 otherwise).
+    and, for GEMMs, the per-GPU shape M×N×K; for fused attention, queries × keys per query ×
+    head dimension (0 for other operators).
     """
 
     flops: FloatArray = attrs.field(converter=frozen_f64)

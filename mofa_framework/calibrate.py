@@ -40,6 +40,7 @@ PARAMETERS: dict[str, tuple[float, float, bool]] = {
     "kernel_launch_s": (0.0, 2.0e-5, False),
     "host_dispatch_s": (0.0, 2.0e-4, False),
     "attention_efficiency": (0.3, 1.0, False),
+    "attention_half_head_dim": (0.0, 256.0, False),
     "memory_efficiency": (0.3, 1.0, False),
     "scaleup_bus_efficiency": (0.3, 1.0, False),
     "scaleout_bus_efficiency": (0.3, 1.0, False),

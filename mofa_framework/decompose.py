@@ -38,6 +38,8 @@ class Op:
     kind: int
     flops: FloatArray
     bytes: FloatArray
+    #: GEMM: the per-GPU shape M×N×K; fused attention: queries × keys per query × head dimension
+    #: (the mean of the query/key and value head dimensions); 0 for other operators
     m: FloatArray | float = 0.0
     n: FloatArray | float = 0.0
     k: FloatArray | float = 0.0
@@ -147,7 +149,7 @@ def attention_operators(model: ModelSpec, g: Geometry) -> list[Op]:
                       m=T, n=s_kv, k=dq, group="core_attn")
     ops.append(Op(name="core_attention", kind=np.where(g.flash, ATTENTION, GEMM),
                   flops=np.where(g.flash, fused.flops, unfused_gemm.flops), bytes=io,
-                  m=np.where(g.flash, 0.0, T), n=np.where(g.flash, 0.0, s_kv), k=np.where(g.flash, 0.0, float(dq)),
+                  m=T, n=np.where(g.flash, keys_causal, s_kv), k=np.where(g.flash, 0.5 * (dq + dv), float(dq)),
                   bwd_input=ATTENTION_BWD_FACTOR, bwd_weight=0.0, group="core_attn"))
     ops.append(_elementwise("softmax_dropout", np.where(g.flash, 0.0, score_bytes), "core_attn"))
     ops.append(_gemm("o_proj", T, h, a * dv / t, dt, "proj"))

@@ -212,8 +212,14 @@ class EfficiencySpec:
     #: kernels have been issued, so it takes at least ``kernels × host_dispatch_s``: small models
     #: in eager frameworks are host-bound. Default 0 (the GPU is always the bottleneck)
     host_dispatch_s: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))
-    #: fused (flash) attention's fraction of peak
+    #: fused (flash) attention's fraction of the bf16 peak at head dimension 128
     attention_efficiency: float = attrs.field(default=0.55, converter=float, validator=[v.gt(0.0), v.le(1.0)])
+    #: head-dimension dependence of fused attention: a kernel's rate scales as d/(d + d½),
+    #: normalised to d = 128, capped at the peak. Each K/V tile loaded from shared memory feeds
+    #: d multiply-adds per query, so small heads are bound by data movement and softmax. d½ = 64
+    #: gives 0.75× at d = 64 and 1.2× at d = 256 (FlashAttention-3 forward on H100: ≈ 0.77× and
+    #: ≈ 1.17×, arXiv 2407.08608); 0 removes the dependence
+    attention_half_head_dim: float = attrs.field(default=64.0, converter=float, validator=v.ge(0.0))
     #: η_m: fraction of HBM bandwidth memory-bound kernels reach
     memory_efficiency: float = attrs.field(default=0.80, converter=float, validator=[v.gt(0.0), v.le(1.0)])
     #: fraction of link bandwidth a large collective reaches, inside / across the scale-up domain

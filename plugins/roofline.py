@@ -4,7 +4,9 @@
 GEMMs reach η_c of the peak of their numeric format, scaled down for small GEMMs by
 ``F / (F + F_½)`` where ``F_½ = gemm_half_efficiency_s · P_peak`` and F is the FLOPs of *one*
 GEMM (a grouped expert GEMM of ``count`` equal GEMMs sees each expert's size); fused attention reaches
-``attention_efficiency`` of the bf16 peak; element-wise kernels are bandwidth bound. The
+``attention_efficiency`` of the bf16 peak at head dimension 128, scaled by
+``r(d) = [d/(d + d½)] / [128/(128 + d½)]`` for head dimension d (``ops.gemm_k``; d½ =
+``attention_half_head_dim``) and capped at the peak; element-wise kernels are bandwidth bound. The
 coefficients live in the hardware profile's ``[efficiency]`` table. Every operator that
 does any work also pays ``kernel_launch_s`` per kernel it launches (``ops.kernels``), and takes at
 least as long as the host needs to issue those kernels, ``kernels × host_dispatch_s`` (the CPU
@@ -31,8 +33,10 @@ def operator_seconds(ops, hardware) -> np.ndarray:
     half = eff.gemm_half_efficiency_s * peak
     one = ops.flops / np.maximum(ops.count, 1.0)  # FLOPs of one GEMM of a group
     size_eff = np.where(ops.flops > 0, one / (one + half), 1.0)
-    rate = np.where(gemm, eff.gemm_efficiency * size_eff * peak,
-                    np.where(attention, eff.attention_efficiency * bf16, np.inf))
+    d, d_half = np.where(ops.gemm_k > 0, ops.gemm_k, 128.0), eff.attention_half_head_dim
+    head = (d / (d + d_half)) / (128.0 / (128.0 + d_half))
+    attn_eff = np.minimum(eff.attention_efficiency * head, 1.0)
+    rate = np.where(gemm, eff.gemm_efficiency * size_eff * peak, np.where(attention, attn_eff * bf16, np.inf))
     compute_s = np.where(ops.flops > 0, ops.flops / rate, 0.0)
     memory_s = ops.bytes / bw
     works = (ops.flops > 0) | (ops.bytes > 0)

@@ -1,8 +1,11 @@
-"""The host-dispatch floor of the roofline provider (``EfficiencySpec.host_dispatch_s``).
+"""The roofline provider's efficiency terms beyond eq. [1].
 
-An operator cannot finish before the host thread has issued its kernels: it takes at least
-``kernels × host_dispatch_s``. Small operators become host-bound, large ones are untouched, and
-the floor never makes a step faster.
+Host-dispatch floor (``EfficiencySpec.host_dispatch_s``): an operator cannot finish before the
+host thread has issued its kernels, so it takes at least ``kernels × host_dispatch_s``. Small
+operators become host-bound, large ones are untouched, and the floor never makes a step faster.
+
+Head-dimension-aware fused attention (``attention_half_head_dim``): the rate scales as
+``d/(d + d½)`` normalised to d = 128.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ _PM.load_entrypoints(builtin_only=True)
 from mofa_framework import Predictor  # noqa: E402
 
 PRED = Predictor(pm=_PM)
-GEMM, ELEMENTWISE = OP_KINDS.index("gemm"), OP_KINDS.index("elementwise")
+GEMM, ELEMENTWISE, ATTENTION = OP_KINDS.index("gemm"), OP_KINDS.index("elementwise"), OP_KINDS.index("attention")
 
 
 def _hw(**eff):
@@ -32,12 +35,12 @@ def _hw(**eff):
     return attrs.evolve(hw, efficiency=attrs.evolve(hw.efficiency, **eff))
 
 
-def _ops(flops, nbytes, kind, kernels):
+def _ops(flops, nbytes, kind, kernels, k=None):
     n = len(flops)
     z = np.zeros(n)
     return OperatorBatch(flops=flops, bytes=nbytes, kind=np.full(n, kind),
-                         precision=np.full(n, PRECISIONS.index("bf16")), gemm_m=z, gemm_n=z, gemm_k=z,
-                         kernels=np.asarray(kernels, dtype=float))
+                         precision=np.full(n, PRECISIONS.index("bf16")), gemm_m=z, gemm_n=z,
+                         gemm_k=z if k is None else np.asarray(k, dtype=float), kernels=np.asarray(kernels, dtype=float))
 
 
 def test_small_operators_are_host_bound_large_ones_are_not():
@@ -91,3 +94,36 @@ def test_fully_host_bound_layer_costs_its_kernel_count():
     # embedding and head run on the same stage: their kernels are host-bound too
     assert per_layer == pytest.approx(kernels * host, rel=0.15)
     assert per_layer >= kernels * host
+
+
+def test_attention_rate_depends_on_head_dimension():
+    hw = _hw(attention_efficiency=0.5, attention_half_head_dim=64.0, kernel_launch_s=0.0)
+    flops = np.full(4, 1e13)  # compute-bound: 10 TFLOP of attention, a few MB of Q/K/V/O
+    t = operator_seconds(_ops(flops, np.full(4, 1e7), ATTENTION, np.ones(4), k=[64, 128, 160, 256]), hw)
+    bf16 = hw.peak_flops_per_s("bf16")
+    assert t[1] == pytest.approx(1e13 / (0.5 * bf16))  # d = 128 is the reference
+    # d/(d + 64) normalised to 128/(128 + 64): 0.75 at d = 64, 1.2 at d = 256
+    assert t[1] / t[0] == pytest.approx(0.75)
+    assert t[1] / t[3] == pytest.approx(1.2)
+    assert t[0] > t[1] > t[2] > t[3]
+    # capped at the peak
+    capped = operator_seconds(_ops(flops[:1], np.full(1, 1e7), ATTENTION, [1.0], k=[4096]),
+                              _hw(attention_efficiency=0.95, attention_half_head_dim=64.0))
+    assert capped[0] == pytest.approx(1e13 / bf16)
+    # d½ = 0: no dependence
+    flat = operator_seconds(_ops(flops, np.full(4, 1e7), ATTENTION, np.ones(4), k=[64, 128, 160, 256]),
+                            _hw(attention_efficiency=0.5, attention_half_head_dim=0.0))
+    np.testing.assert_allclose(flat, flat[1])
+
+
+def test_model_head_dimension_reaches_the_attention_operator():
+    """MLA (q/k 192, v 128) prices attention at d = 160; GQA models at their head dimension."""
+    from mofa_framework.decompose import Geometry, attention_operators
+
+    for model, d in (("deepseek-v3", 160.0), ("llama3-8b", 128.0), ("gpt-oss-120b", 64.0)):
+        job = PRED.job({"model": {"name": model}, "hardware": {"name": "h100-sxm5-80gb", "num_gpus": 8},
+                        "parallel": {"tp": 1, "pp": 1, "micro_batch_size": 1, "global_batch_size": 8,
+                                     "sequence_length": 4096}})
+        ops = attention_operators(job.model, Geometry.of(jobs_to_batch([job], PRED.registry)))
+        core = next(o for o in ops if o.name == "core_attention")
+        assert np.asarray(core.k).tolist() == [d], model
