@@ -362,6 +362,9 @@ def _nvidia_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     low = (notes + " " + name).lower()
     if "proxy" in low or "reduced-layer" in low or "reduced layer" in low:
         return skip("reduced-layer proxy run (notes say so); the model's layer count is not the zoo's")
+    if "performance regression" in low and "known issue" in low:
+        return skip("the source flags this measurement as a known performance regression (a software bug, "
+                    "fixed in a later release), not the hardware's speed")
     task = r.get("task", "").strip().lower()
     if task and "pretrain" not in task.replace("-", ""):
         return skip(f"task {r.get('task')!r} is fine-tuning, not pretraining")
