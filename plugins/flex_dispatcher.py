@@ -1,0 +1,119 @@
+"""Node-deduplicating token dispatch for expert parallelism (DeepEP / HybridEP).
+
+Megatron-Core's ``alltoall`` token dispatcher sends every (token, expert) pair to the expert's
+rank: k copies of each routed token, and an EP group that spans D scale-up domains (nodes, or
+NVL72 racks) puts ``(n − n/D)/n`` of them on the scale-out network. The ``flex`` dispatcher with
+the DeepEP or HybridEP backend sends a token **once to each remote domain** that hosts at least
+one of its experts (to the rank with the same local index, "rail-aligned"), and that rank
+forwards the copies to the domain's other ranks over the scale-up links. Per routed token of
+``h·dt`` bytes, with k experts drawn among E spread evenly over the D domains::
+
+    P0 = Π_{i<k} (E − E/D − i)/(E − i)        P(a given other domain gets none of them)
+    R  = (D − 1)·(1 − P0)                     remote domains the token is sent to
+    scale-out:  R · tokens · h · dt
+    scale-up:   (1 − D/n) · S                 copies forwarded inside a domain (S = k copies)
+
+The two run concurrently: ``t = max(t_up, t_out)``, each priced by the
+``mofa_collective_latency`` provider (an all-to-all inside one domain over n/D ranks, and one
+across the D domains with one rank in each), so a third-party collective model applies to it.
+Balanced routing is assumed (NVIDIA's MoE benchmarks force it); DeepSeek-V3's node-limited
+routing (≤ 4 nodes per token) would lower R further and is not modelled.
+
+It changes the EP dispatch/combine all-to-alls (both passes) and nothing else: the expert-TP
+gathers, compute and memory are unchanged (its communication buffers, ≈ 1–2 GiB, are not
+counted). An EP group inside one scale-up domain is a no-op. Runs before the overlap, recompute
+and kernel-speed features so they see the new all-to-all time.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from mofa_framework import hookimpl
+from mofa_framework.decompose import ALL_TO_ALL, Coll
+from mofa_framework.engine import nodes_spanned, price_collectives
+from mofa_framework.types import CostTransform, option
+
+BACKENDS = ("hybridep", "deepep")
+
+
+@attrs.frozen(kw_only=True)
+class FlexDispatcherOptions:
+    backend: str = option("hybridep", choices=BACKENDS,
+                          doc="Megatron-Core flex dispatcher backend (both send a token once per remote domain)")
+
+
+def remote_domains(num_experts: int, k: int, domains) -> np.ndarray:
+    """Expected remote scale-up domains one token is sent to: ``(D − 1)·(1 − P0)``."""
+    d = np.maximum(np.asarray(domains, dtype=np.float64), 1.0)
+    e = float(num_experts)
+    per_domain = e / d
+    p0 = np.ones_like(d)
+    for i in range(int(k)):
+        p0 = p0 * np.clip((e - per_domain - i) / (e - i), 0.0, 1.0)
+    return (d - 1.0) * (1.0 - p0)
+
+
+def _a2a_seconds(ctx, moe_model, g) -> tuple[np.ndarray, np.ndarray]:
+    """One dispatch (or combine) all-to-all: (alltoall dispatcher, flex dispatcher) seconds."""
+    h, k = moe_model.hidden_size, moe_model.experts_per_token
+    tok = g.tokens / g.sp_div
+    copies = tok * k * h * g.dt  # S: the k copies the alltoall dispatcher sends
+    d = nodes_spanned(g.e, g.etp, ctx.hardware.scaleup_domain_gpus)
+    local = np.maximum(g.e / d, 1.0)
+    r = remote_domains(moe_model.num_experts, k, d)
+    one = np.ones_like(g.e)
+    colls = [
+        Coll(name="ep_a2a", parallel="ep", kind=ALL_TO_ALL, bytes=copies, group_size=g.e, stride=g.etp),
+        Coll(name="ep_a2a_intra", parallel="ep", kind=ALL_TO_ALL, bytes=copies, group_size=local, stride=g.etp),
+        # one rank per domain: (D−1)/D of the bytes leave the domain, = R·tok·h·dt
+        Coll(name="ep_a2a_inter", parallel="ep", kind=ALL_TO_ALL,
+             bytes=r * tok * h * g.dt * d / np.maximum(d - 1.0, 1.0), group_size=d,
+             stride=np.maximum(ctx.hardware.scaleup_domain_gpus * one, local * g.etp)),
+    ]
+    plain, intra, inter = price_collectives(ctx, colls)
+    flex = np.where(d > 1.0, np.maximum(intra, inter), plain)
+    return plain, flex
+
+
+def layer(state, rows):
+    moe = state.layers.get("moe")
+    if moe is None:
+        return state
+    ctx = state.ctx
+    g = ctx.geometry
+    plain, flex = _a2a_seconds(ctx, ctx.model, g)
+    on = g.e > 1
+    delta = np.where(on, 2.0 * (flex - plain), 0.0)  # dispatch + combine, per pass
+    new = attrs.evolve(moe, ep_fwd_s=moe.ep_fwd_s + delta, ep_bwd_s=moe.ep_bwd_s + delta,
+                       ep_exposed_fwd_s=moe.ep_exposed_fwd_s + delta, ep_exposed_bwd_s=moe.ep_exposed_bwd_s + delta)
+    return attrs.evolve(state, layers={**state.layers, "moe": new})
+
+
+def _applies(batch, model, hardware):
+    if not model.is_moe:
+        return np.zeros(len(batch), bool)
+    return (batch.ep > 1) & (nodes_spanned(batch.ep, batch.etp, hardware.scaleup_domain_gpus) > 1)
+
+
+def megatron_args(options) -> list[str]:
+    return ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", options.backend]
+
+
+FEATURE = CostTransform(
+    name="flex_dispatcher",
+    description="DeepEP / HybridEP token dispatch: each token crosses the scale-out network once per "
+                "remote domain holding its experts, then fans out over the scale-up links",
+    equation="t_a2a = max((1 − D/n)·S / B_up, (D−1)(1−P0)·T·h·dt / B_out)",
+    options_type=FlexDispatcherOptions,
+    layer=layer,
+    megatron_args=megatron_args,
+    applies=_applies,
+    before=("kernel_scaling", "ep_overlap", "recompute", "memfine", "activation_offload"),
+)
+
+
+@hookimpl
+def mofa_register_cost_transforms():
+    return [FEATURE]

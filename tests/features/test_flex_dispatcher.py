@@ -1,0 +1,113 @@
+"""The flex token dispatcher (DeepEP / HybridEP): a token crosses the scale-out network once per
+remote scale-up domain that hosts one of its experts.
+
+Expected values are derived here from the ring/all-to-all formulas of the collectives provider
+and the hypergeometric count of remote domains — not by calling the plugin's own functions.
+"""
+
+from __future__ import annotations
+
+from math import comb
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from mofa_framework.cli import cli
+from mofa_framework.config import jobs_to_batch
+from mofa_framework.testing.contract import assert_same_row
+
+# DeepSeek-V3 on H100 (8 GPUs per node): EP 32 spans 4 nodes
+CROSS = {"model": {"name": "deepseek-v3"}, "hardware": {"name": "h100-sxm5-80gb", "num_gpus": 512},
+         "parallel": {"tp": 1, "pp": 16, "ep": 32, "etp": 1, "micro_batch_size": 1, "global_batch_size": 256,
+                      "sequence_length": 4096, "first_stage_layers": 3, "last_stage_layers": 3}}
+# the same EP inside one NVL72 domain
+INSIDE = {**CROSS, "hardware": {"name": "gb200-nvl72", "num_gpus": 512}}
+
+
+def _evaluate(predictor, base, features=None):
+    job = predictor.job({**base, "features": features or {}})
+    return predictor.evaluate(jobs_to_batch([job], predictor.registry), job.model, job.hardware), job
+
+
+def f0(x) -> float:
+    return float(np.asarray(x)[0])
+
+
+def test_remote_domains_is_hypergeometric():
+    from mofa_plugins.flex_dispatcher import remote_domains
+
+    # 256 experts over 4 domains (64 each), top-8: P(a given other domain gets none) = C(192,8)/C(256,8)
+    p0 = comb(192, 8) / comb(256, 8)
+    assert remote_domains(256, 8, [4.0])[0] == pytest.approx(3 * (1 - p0), rel=1e-12)
+    assert remote_domains(256, 8, [1.0])[0] == 0.0
+    # never more remote domains than copies, nor than other domains
+    r = remote_domains(128, 4, np.array([2.0, 8.0, 16.0]))
+    assert np.all(r <= np.minimum(4, np.array([1.0, 7.0, 15.0])) + 1e-12)
+
+
+def test_cross_node_all_to_all_is_priced_once_per_remote_node(mofa_predictor):
+    off, job = _evaluate(mofa_predictor, CROSS)
+    on, _ = _evaluate(mofa_predictor, CROSS, {"flex_dispatcher": {}})
+    hw, m = job.hardware, job.model
+    eff = hw.efficiency
+    up = hw.scaleup_bandwidth_bytes_per_s * eff.scaleup_bus_efficiency
+    out = hw.scaleout_bandwidth_bytes_per_s * eff.scaleout_bus_efficiency * (1 - eff.bandwidth_decay_per_doubling) ** 2
+    tok, h, k, n, nodes, local = 4096.0, m.hidden_size, m.experts_per_token, 32.0, 4.0, 8.0
+    s = tok * k * h * 2.0
+    lat_up, lat_out = eff.scaleup_latency_us * 1e-6, eff.scaleout_latency_us * 1e-6
+    # alltoall: hierarchical, k copies; flex: forwarded copies over NVLink ‖ one copy per remote node
+    plain = max((local - 1) / n * s / up, (n - local) / n * s / out) + lat_out
+    r = 3 * (1 - comb(192, 8) / comb(256, 8))
+    flex = max((local - 1) / local * s / up + lat_up, r * tok * h * 2.0 / out + lat_out)
+    lc_off, lc_on = off.state.layers["moe"], on.state.layers["moe"]
+    # dispatch + combine in each pass
+    assert f0(lc_on.ep_fwd_s) - f0(lc_off.ep_fwd_s) == pytest.approx(2 * (flex - plain), rel=1e-9)
+    assert f0(lc_on.ep_bwd_s) - f0(lc_off.ep_bwd_s) == pytest.approx(2 * (flex - plain), rel=1e-9)
+    assert flex < plain / 2  # 2.7 copies per token cross the network instead of 6
+    assert f0(on.step_time_s) < f0(off.step_time_s)
+    # compute and memory are untouched; dense layers too
+    assert np.array_equal(lc_on.fwd_compute_s, lc_off.fwd_compute_s)
+    assert np.array_equal(on.peak_memory_bytes, off.peak_memory_bytes)
+    assert np.array_equal(on.state.layers["dense"].ep_fwd_s, off.state.layers["dense"].ep_fwd_s)
+
+
+def test_ep_inside_one_domain_is_a_no_op(mofa_predictor):
+    off, _ = _evaluate(mofa_predictor, INSIDE)
+    on, _ = _evaluate(mofa_predictor, INSIDE, {"flex_dispatcher": {"backend": "deepep"}})
+    assert_same_row(on, 0, off, 0)
+
+
+def test_runs_before_ep_overlap(mofa_predictor):
+    """The 1F1B all-to-all overlap hides the flex dispatcher's (smaller) all-to-all."""
+    both, _ = _evaluate(mofa_predictor, CROSS, {"flex_dispatcher": {}, "ep_overlap": {}})
+    flex, _ = _evaluate(mofa_predictor, CROSS, {"flex_dispatcher": {}})
+    lc, lf = both.state.layers["moe"], flex.state.layers["moe"]
+    assert f0(lc.ep_fwd_s) == f0(lf.ep_fwd_s)  # the total is the flex one ...
+    assert f0(lc.ep_exposed_fwd_s) < f0(lf.ep_exposed_fwd_s)  # ... and the overlap hides part of it
+
+
+def test_off_rows_bit_identical(mofa_predictor):
+    on = mofa_predictor.job({**CROSS, "features": {"flex_dispatcher": {}}}, name="on")
+    off = mofa_predictor.job(CROSS, name="off")
+    both = mofa_predictor.evaluate(jobs_to_batch([on, off], mofa_predictor.registry), off.model, off.hardware)
+    alone = mofa_predictor.evaluate(jobs_to_batch([off], mofa_predictor.registry), off.model, off.hardware)
+    assert_same_row(both, 1, alone, 0)
+    assert both.step_time_s[0] != alone.step_time_s[0]
+
+
+def test_tuner_searches_it_and_prints_megatron_arguments():
+    import mofa_framework.cli as c
+
+    c._builtin_commands()
+    args = ["tune", "--model", "qwen3-30b-a3b", "--hardware", "h100-sxm5-80gb", "--gpus", "16", "--gbs", "256",
+            "--seq", "4096", "--tp-values", "1", "--pp-values", "1", "--vpp-values", "1", "--cp-values", "1",
+            "--ep-values", "16", "--etp-values", "1", "--mbs-values", "1", "--schedules", "1f1b",
+            "--features", "flex_dispatcher,distributed_optimizer", "--top", "1", "--no-progress"]
+    res = CliRunner().invoke(c.cli, [*args, "--format", "megatron"])
+    assert res.exit_code == 0, res.output
+    # cross-node EP: the best configuration uses it, and says how to turn it on
+    assert "--moe-token-dispatcher-type flex" in res.output
+    assert "--moe-flex-dispatcher-backend" in res.output
+    res = CliRunner().invoke(c.cli, ["list-plugins"])
+    assert "flex_dispatcher" in res.output
