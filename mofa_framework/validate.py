@@ -353,6 +353,90 @@ _NOTE_MODULES = {"norm": "layernorm", "layernorm": "layernorm", "act": "moe_act"
                  "mla_up_proj": "mla_up_proj", "mlp": "mlp", "moe": "moe", "core_attn": "core_attn"}
 
 
+@attrs.frozen(kw_only=True)
+class BridgeRecipe:
+    """Settings of a Megatron-Bridge performance preset (``scripts/performance/configs``) that a
+    row's table does not state, applied to the rows whose model, GPU, precision and layout match.
+
+    ``layout`` keys: tp, pp, vpp, ep, mbs, gbs (all given must equal the row's); ``precision``:
+    substrings of the row's precision column (any one must occur), empty = any. A layout-matched
+    setting is used only if every preset version read agrees on it for that layout.
+    """
+
+    models: tuple[str, ...]
+    gpus: tuple[str, ...]  # profile name prefixes; empty = any GPU
+    features: dict
+    source: str
+    precision: tuple[str, ...] = ()
+    layout: dict = attrs.field(factory=dict)
+
+    def matches(self, model: str, hw: str, precision: str, layout: dict) -> bool:
+        return (model in self.models and (not self.gpus or hw.startswith(self.gpus))
+                and (not self.precision or any(p in precision for p in self.precision))
+                and all(layout.get(k) == v for k, v in self.layout.items()))
+
+
+_MB = "NVIDIA-NeMo/Megatron-Bridge"
+_DSV3 = ("deepseek-v3", "deepseek-v3-no-mtp")
+_FLEX = {"flex_dispatcher": {}}
+_FLEX_DEEPEP = {"flex_dispatcher": {"backend": "deepep"}}
+#: Megatron-Bridge performance presets the tables do not state (read at the commits cited)
+BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
+    # token dispatcher: the DeepSeek-V3 recipe selects the flex dispatcher (HybridEP) on every GPU
+    BridgeRecipe(models=_DSV3, gpus=(), features=_FLEX,
+                 source=f"{_MB}@355cef457010f70533a5c83f1ed97899d0e0af43 src/megatron/bridge/recipes/deepseek/deepseek_v3.py"),
+    # Qwen3: flex for every 30B row and for 235B on GB300/GB200/B300 (alltoall on B200/H100)
+    BridgeRecipe(models=("qwen3-30b-a3b",), gpus=(), features=_FLEX,
+                 source=f"{_MB}@05c0c90fbbf69c7bd57ee93c32f28b840f31484f scripts/performance/configs/qwen/qwen3_llm_pretrain.py"),
+    BridgeRecipe(models=("qwen3-235b-a22b",), gpus=("gb300", "gb200", "b300"), features=_FLEX,
+                 source=f"{_MB}@05c0c90fbbf69c7bd57ee93c32f28b840f31484f scripts/performance/configs/qwen/qwen3_llm_pretrain.py"),
+    # 1F1B all-to-all overlap (moe_a2a_overlap) and recompute modules of layout-matched presets
+    BridgeRecipe(models=("qwen3-235b-a22b",), gpus=("h100",), features={"ep_overlap": {}},
+                 layout={"tp": 2, "pp": 8, "vpp": 4, "ep": 32, "mbs": 1},
+                 source=f"{_MB}@01b2977e518f0a58ec870daba2fb2c04d76a91b2 and @f29a269f8728ff9075f88a226f92e554196a7e41 "
+                        "scripts/performance/configs/qwen/qwen3_workload_base_configs.py"),
+    BridgeRecipe(models=_DSV3, gpus=("h100",), layout={"tp": 2, "pp": 8, "vpp": 4, "ep": 64, "gbs": 8192},
+                 features={**_FLEX_DEEPEP, "ep_overlap": {},
+                           "recompute": {"granularity": "selective", "mla_up_proj": True, "mlp": True}},
+                 source=f"{_MB}@013284246bc0714e406c8a519b8686b7e50628ec scripts/performance/configs/deepseek/"
+                        "deepseek_llm_pretrain.py (deepseek_v3_h100_1024gpus_*_config)"),
+    BridgeRecipe(models=_DSV3, gpus=("b200",), precision=("MX",), layout={"tp": 1, "pp": 8, "vpp": 2, "ep": 32},
+                 features={**_FLEX_DEEPEP, "ep_overlap": {},
+                           "recompute": {"granularity": "selective", "mla_up_proj": True, "mlp": True}},
+                 source=f"{_MB}@042641823051ce167c52b0ae289941a227c11535 scripts/performance/configs/deepseek/"
+                        "deepseek_workload_base_configs.py (B200 FP8-MX V2)"),
+    BridgeRecipe(models=_DSV3, gpus=("gb300",), precision=("MX",), layout={"tp": 1, "pp": 2, "vpp": 8, "ep": 32, "mbs": 1},
+                 features={"ep_overlap": {}},
+                 source=f"{_MB}@042641823051ce167c52b0ae289941a227c11535 scripts/performance/configs/deepseek/"
+                        "deepseek_workload_base_configs.py (GB300 FP8-MX)"),
+    BridgeRecipe(models=_DSV3, gpus=("gb300",), layout={"tp": 1, "pp": 2, "vpp": 8, "ep": 32, "mbs": 2},
+                 features={"recompute": {"granularity": "selective", "mla_up_proj": True}},
+                 source=f"{_MB}@042641823051ce167c52b0ae289941a227c11535 and @f0e2c37e3f82c57f9d0e95aa8ae98b3470a91107 "
+                        "scripts/performance/configs/deepseek/deepseek_workload_base_configs.py (GB300 FP8-CS)"),
+    BridgeRecipe(models=_DSV3, gpus=("gb200",), precision=("MX",), layout={"tp": 1, "pp": 4, "vpp": 4, "ep": 64, "mbs": 1},
+                 features={"ep_overlap": {}, "recompute": {"granularity": "selective", "mla_up_proj": True}},
+                 source=f"{_MB}@042641823051ce167c52b0ae289941a227c11535 scripts/performance/configs/deepseek/"
+                        "deepseek_workload_base_configs.py (GB200 FP8-MX)"),
+    BridgeRecipe(models=_DSV3, gpus=("b200", "b300"), layout={"tp": 1, "pp": 16, "ep": 8, "mbs": 1},
+                 features={"recompute": {"granularity": "selective", "mla_up_proj": True}},
+                 source=f"{_MB}@042641823051ce167c52b0ae289941a227c11535 and @f0e2c37e3f82c57f9d0e95aa8ae98b3470a91107 "
+                        "scripts/performance/configs/deepseek/deepseek_workload_base_configs.py (B200 V1, older B300)"),
+    BridgeRecipe(models=("gpt-oss-120b",), gpus=("gb300", "gb200", "b300"), precision=("MX",),
+                 layout={"tp": 1, "pp": 1, "mbs": 4, "gbs": 1280}, features={"ep_overlap": {}},
+                 source=f"{_MB}@07eea52d4523a69fc8975cef34938d61ae13f9e2 scripts/performance/configs/gpt_oss/"
+                        "gpt_oss_workload_base_configs.py (FP8-MX V2)"),
+    BridgeRecipe(models=("gpt-oss-120b",), gpus=("gb200", "b200"), precision=("BF16",),
+                 layout={"tp": 1, "pp": 1, "mbs": 4, "gbs": 1280},
+                 features={"recompute": {"granularity": "selective", "layernorm": True, "moe_act": True}},
+                 source=f"{_MB}@07eea52d4523a69fc8975cef34938d61ae13f9e2 and @1e7adfa90b18d15594c049ed3ca3554096495594 "
+                        "scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py (BF16 V2)"),
+    BridgeRecipe(models=("gpt-oss-120b",), gpus=("h100",), layout={"tp": 1, "pp": 4, "ep": 8, "mbs": 1},
+                 features={"recompute": {"granularity": "selective", "layernorm": True, "moe_act": True}},
+                 source=f"{_MB}@07eea52d4523a69fc8975cef34938d61ae13f9e2 and @1e7adfa90b18d15594c049ed3ca3554096495594 "
+                        "scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py (H100)"),
+)
+
+
 def _nvidia_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     ref = f"{r.get('framework', '')} {r.get('release', '')}".strip()
     rid = r.get("source_id", "")
@@ -434,13 +518,15 @@ def _nvidia_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
             feats["recompute"] = {"granularity": "selective", **dict.fromkeys(sorted(mods), True)}
     if "1f1b overlap" in nlow and model.is_moe and ep > 1:
         feats["ep_overlap"] = {}
-    if (source == "nvidia_megatron_bridge" and hw.name.startswith("h100") and model.name == "deepseek-v3"
-            and (tp, pp, vpp, ep, num_gpus, gbs) == (2, 8, 4, 64, 1024, 8192)):
-        # Megatron-Bridge's H100 DeepSeek-V3 performance recipe (deepseek_v3_h100_1024gpus_*_config:
-        # TP2 PP8 VP4 EP64, GBS 8192): DeepEP with the 1F1B all-to-all overlap
-        # (set_moe_a2a_overlap_overrides) and recompute_modules = ["mla_up_proj", "mlp"]
-        feats["ep_overlap"] = {}
-        feats["recompute"] = {"granularity": "selective", "mla_up_proj": True, "mlp": True}
+    # "dispatcher=DeepEP" / "HybridEP": Megatron-Core's flex token dispatcher ("A2A": alltoall)
+    disp = re.search(r"dispatcher\s*=\s*(deepep|hybridep)", nlow)
+    if disp and model.is_moe and ep > 1:
+        feats["flex_dispatcher"] = {"backend": disp.group(1)}
+    if source == "nvidia_megatron_bridge" and model.is_moe and ep > 1:
+        layout = {"tp": tp, "pp": pp, "vpp": vpp, "ep": ep, "mbs": mbs, "gbs": gbs}
+        for recipe in BRIDGE_RECIPES:
+            if recipe.matches(model.name, hw.name, r["precision"], layout):
+                feats.update({k: dict(v) for k, v in recipe.features.items()})
     job = {"model": {"name": model.name}, "hardware": {"name": hw.name, "num_gpus": num_gpus}, "parallel": par,
            "features": feats}
     mem = _num(r.get("peak_mem_gib"))
