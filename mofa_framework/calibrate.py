@@ -47,6 +47,7 @@ PARAMETERS: dict[str, tuple[float, float, bool]] = {
     "scaleup_latency_us": (0.5, 100.0, True),
     "scaleout_latency_us": (0.5, 100.0, True),
     "step_overhead_s": (0.0, 2.0, False),
+    "microbatch_overhead_s": (0.0, 0.02, False),
 }
 DEFAULT_PARAMETERS = ("gemm_efficiency", "gemm_half_efficiency_s", "attention_efficiency",
                       "scaleup_bus_efficiency", "scaleout_bus_efficiency", "step_overhead_s")

@@ -599,8 +599,11 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
     for k in comp:
         comp[k][0] += ends["first"].get(k, 0.0) + np.where(single, last.get(k, 0.0), 0.0)
         comp[k][2] += np.where(single, 0.0, last.get(k, 0.0))
+    # the training loop's host time per micro-batch, once per model chunk, on every stage
+    comp["microbatch_overhead"] = np.broadcast_to(
+        hardware.efficiency.microbatch_overhead_s * batch.vpp.astype(np.float64), (3, n)).copy()
     F = (comp["compute_fwd"] + comp["tp_fwd"] + comp["cp_fwd"] + comp["ep_fwd"] + comp["offload_fwd"]
-         + comp["dp_layer_fwd"])
+         + comp["dp_layer_fwd"] + comp["microbatch_overhead"])
     B = (comp["compute_bwd_input"] + comp["recompute"] + comp["tp_bwd"] + comp["cp_bwd"] + comp["ep_bwd"]
          + comp["offload_bwd"] + comp["dp_layer_bwd"])
     W = comp["compute_bwd_weight"]
@@ -699,7 +702,7 @@ def _provenance(pm, registry, trail) -> dict[str, str]:
     prov = {k: op for k in ("compute_fwd", "compute_bwd_input", "compute_bwd_weight", "recompute")}
     prov.update({k: coll for k in ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "dp_layer_comm")})
     prov.update(bubble="schedule", optimizer="engine", optimizer_host="engine", offload="engine",
-                overhead="hardware profile", schedule_adjust="schedule")
+                overhead="hardware profile", microbatch_overhead="hardware profile", schedule_adjust="schedule")
     for phase, names in trail.items():
         for name in names:
             plugin = registry.provided_by.get(("features", name), name)

@@ -237,6 +237,10 @@ class EfficiencySpec:
     reserved_memory_gib: float = attrs.field(default=3.0, converter=float, validator=v.ge(0.0))
     #: fixed per-step overhead (data loading, logging, launch gaps), seconds
     step_overhead_s: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))
+    #: host time of the training loop per micro-batch and model chunk on every pipeline stage
+    #: (the forward/backward step functions, fetching and broadcasting the batch, masks, loss
+    #: bookkeeping), seconds; it adds to each stage's forward. Default 0
+    microbatch_overhead_s: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))
 
 
 @attrs.frozen(kw_only=True)

@@ -127,3 +127,23 @@ def test_model_head_dimension_reaches_the_attention_operator():
         ops = attention_operators(job.model, Geometry.of(jobs_to_batch([job], PRED.registry)))
         core = next(o for o in ops if o.name == "core_attention")
         assert np.asarray(core.k).tolist() == [d], model
+
+
+@pytest.mark.parametrize("pp,vpp,schedule", [(1, 1, "1f1b"), (4, 1, "1f1b"), (4, 2, "interleaved-1f1b")])
+def test_microbatch_overhead_adds_to_every_stage_forward(pp, vpp, schedule):
+    """``microbatch_overhead_s`` x on each stage's forward, per chunk: the critical stage pays m·v·x,
+    the 1F1B fill/drain the other stages' x — (p − 1)·x, over v for interleaving."""
+    job = PRED.job({"model": {"name": "llama3-8b"}, "hardware": {"name": "h100-sxm5-80gb", "num_gpus": 8 * pp},
+                    "parallel": {"tp": 8, "pp": pp, "vpp": vpp, "micro_batch_size": 1, "global_batch_size": 16,
+                                 "sequence_length": 4096},
+                    "pipeline": {"schedule": schedule}})
+    batch = jobs_to_batch([job], PRED.registry)
+    x = 2e-3
+    off = PRED.evaluate(batch, job.model, _hw(microbatch_overhead_s=0.0))
+    on = PRED.evaluate(batch, job.model, _hw(microbatch_overhead_s=x))
+    m = 16
+    assert on.breakdown["microbatch_overhead"][0] == pytest.approx(m * vpp * x)
+    assert off.breakdown["microbatch_overhead"][0] == 0.0
+    assert on.breakdown["bubble"][0] - off.breakdown["bubble"][0] == pytest.approx((pp - 1) * x, abs=1e-12)
+    assert on.step_time_s[0] - off.step_time_s[0] == pytest.approx((m * vpp + pp - 1) * x)
+    assert sum(on.breakdown.values())[0] == pytest.approx(on.step_time_s[0])
