@@ -238,7 +238,7 @@ _HF_KEYS = {
     "n_shared_experts": "num_shared_experts", "first_k_dense_replace": "first_k_dense_layers",
     "q_lora_rank": "q_lora_rank", "kv_lora_rank": "kv_lora_rank", "qk_nope_head_dim": "qk_nope_head_dim",
     "qk_rope_head_dim": "qk_rope_head_dim", "v_head_dim": "v_head_dim", "num_nextn_predict_layers": "num_mtp_layers",
-    "sliding_window": "sliding_window",
+    "sliding_window": "sliding_window", "n_group": "moe_router_num_groups", "topk_group": "moe_router_group_topk",
 }
 
 

@@ -85,6 +85,11 @@ class ModelSpec:
     moe_ffn_hidden_size: int = attrs.field(default=0, validator=_nonneg_int)
     num_shared_experts: int = attrs.field(default=0, validator=_nonneg_int)
     first_k_dense_layers: int = attrs.field(default=0, validator=_nonneg_int)
+    #: group-limited routing (DeepSeek-V3; Megatron's --moe-router-num-groups / --moe-router-group-topk,
+    #: HF n_group / topk_group): the experts form this many groups and a token's top-k experts come
+    #: from its best ``moe_router_group_topk`` groups. 0 = unrestricted routing
+    moe_router_num_groups: int = attrs.field(default=0, validator=_nonneg_int)
+    moe_router_group_topk: int = attrs.field(default=0, validator=_nonneg_int)
     moe_layer_frequency: int = attrs.field(default=1, validator=_pos_int)
     q_lora_rank: int = attrs.field(default=0, validator=_nonneg_int)
     kv_lora_rank: int = attrs.field(default=0, validator=_nonneg_int)
@@ -108,6 +113,16 @@ class ModelSpec:
                 raise ValueError("experts_per_token must be between 1 and num_experts for an MoE model")
             if self.moe_ffn_hidden_size <= 0:
                 raise ValueError("moe_ffn_hidden_size must be > 0 for an MoE model (num_experts > 0)")
+        if self.moe_router_num_groups:
+            g, top = self.moe_router_num_groups, self.moe_router_group_topk
+            if not self.num_experts or self.num_experts % g:
+                raise ValueError(f"moe_router_num_groups ({g}) must divide num_experts ({self.num_experts})")
+            if not 1 <= top <= g:
+                raise ValueError(f"moe_router_group_topk must be between 1 and moe_router_num_groups ({g})")
+            if self.experts_per_token > top * (self.num_experts // g):
+                raise ValueError("experts_per_token exceeds the experts of moe_router_group_topk groups")
+        elif self.moe_router_group_topk:
+            raise ValueError("moe_router_group_topk needs moe_router_num_groups")
         if self.first_k_dense_layers > self.num_layers:
             raise ValueError("first_k_dense_layers cannot exceed num_layers")
         if self.kv_lora_rank and not (self.qk_nope_head_dim + self.qk_rope_head_dim and self.v_head_dim):

@@ -16,8 +16,11 @@ forwards the copies to the domain's other ranks over the scale-up links. Per rou
 The two run concurrently: ``t = max(t_up, t_out)``, each priced by the
 ``mofa_collective_latency`` provider (an all-to-all inside one domain over n/D ranks, and one
 across the D domains with one rank in each), so a third-party collective model applies to it.
-Balanced routing is assumed (NVIDIA's MoE benchmarks force it); DeepSeek-V3's node-limited
-routing (≤ 4 nodes per token) would lower R further and is not modelled.
+Balanced routing is assumed (NVIDIA's MoE benchmarks force it). Group-limited routing
+(``moe_router_num_groups`` / ``moe_router_group_topk``: DeepSeek-V3 picks a token's experts from
+its best 4 of 8 groups) whose groups tile the domains caps the domains a token reaches: j of the
+chosen groups fall in a given domain with hypergeometric probability, and the k experts are drawn
+among the chosen groups' experts only.
 
 It changes the EP dispatch/combine all-to-alls (both passes) and nothing else: the expert-TP
 gathers, compute and memory are unchanged (its communication buffers, ≈ 1–2 GiB, are not
@@ -44,15 +47,46 @@ class FlexDispatcherOptions:
                           doc="Megatron-Core flex dispatcher backend (both send a token once per remote domain)")
 
 
-def remote_domains(num_experts: int, k: int, domains) -> np.ndarray:
-    """Expected remote scale-up domains one token is sent to: ``(D − 1)·(1 − P0)``."""
+def _none_of(pool, away, k: int) -> np.ndarray:
+    """P(none of k experts drawn without replacement from `pool` lies in `away` of them)."""
+    p = np.ones_like(np.asarray(pool, dtype=np.float64) * np.asarray(away, dtype=np.float64))
+    for i in range(int(k)):
+        p = p * np.clip((pool - away - i) / np.maximum(pool - i, 1.0), 0.0, 1.0)
+    return p
+
+
+def remote_domains(num_experts: int, k: int, domains, groups: int = 0, group_topk: int = 0) -> np.ndarray:
+    """Expected remote scale-up domains one token is sent to, ``(D − 1)·P(a given other domain)``.
+
+    Unrestricted routing: the k experts are drawn among all E, ``P = 1 − P0``. Group-limited
+    routing (G groups, the token's best ``group_topk`` chosen) whose groups tile the domains
+    (G a multiple of D): j of the chosen groups lie in a given domain with hypergeometric
+    probability, and the k experts are drawn among the chosen groups' experts only.
+    """
     d = np.maximum(np.asarray(domains, dtype=np.float64), 1.0)
     e = float(num_experts)
-    per_domain = e / d
-    p0 = np.ones_like(d)
-    for i in range(int(k)):
-        p0 = p0 * np.clip((e - per_domain - i) / (e - i), 0.0, 1.0)
-    return (d - 1.0) * (1.0 - p0)
+    plain = 1.0 - _none_of(e, e / d, k)
+    if not groups or group_topk >= groups:
+        return (d - 1.0) * plain
+    g, top, per_group = float(groups), int(group_topk), e / groups
+    tiles = (np.mod(g, d) == 0) & (d <= g)
+    g_d = np.where(tiles, g / d, 1.0)  # groups per domain
+    pool = top * per_group
+    limited = np.zeros_like(d)
+    for j in range(1, top + 1):
+        # P(j of the `top` chosen groups are in this domain): C(g_d, j)·C(G − g_d, top − j) / C(G, top)
+        pj = np.exp(_lncomb(g_d, j) + _lncomb(g - g_d, top - j) - _lncomb(np.full_like(d, g), top))
+        limited = limited + np.where(j <= g_d, pj, 0.0) * (1.0 - _none_of(pool, j * per_group, k))
+    return (d - 1.0) * np.where(tiles, limited, plain)
+
+
+def _lncomb(n, r: int) -> np.ndarray:
+    from math import lgamma
+
+    n = np.asarray(n, dtype=np.float64)
+    ok = (r >= 0) & (n >= r)
+    lg = np.vectorize(lgamma, otypes=[float])
+    return np.where(ok, lg(np.maximum(n, 0.0) + 1.0) - lgamma(r + 1.0) - lg(np.maximum(n - r, 0.0) + 1.0), -np.inf)
 
 
 def _a2a_seconds(ctx, moe_model, g) -> tuple[np.ndarray, np.ndarray]:
@@ -62,7 +96,7 @@ def _a2a_seconds(ctx, moe_model, g) -> tuple[np.ndarray, np.ndarray]:
     copies = tok * k * h * g.dt  # S: the k copies the alltoall dispatcher sends
     d = nodes_spanned(g.e, g.etp, ctx.hardware.scaleup_domain_gpus)
     local = np.maximum(g.e / d, 1.0)
-    r = remote_domains(moe_model.num_experts, k, d)
+    r = remote_domains(moe_model.num_experts, k, d, moe_model.moe_router_num_groups, moe_model.moe_router_group_topk)
     one = np.ones_like(g.e)
     colls = [
         Coll(name="ep_a2a", parallel="ep", kind=ALL_TO_ALL, bytes=copies, group_size=g.e, stride=g.etp),

@@ -55,3 +55,26 @@ def test_bad_hf_config_is_one_line(tmp_path):
     r = CliRunner().invoke(cli, ["predict", "--model", str(p), "--hardware", "h100-sxm5-80gb", "--gpus", "8",
                                  "--gbs", "8", "--seq", "1024"])
     assert r.exit_code == 2 and "config.json" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+# DeepSeek-V3's published config.json, the routing fields (group-limited: 8 groups, best 4)
+DEEPSEEK_V3_ROUTING = {"hidden_act": "silu", "hidden_size": 7168, "intermediate_size": 18432, "model_type": "deepseek_v3",
+                       "num_attention_heads": 128, "num_hidden_layers": 61, "num_key_value_heads": 128,
+                       "vocab_size": 129280, "n_routed_experts": 256, "num_experts_per_tok": 8,
+                       "moe_intermediate_size": 2048, "n_shared_experts": 1, "first_k_dense_replace": 3,
+                       "n_group": 8, "topk_group": 4, "q_lora_rank": 1536, "kv_lora_rank": 512,
+                       "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
+
+
+def test_hf_group_limited_routing(tmp_path, mofa_predictor):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(DEEPSEEK_V3_ROUTING))
+    m = model_from_hf_config(p)
+    zoo = mofa_predictor.registry.model("deepseek-v3")
+    assert (m.moe_router_num_groups, m.moe_router_group_topk) == (8, 4)
+    assert (zoo.moe_router_num_groups, zoo.moe_router_group_topk) == (8, 4)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**DEEPSEEK_V3_ROUTING, "n_group": 7}))  # 7 does not divide 256 experts
+    r = CliRunner().invoke(cli, ["predict", "--model", str(bad), "--hardware", "h100-sxm5-80gb", "--gpus", "8",
+                                 "--gbs", "8", "--seq", "1024"])
+    assert r.exit_code == 2 and "moe_router_num_groups" in r.output and len(r.output.strip().splitlines()) == 1

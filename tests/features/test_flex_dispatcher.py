@@ -46,6 +46,26 @@ def test_remote_domains_is_hypergeometric():
     assert np.all(r <= np.minimum(4, np.array([1.0, 7.0, 15.0])) + 1e-12)
 
 
+def test_group_limited_routing_reaches_fewer_domains():
+    """DeepSeek-V3: 8 groups of 32 experts, a token's 8 experts from its best 4 groups. Over 8 nodes
+    (one group each) a token reaches the 4 chosen nodes, each only if one of its experts lands there."""
+    from mofa_plugins.flex_dispatcher import remote_domains
+
+    hit = 1 - comb(96, 8) / comb(128, 8)  # a chosen group gets ≥ 1 of the 8 experts drawn among 128
+    # the 4 chosen groups are 4 of the 8 nodes: a given other node is chosen with probability 4/8
+    assert remote_domains(256, 8, [8.0], 8, 4)[0] == pytest.approx(7 * (4 / 8) * hit, rel=1e-9)
+    assert remote_domains(256, 8, [8.0], 8, 4)[0] < remote_domains(256, 8, [8.0])[0]
+    # 4 nodes of 2 groups: j = 1 or 2 chosen groups in a given node
+    p1 = comb(2, 1) * comb(6, 3) / comb(8, 4)
+    p2 = comb(2, 2) * comb(6, 2) / comb(8, 4)
+    expect = 3 * (p1 * (1 - comb(96, 8) / comb(128, 8)) + p2 * (1 - comb(64, 8) / comb(128, 8)))
+    assert remote_domains(256, 8, [4.0], 8, 4)[0] == pytest.approx(expect, rel=1e-9)
+    # groups that do not tile the domains (16 domains, 8 groups): unrestricted formula
+    assert remote_domains(256, 8, [16.0], 8, 4)[0] == remote_domains(256, 8, [16.0])[0]
+    # every group chosen = unrestricted
+    assert remote_domains(256, 8, [4.0], 8, 8)[0] == pytest.approx(remote_domains(256, 8, [4.0])[0])
+
+
 def test_cross_node_all_to_all_is_priced_once_per_remote_node(mofa_predictor):
     off, job = _evaluate(mofa_predictor, CROSS)
     on, _ = _evaluate(mofa_predictor, CROSS, {"flex_dispatcher": {}})
@@ -58,13 +78,15 @@ def test_cross_node_all_to_all_is_priced_once_per_remote_node(mofa_predictor):
     lat_up, lat_out = eff.scaleup_latency_us * 1e-6, eff.scaleout_latency_us * 1e-6
     # alltoall: hierarchical, k copies; flex: forwarded copies over NVLink ‖ one copy per remote node
     plain = max((local - 1) / n * s / up, (n - local) / n * s / out) + lat_out
-    r = 3 * (1 - comb(192, 8) / comb(256, 8))
+    # group-limited routing (4 of 8 groups, two groups per node): j chosen groups in a given node
+    r = 3 * sum(comb(2, j) * comb(6, 4 - j) / comb(8, 4) * (1 - comb(128 - 32 * j, 8) / comb(128, 8))
+                for j in (1, 2))
     flex = max((local - 1) / local * s / up + lat_up, r * tok * h * 2.0 / out + lat_out)
     lc_off, lc_on = off.state.layers["moe"], on.state.layers["moe"]
     # dispatch + combine in each pass
     assert f0(lc_on.ep_fwd_s) - f0(lc_off.ep_fwd_s) == pytest.approx(2 * (flex - plain), rel=1e-9)
     assert f0(lc_on.ep_bwd_s) - f0(lc_off.ep_bwd_s) == pytest.approx(2 * (flex - plain), rel=1e-9)
-    assert flex < plain / 2  # 2.7 copies per token cross the network instead of 6
+    assert flex < plain / 2  # 2.2 copies per token cross the network instead of 6
     assert f0(on.step_time_s) < f0(off.step_time_s)
     # compute and memory are untouched; dense layers too
     assert np.array_equal(lc_on.fwd_compute_s, lc_off.fwd_compute_s)
