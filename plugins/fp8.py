@@ -36,9 +36,8 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.batch import PRECISIONS
-from mofa_framework.decompose import GEMM, layer_operators, layer_params
-from mofa_framework.engine import price_operators, stage_layout
 from mofa_framework.types import ConstraintResult, CostTransform, option
+from mofa_plugins._lowp import gemm_params_on_stages, reprice_gemms
 
 FP8 = PRECISIONS.index("fp8")
 #: bytes moved per element by a bf16 → fp8 quantisation kernel
@@ -53,81 +52,9 @@ class Fp8Options:
     transpose_cache: bool = option(True, doc="keep an fp8 transposed weight copy besides the fp8 weights")
 
 
-def _gemm_input_bytes(model, g, kind) -> np.ndarray:
-    """Saved bf16 GEMM inputs of one layer (the part of ``act_other_bytes`` fp8 halves)."""
-    h, a = model.hidden_size, model.num_attention_heads
-    T, t, spd, dt = g.tokens, g.t, g.sp_div, g.dt
-    o_in = dt * T * a * model.v_dim / t
-    out = dt * T * h / spd * 2.0 + o_in  # QKV input, MLP (FC1) input, O-proj input
-    if kind == "moe":
-        routed = T / spd * model.experts_per_token * g.etp
-        out = out + dt * routed * h + dt * routed * model.moe_ffn_hidden_size / g.etp
-        if model.num_shared_experts:
-            out = out + dt * T * model.num_shared_experts * model.moe_ffn_hidden_size / t
-    else:
-        out = out + dt * T * model.ffn_hidden_size / t
-    return out
-
-
 def layer(state, rows):
-    ctx = state.ctx
-    g = ctx.geometry
-    n = len(g.b)
-    ctx8 = attrs.evolve(ctx, geometry=attrs.evolve(g, precision=np.full(n, FP8)))
-    eff = rows.options["efficiency"]
-    bw = ctx.hardware.efficiency.memory_efficiency * ctx.hardware.hbm_bandwidth_bytes_per_s
-    z = np.zeros(n)
-    out = {}
-    for kind, c in state.layers.items():
-        ops = [o for o in layer_operators(ctx.model, g, kind)
-               if np.all(np.asarray(o.kind) == GEMM) and o.group != "core_attn"]
-        base = price_operators(ctx, ops)
-        fast = price_operators(ctx8, ops)
-        d = {k: z.copy() for k in ("fwd", "bi", "bw", "tp_f", "tp_b", "ex_f", "ex_b", "qkv")}
-        cast_f, cast_b = z.copy(), z.copy()
-        for o, t0, t8 in zip(ops, base, fast):
-            dt = t8 / eff - t0
-            d["fwd"] += dt
-            d["bi"] += dt * o.bwd_input
-            d["bw"] += dt * o.bwd_weight
-            if o.group in ("qkv", "proj", "mlp"):
-                d["tp_f"] += dt
-                d["tp_b"] += dt * (o.bwd_input + o.bwd_weight)
-            if o.group == "expert":
-                d["ex_f"] += dt
-                d["ex_b"] += dt * (o.bwd_input + o.bwd_weight)
-            if o.group == "qkv":
-                d["qkv"] += dt
-            mult = np.asarray(o.flops) / np.maximum(2.0 * o.m * o.n * o.k, 1.0)  # grouped GEMMs: local experts
-            cast_f += mult * o.m * o.k * CAST_BYTES / bw
-            cast_b += mult * o.m * o.n * CAST_BYTES / bw
-        saved_cut = np.where(rows.options["fp8_activations"] > 0.5, _gemm_input_bytes(ctx.model, g, kind) / 2.0, 0.0)
-        out[kind] = attrs.evolve(
-            c,
-            fwd_compute_s=c.fwd_compute_s + d["fwd"] + cast_f,
-            bwd_input_s=c.bwd_input_s + d["bi"] + cast_b,
-            bwd_weight_s=c.bwd_weight_s + d["bw"],
-            tp_gemm_fwd_s=c.tp_gemm_fwd_s + d["tp_f"],
-            tp_gemm_bwd_s=c.tp_gemm_bwd_s + d["tp_b"],
-            expert_fwd_s=c.expert_fwd_s + d["ex_f"],
-            expert_bwd_s=c.expert_bwd_s + d["ex_b"],
-            qkv_attn_fwd_s=c.qkv_attn_fwd_s + d["qkv"],
-            act_other_bytes=c.act_other_bytes - saved_cut,
-            act_saved_bytes=c.act_saved_bytes - saved_cut,
-        )
-    return attrs.evolve(state, layers=out)
-
-
-def gemm_params_on_stages(model, batch) -> np.ndarray:
-    """GEMM weights (TP-sharded matrices + local experts) per GPU on each stage, (3, N)."""
-    lay = stage_layout(model, batch)
-    t = batch.tp.astype(np.float64)
-    d = layer_params(model, "dense")
-    out = lay.dense * (d["sharded"] / t)
-    if model.is_moe:
-        mo = layer_params(model, "moe")
-        out = out + lay.moe * (mo["sharded"] / t + mo["expert"] / (batch.ep * batch.etp))
-    return out
+    saved = np.where(rows.options["fp8_activations"] > 0.5, 0.5, 0.0)  # bf16 (2 B) → fp8 (1 B)
+    return reprice_gemms(state, FP8, rows.options["efficiency"], CAST_BYTES, saved)
 
 
 def memory(state, rows):

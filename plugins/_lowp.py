@@ -1,0 +1,99 @@
+"""Shared by the low-precision GEMM features (``fp8``, ``nvfp4``): re-pricing a layer's GEMMs at
+another numeric format with the quantisation casts Transformer Engine adds, and the GEMM weights
+each stage holds (for the quantised weight copies). Not a plugin: no entry point, no hooks.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from mofa_framework.decompose import GEMM, layer_operators, layer_params
+from mofa_framework.engine import price_operators, stage_layout
+
+
+def gemm_input_bytes(model, g, kind) -> np.ndarray:
+    """Saved bf16 GEMM inputs of one layer (the part of ``act_other_bytes`` a quantised copy replaces)."""
+    h = model.hidden_size
+    T, t, spd, dt = g.tokens, g.t, g.sp_div, g.dt
+    o_in = dt * T * model.num_attention_heads * model.v_dim / t
+    out = dt * T * h / spd * 2.0 + o_in  # QKV input, MLP (FC1) input, O-proj input
+    if kind == "moe":
+        routed = T / spd * model.experts_per_token * g.etp
+        out = out + dt * routed * h + dt * routed * model.moe_ffn_hidden_size / g.etp
+        if model.num_shared_experts:
+            out = out + dt * T * model.num_shared_experts * model.moe_ffn_hidden_size / t
+    else:
+        out = out + dt * T * model.ffn_hidden_size / t
+    return out
+
+
+def reprice_gemms(state, target: int, efficiency, cast_bytes: float, saved_fraction, share=1.0):
+    """Every layer's GEMMs but the attention core re-priced at numeric format ``target``.
+
+    ``Δt_op = t_op(target) / efficiency − t_op(row precision)`` is applied to the layer fields
+    the op feeds (forward, backward-input, backward-weight, the TP/expert/QKV groups overlap
+    features read), plus the quantisation casts: each GEMM's activation input in forward and its
+    output gradient in backward, ``cast_bytes`` per element at η_m·BW_hbm. Saved GEMM inputs
+    shrink by ``saved_fraction`` of their bf16 bytes. ``share`` (0–1) scales all of it: the share
+    of the layers that run quantised.
+    """
+    ctx = state.ctx
+    g = ctx.geometry
+    n = len(g.b)
+    ctx_q = attrs.evolve(ctx, geometry=attrs.evolve(g, precision=np.full(n, target)))
+    bw = ctx.hardware.efficiency.memory_efficiency * ctx.hardware.hbm_bandwidth_bytes_per_s
+    z = np.zeros(n)
+    out = {}
+    for kind, c in state.layers.items():
+        ops = [o for o in layer_operators(ctx.model, g, kind)
+               if np.all(np.asarray(o.kind) == GEMM) and o.group != "core_attn"]
+        base = price_operators(ctx, ops)
+        fast = price_operators(ctx_q, ops)
+        d = {k: z.copy() for k in ("fwd", "bi", "bw", "tp_f", "tp_b", "ex_f", "ex_b", "qkv")}
+        cast_f, cast_b = z.copy(), z.copy()
+        for o, t0, tq in zip(ops, base, fast):
+            dt = tq / efficiency - t0
+            d["fwd"] += dt
+            d["bi"] += dt * o.bwd_input
+            d["bw"] += dt * o.bwd_weight
+            if o.group in ("qkv", "proj", "mlp"):
+                d["tp_f"] += dt
+                d["tp_b"] += dt * (o.bwd_input + o.bwd_weight)
+            if o.group == "expert":
+                d["ex_f"] += dt
+                d["ex_b"] += dt * (o.bwd_input + o.bwd_weight)
+            if o.group == "qkv":
+                d["qkv"] += dt
+            mult = np.asarray(o.flops) / np.maximum(2.0 * o.m * o.n * o.k, 1.0)  # grouped GEMMs: local experts
+            cast_f += mult * o.m * o.k * cast_bytes / bw
+            cast_b += mult * o.m * o.n * cast_bytes / bw
+        saved_cut = saved_fraction * gemm_input_bytes(ctx.model, g, kind)
+        d = {k: v * share for k, v in d.items()}
+        cast_f, cast_b, saved_cut = cast_f * share, cast_b * share, saved_cut * share
+        out[kind] = attrs.evolve(
+            c,
+            fwd_compute_s=c.fwd_compute_s + d["fwd"] + cast_f,
+            bwd_input_s=c.bwd_input_s + d["bi"] + cast_b,
+            bwd_weight_s=c.bwd_weight_s + d["bw"],
+            tp_gemm_fwd_s=c.tp_gemm_fwd_s + d["tp_f"],
+            tp_gemm_bwd_s=c.tp_gemm_bwd_s + d["tp_b"],
+            expert_fwd_s=c.expert_fwd_s + d["ex_f"],
+            expert_bwd_s=c.expert_bwd_s + d["ex_b"],
+            qkv_attn_fwd_s=c.qkv_attn_fwd_s + d["qkv"],
+            act_other_bytes=c.act_other_bytes - saved_cut,
+            act_saved_bytes=c.act_saved_bytes - saved_cut,
+        )
+    return attrs.evolve(state, layers=out)
+
+
+def gemm_params_on_stages(model, batch) -> np.ndarray:
+    """GEMM weights (TP-sharded matrices + local experts) per GPU on each stage, (3, N)."""
+    lay = stage_layout(model, batch)
+    t = batch.tp.astype(np.float64)
+    d = layer_params(model, "dense")
+    out = lay.dense * (d["sharded"] / t)
+    if model.is_moe:
+        mo = layer_params(model, "moe")
+        out = out + lay.moe * (mo["sharded"] / t + mo["expert"] / (batch.ep * batch.etp))
+    return out
