@@ -235,6 +235,10 @@ class EfficiencySpec:
     #: gives 0.75× at d = 64 and 1.2× at d = 256 (FlashAttention-3 forward on H100: ≈ 0.77× and
     #: ≈ 1.17×, arXiv 2407.08608); 0 removes the dependence
     attention_half_head_dim: float = attrs.field(default=64.0, converter=float, validator=v.ge(0.0))
+    #: an FP4 (NVFP4) GEMM's efficiency relative to ``gemm_efficiency``, of the fp4 peak: block-scale
+    #: handling and the epilogues cost more per FLOP at 4 bits. Default 1
+    fp4_gemm_relative_efficiency: float = attrs.field(default=1.0, converter=float,
+                                                      validator=[v.gt(0.0), v.le(1.0)])
     #: η_m: fraction of HBM bandwidth memory-bound kernels reach
     memory_efficiency: float = attrs.field(default=0.80, converter=float, validator=[v.gt(0.0), v.le(1.0)])
     #: fraction of link bandwidth a large collective reaches, inside / across the scale-up domain
