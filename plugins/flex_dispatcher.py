@@ -30,6 +30,8 @@ and kernel-speed features so they see the new all-to-all time.
 
 from __future__ import annotations
 
+from math import comb
+
 import attrs
 import numpy as np
 
@@ -47,12 +49,24 @@ class FlexDispatcherOptions:
                           doc="Megatron-Core flex dispatcher backend (both send a token once per remote domain)")
 
 
-def _none_of(pool, away, k: int) -> np.ndarray:
+def _none_of(pool: float, away: float, k: int) -> float:
     """P(none of k experts drawn without replacement from `pool` lies in `away` of them)."""
-    p = np.ones_like(np.asarray(pool, dtype=np.float64) * np.asarray(away, dtype=np.float64))
+    p = 1.0
     for i in range(int(k)):
-        p = p * np.clip((pool - away - i) / np.maximum(pool - i, 1.0), 0.0, 1.0)
+        p *= min(max((pool - away - i) / max(pool - i, 1.0), 0.0), 1.0)
     return p
+
+
+def _remote_one(e: float, k: int, d: float, groups: int, group_topk: int) -> float:
+    if d <= 1.0:
+        return 0.0
+    if not groups or group_topk >= groups or groups % d or d > groups:
+        return (d - 1.0) * (1.0 - _none_of(e, e / d, k))
+    g_d, per_group = int(groups // d), e / groups
+    pool = group_topk * per_group
+    hit = sum(comb(g_d, j) * comb(groups - g_d, group_topk - j) / comb(groups, group_topk)
+              * (1.0 - _none_of(pool, j * per_group, k)) for j in range(1, min(group_topk, g_d) + 1))
+    return (d - 1.0) * hit
 
 
 def remote_domains(num_experts: int, k: int, domains, groups: int = 0, group_topk: int = 0) -> np.ndarray:
@@ -61,32 +75,13 @@ def remote_domains(num_experts: int, k: int, domains, groups: int = 0, group_top
     Unrestricted routing: the k experts are drawn among all E, ``P = 1 − P0``. Group-limited
     routing (G groups, the token's best ``group_topk`` chosen) whose groups tile the domains
     (G a multiple of D): j of the chosen groups lie in a given domain with hypergeometric
-    probability, and the k experts are drawn among the chosen groups' experts only.
+    probability, and the k experts are drawn among the chosen groups' experts only. Computed once
+    per distinct domain count of the batch.
     """
     d = np.maximum(np.asarray(domains, dtype=np.float64), 1.0)
-    e = float(num_experts)
-    plain = 1.0 - _none_of(e, e / d, k)
-    if not groups or group_topk >= groups:
-        return (d - 1.0) * plain
-    g, top, per_group = float(groups), int(group_topk), e / groups
-    tiles = (np.mod(g, d) == 0) & (d <= g)
-    g_d = np.where(tiles, g / d, 1.0)  # groups per domain
-    pool = top * per_group
-    limited = np.zeros_like(d)
-    for j in range(1, top + 1):
-        # P(j of the `top` chosen groups are in this domain): C(g_d, j)·C(G − g_d, top − j) / C(G, top)
-        pj = np.exp(_lncomb(g_d, j) + _lncomb(g - g_d, top - j) - _lncomb(np.full_like(d, g), top))
-        limited = limited + np.where(j <= g_d, pj, 0.0) * (1.0 - _none_of(pool, j * per_group, k))
-    return (d - 1.0) * np.where(tiles, limited, plain)
-
-
-def _lncomb(n, r: int) -> np.ndarray:
-    from math import lgamma
-
-    n = np.asarray(n, dtype=np.float64)
-    ok = (r >= 0) & (n >= r)
-    lg = np.vectorize(lgamma, otypes=[float])
-    return np.where(ok, lg(np.maximum(n, 0.0) + 1.0) - lgamma(r + 1.0) - lg(np.maximum(n - r, 0.0) + 1.0), -np.inf)
+    uniq, inv = np.unique(d, return_inverse=True)
+    vals = np.array([_remote_one(float(num_experts), int(k), float(u), int(groups), int(group_topk)) for u in uniq])
+    return vals[inv].reshape(d.shape)
 
 
 def _a2a_seconds(ctx, moe_model, g) -> tuple[np.ndarray, np.ndarray]:
