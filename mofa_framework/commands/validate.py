@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from ..calibrate import DEFAULT_PARAMETERS, PARAMETERS
 from ..cli import _table, pass_state
 from ..errors import ConfigError
 
@@ -110,8 +111,8 @@ def validate_cmd(state, files, fmt, sources, show_rows):
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--hardware", required=True, help="Hardware profile to fit (name or alias).")
 @click.option("--param", "params", multiple=True, metavar="NAME",
-              help="Coefficient to fit (repeatable; default: gemm_efficiency, gemm_half_efficiency_s, "
-                   "attention_efficiency, scaleup/scaleout_bus_efficiency, step_overhead_s).")
+              help=f"Coefficient to fit (repeatable; default: {', '.join(DEFAULT_PARAMETERS)}; "
+                   f"one of: {', '.join(PARAMETERS)}).")
 @click.option("--folds", type=int, default=5, show_default=True, help="k of k-fold cross-validation (0 = none).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--source", "sources", multiple=True, metavar="TEXT",
