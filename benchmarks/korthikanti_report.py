@@ -5,7 +5,7 @@ Reads the Korthikanti rows of ``megatron_selene_a100.csv`` (full recompute witho
 parallelism vs "present work" = sequence parallel + selective recompute), predicts both with
 ``features.recompute`` and ``flash_attention = false``, and prints a Markdown table:
 
-    .venv/bin/python benchmarks/korthikanti_report.py [--csv PATH]
+    .venv/bin/python benchmarks/korthikanti_report.py [--csv PATH] [--write | --check]
 
 Columns: the measured and predicted iteration times, the full/selective ratio of each and
 the ratio's relative error; then the per-layer activation bytes the engine keeps with
@@ -99,13 +99,29 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+DOC = Path(__file__).resolve().parents[1] / "docs" / "features" / "memory.md"
+BEGIN, END = "<!-- korthikanti-report:begin -->", "<!-- korthikanti-report:end -->"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", type=Path, default=DEFAULT_CSV)
+    ap.add_argument("--write", action="store_true", help=f"replace the tables between the markers of {DOC.name}")
+    ap.add_argument("--check", action="store_true", help="exit 1 if that section is out of date")
     args = ap.parse_args(argv)
     from mofa_framework import Predictor
 
-    print(markdown(compare(Predictor(), korthikanti_pairs(args.csv))))
+    md = markdown(compare(Predictor(), korthikanti_pairs(args.csv)))
+    if not (args.write or args.check):
+        print(md)
+        return 0
+    text = DOC.read_text()
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    new = f"{head}{BEGIN}\n{md}\n{END}{tail}"
+    if args.check:
+        return 0 if new == text else 1
+    DOC.write_text(new)
     return 0
 
 

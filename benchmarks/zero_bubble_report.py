@@ -155,15 +155,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", type=Path, default=CSV)
     ap.add_argument("--doc", type=Path, default=DOC)
-    ap.add_argument("--check", action="store_true", help="print the figures, do not write the doc")
+    ap.add_argument("--check", action="store_true", help="exit 1 if the doc is out of date; do not write it")
     args = ap.parse_args(argv)
     res = predict_rows(load_rows(args.csv))
     s = summarize(res)
     md = markdown(res, s, summarize(predict_rows(load_rows(args.csv), flash_attention=True)))
-    if args.check:
-        print(md)
-        return 0
     text = args.doc.read_text() if args.doc.exists() else ""
+    if args.check:  # exit 1 when the doc's section is not what this run generates
+        current = text[text.index(BEGIN): text.index(END) + len(END)] if BEGIN in text and END in text else ""
+        return 0 if current == md else 1
     if BEGIN in text and END in text:
         text = text[: text.index(BEGIN)] + md + text[text.index(END) + len(END):]
     else:

@@ -253,6 +253,11 @@ def test_korthikanti_full_over_selective_ratio_5pct(korthikanti_rows, label):
     assert abs(korthikanti_rows[label]["ratio_error"]) < 0.05
 
 
+def test_korthikanti_doc_is_current(korthikanti_rows):
+    """docs/features/memory.md's Korthikanti tables are what the report produces now."""
+    assert _korthikanti().main(["--check"]) == 0, "run: python benchmarks/korthikanti_report.py --write"
+
+
 # ------------------------------------------------------------------ [33]–[35] activation offload
 
 
