@@ -10,6 +10,7 @@ import numpy as np
 
 from mofa_framework.decompose import GEMM, layer_operators, layer_params
 from mofa_framework.engine import price_operators, stage_layout
+from mofa_framework.types import ConstraintResult
 
 
 def gemm_input_bytes(model, g, kind) -> np.ndarray:
@@ -97,3 +98,22 @@ def gemm_params_on_stages(model, batch) -> np.ndarray:
         mo = layer_params(model, "moe")
         out = out + lay.moe * (mo["sharded"] / t + mo["expert"] / (batch.ep * batch.etp))
     return out
+
+
+def with_weight_copies(state, bytes_per_param):
+    """The quantised copies Transformer Engine keeps of each GEMM weight, ``bytes_per_param`` (N,)."""
+    mem = state.mem
+    extra = gemm_params_on_stages(state.ctx.model, state.batch) * np.asarray(bytes_per_param)[None, :]
+    return attrs.evolve(state, mem=attrs.evolve(mem, weights_bytes=mem.weights_bytes + extra))
+
+
+def needs_format(batch, hardware, feature: str, fmt: str, what: str):
+    """Rows with ``feature`` on need ``fmt`` in the profile's ``compute.peak_tflops``."""
+    rows = batch.feature(feature)
+    if not rows.enabled.any():
+        return
+    ok = fmt in hardware.compute.peak_tflops
+    yield ConstraintResult(
+        name=f"{feature}_needs_{fmt}_hardware", feasible=~rows.enabled | ok,
+        reason=f"features.{feature} needs {what} tensor cores, but {hardware.name} lists no {fmt} in "
+               "compute.peak_tflops: disable the feature or choose another GPU")

@@ -36,8 +36,8 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.batch import PRECISIONS
-from mofa_framework.types import ConstraintResult, CostTransform, option
-from mofa_plugins._lowp import gemm_params_on_stages, reprice_gemms
+from mofa_framework.types import CostTransform, option
+from mofa_plugins._lowp import needs_format, reprice_gemms, with_weight_copies
 
 FP8 = PRECISIONS.index("fp8")
 #: bytes moved per element by a bf16 → fp8 quantisation kernel
@@ -58,22 +58,12 @@ def layer(state, rows):
 
 
 def memory(state, rows):
-    mem = state.mem
-    per = 1.0 + np.where(rows.options["transpose_cache"] > 0.5, 1.0, 0.0)
-    extra = gemm_params_on_stages(state.ctx.model, state.batch) * per[None, :]
-    return attrs.evolve(state, mem=attrs.evolve(mem, weights_bytes=mem.weights_bytes + extra))
+    return with_weight_copies(state, 1.0 + np.where(rows.options["transpose_cache"] > 0.5, 1.0, 0.0))
 
 
 @hookimpl
 def mofa_candidate_constraints(batch, model, hardware):
-    rows = batch.feature("fp8")
-    if not rows.enabled.any():
-        return
-    ok = "fp8" in hardware.compute.peak_tflops
-    yield ConstraintResult(
-        name="fp8_needs_fp8_hardware", feasible=~rows.enabled | ok,
-        reason=f"features.fp8 needs FP8 tensor cores, but {hardware.name} lists no fp8 in compute.peak_tflops: "
-               "disable the feature or choose another GPU")
+    yield from needs_format(batch, hardware, "fp8", "fp8", "FP8")
 
 
 def megatron_args(options) -> list[str]:

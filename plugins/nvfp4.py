@@ -32,8 +32,8 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.batch import PRECISIONS
-from mofa_framework.types import ConstraintResult, CostTransform, option
-from mofa_plugins._lowp import gemm_params_on_stages, reprice_gemms
+from mofa_framework.types import CostTransform, option
+from mofa_plugins._lowp import needs_format, reprice_gemms, with_weight_copies
 
 FP4 = PRECISIONS.index("fp4")
 #: bytes per element of an NVFP4 block: 4 bits plus one E4M3 scale per 16 elements
@@ -62,21 +62,12 @@ def layer(state, rows):
 
 
 def memory(state, rows):
-    mem = state.mem
-    extra = gemm_params_on_stages(state.ctx.model, state.batch) * (2.0 * NVFP4_BYTES * _share(state, rows))[None, :]
-    return attrs.evolve(state, mem=attrs.evolve(mem, weights_bytes=mem.weights_bytes + extra))
+    return with_weight_copies(state, 2.0 * NVFP4_BYTES * _share(state, rows))
 
 
 @hookimpl
 def mofa_candidate_constraints(batch, model, hardware):
-    rows = batch.feature("nvfp4")
-    if not rows.enabled.any():
-        return
-    ok = "fp4" in hardware.compute.peak_tflops
-    yield ConstraintResult(
-        name="nvfp4_needs_fp4_hardware", feasible=~rows.enabled | ok,
-        reason=f"features.nvfp4 needs FP4 tensor cores, but {hardware.name} lists no fp4 in compute.peak_tflops: "
-               "disable the feature or choose another GPU")
+    yield from needs_format(batch, hardware, "nvfp4", "fp4", "FP4")
 
 
 def megatron_args(options) -> list[str]:
