@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from mofa_framework.cli import cli
 from mofa_framework.config import jobs_to_batch
 from mofa_framework.testing.contract import assert_same_row
 
@@ -73,7 +72,7 @@ def test_cross_node_all_to_all_is_priced_once_per_remote_node(mofa_predictor):
     eff = hw.efficiency
     up = hw.scaleup_bandwidth_bytes_per_s * eff.scaleup_bus_efficiency
     out = hw.scaleout_bandwidth_bytes_per_s * eff.scaleout_bus_efficiency * (1 - eff.bandwidth_decay_per_doubling) ** 2
-    tok, h, k, n, nodes, local = 4096.0, m.hidden_size, m.experts_per_token, 32.0, 4.0, 8.0
+    tok, h, k, n, local = 4096.0, m.hidden_size, m.experts_per_token, 32.0, 8.0  # 4 nodes of 8 ranks
     s = tok * k * h * 2.0
     lat_up, lat_out = eff.scaleup_latency_us * 1e-6, eff.scaleout_latency_us * 1e-6
     # alltoall: hierarchical, k copies; flex: forwarded copies over NVLink ‖ one copy per remote node
