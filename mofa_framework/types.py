@@ -219,6 +219,11 @@ class EfficiencySpec:
     gemm_efficiency: float = attrs.field(default=0.80, converter=float, validator=[v.gt(0.0), v.le(1.0)])
     #: size at which a GEMM reaches half of η_c·peak, expressed in seconds of peak work
     gemm_half_efficiency_s: float = attrs.field(default=2.0e-6, converter=float, validator=v.ge(0.0))
+    #: GEMM dimension at which a GEMM reaches half its rate along that dimension: the M×N output is
+    #: cut into tiles and the K loop is pipelined, so dimensions not ≫ a tile (the batched K = 64/128
+    #: GEMMs of unfused attention, narrow TP shards) run below peak. The size factor gains
+    #: ``Π_{x ∈ m, n, k} x/(x + d½)``. 0 removes it (the default)
+    gemm_half_dim: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))
     #: fixed cost of one kernel launch on the GPU's stream (launch + tail), seconds; paid once per
     #: kernel of every operator and pass (a grouped GEMM is one launch)
     kernel_launch_s: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))

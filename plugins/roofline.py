@@ -3,7 +3,8 @@
 ``t = FLOPs / P`` with ``P = min(η·P_peak, η_m · I · BW_hbm)`` and ``I = FLOPs / bytes``.
 GEMMs reach η_c of the peak of their numeric format (times ``fp4_gemm_relative_efficiency`` at fp4),
 scaled down for small GEMMs by
-``F / (F + F_½)`` where ``F_½ = gemm_half_efficiency_s · P_peak`` and F is the FLOPs of *one*
+``F / (F + F_½)`` (times ``Π x/(x + gemm_half_dim)`` over the GEMM's m, n, k when that is set)
+where ``F_½ = gemm_half_efficiency_s · P_peak`` and F is the FLOPs of *one*
 GEMM (a grouped expert GEMM of ``count`` equal GEMMs sees each expert's size); fused attention reaches
 ``attention_efficiency`` of the bf16 peak at head dimension 128, scaled by
 ``r(d) = [d/(d + d½)] / [128/(128 + d½)]`` for head dimension d (``ops.gemm_k``; d½ =
@@ -34,6 +35,9 @@ def operator_seconds(ops, hardware) -> np.ndarray:
     half = eff.gemm_half_efficiency_s * peak
     one = ops.flops / np.maximum(ops.count, 1.0)  # FLOPs of one GEMM of a group
     size_eff = np.where(ops.flops > 0, one / (one + half), 1.0)
+    if eff.gemm_half_dim > 0:  # dimensions not ≫ a tile: Π x/(x + d½) over m, n, k
+        for x in (ops.gemm_m, ops.gemm_n, ops.gemm_k):
+            size_eff = size_eff * np.where(x > 0, x / (x + eff.gemm_half_dim), 1.0)
     d, d_half = np.where(ops.gemm_k > 0, ops.gemm_k, 128.0), eff.attention_half_head_dim
     head = (d / (d + d_half)) / (128.0 / (128.0 + d_half))
     attn_eff = np.minimum(eff.attention_efficiency * head, 1.0)

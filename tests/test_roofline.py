@@ -147,3 +147,18 @@ def test_microbatch_overhead_adds_to_every_stage_forward(pp, vpp, schedule):
     assert on.breakdown["bubble"][0] - off.breakdown["bubble"][0] == pytest.approx((pp - 1) * x, abs=1e-12)
     assert on.step_time_s[0] - off.step_time_s[0] == pytest.approx((m * vpp + pp - 1) * x)
     assert sum(on.breakdown.values())[0] == pytest.approx(on.step_time_s[0])
+
+
+def test_gemm_half_dim_slows_narrow_gemms():
+    """``gemm_half_dim`` d½: a GEMM's rate gains Π x/(x + d½) over m, n, k (0 = off)."""
+    hw0 = _hw(gemm_half_dim=0.0, gemm_half_efficiency_s=0.0, kernel_launch_s=0.0)
+    hw = _hw(gemm_half_dim=64.0, gemm_half_efficiency_s=0.0, kernel_launch_s=0.0)
+    n = 2
+    m, nn, k = np.array([8192.0, 8192.0]), np.array([8192.0, 8192.0]), np.array([8192.0, 64.0])
+    flops = 2 * m * nn * k
+    ops = OperatorBatch(flops=flops, bytes=np.full(n, 1.0), kind=np.full(n, GEMM),
+                        precision=np.full(n, PRECISIONS.index("bf16")), gemm_m=m, gemm_n=nn, gemm_k=k)
+    t0, t = operator_seconds(ops, hw0), operator_seconds(ops, hw)
+    factor = (8192 / (8192 + 64)) ** 2
+    assert t[0] == pytest.approx(t0[0] / (factor * 8192 / (8192 + 64)))
+    assert t[1] == pytest.approx(t0[1] / (factor * 0.5))  # K = 64: half rate along K
