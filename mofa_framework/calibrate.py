@@ -8,7 +8,8 @@ squares on the log step-time error::
 
 so every source weighs the same however many rows it has (vTrain's 1,440 would otherwise drown
 Megatron's 25), plus a weak prior ``λ·ln(θ/θ₀)`` that holds coefficients the rows cannot see at
-their starting value. Bounds keep them physical (efficiencies in [0.3, 1]). The search runs on each
+the library's default θ₀ (``EfficiencySpec``; ``start=`` overrides it). The fit never starts from
+the profile's current values, so re-running the command recorded in a profile reproduces it. Bounds keep them physical (efficiencies in [0.3, 1]). The search runs on each
 coefficient's range normalised to [0, 1] and starts twice — from the profile's values and from
 the middle of the ranges — keeping the better fit (a floor such as ``host_dispatch_s`` has no
 gradient where it is inactive). Coefficients the rows are insensitive to are reported and left
@@ -31,6 +32,7 @@ import attrs
 import numpy as np
 
 from .errors import ConfigError
+from .types import EfficiencySpec
 from .validate import ErrorStats, MappedRow, map_rows, predict_prepared, prepare
 
 #: name → (lower, upper, log-scaled?)
@@ -248,8 +250,12 @@ def calibrate(paths: Iterable[str | Path], hardware: str, predictor=None, *,
     if not mine:
         raise ConfigError(f"no mappable rows on hardware {hw.name!r} in the given files (see `mofa validate`)")
     base = {name: float(getattr(hw.efficiency, name)) for name in parameters}
+    # the fit starts from, and is weakly held towards, the library's defaults (EfficiencySpec), not
+    # the profile's current values: re-running the command recorded in a profile reproduces it
+    defaults = EfficiencySpec()
+    anchor = {name: float(getattr(defaults, name)) for name in parameters}
     if start:
-        base.update({k: float(v) for k, v in start.items() if k in base})
+        anchor.update({k: float(v) for k, v in start.items() if k in anchor})
     problem = _Problem(mine, predictor, hw, parameters)
     ok = np.isfinite(problem.log_error(base))
     if not ok.any():
@@ -264,7 +270,7 @@ def calibrate(paths: Iterable[str | Path], hardware: str, predictor=None, *,
             keep.append(name)
     frozen = tuple(p for p in parameters if p not in keep)
     problem.params = keep
-    prior = problem.encode(base)
+    prior = problem.encode(anchor)
     x0 = prior.copy()
     before = ErrorStats.of(np.expm1(problem.log_error(base)[ok]))
     method = "none (no identifiable coefficient)"
