@@ -32,7 +32,7 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.batch import PRECISIONS
-from mofa_framework.types import CostTransform, option
+from mofa_framework.types import ConstraintResult, CostTransform, option
 from mofa_plugins._lowp import needs_format, reprice_gemms, with_weight_copies
 
 FP4 = PRECISIONS.index("fp4")
@@ -68,6 +68,13 @@ def memory(state, rows):
 @hookimpl
 def mofa_candidate_constraints(batch, model, hardware):
     yield from needs_format(batch, hardware, "nvfp4", "fp4", "FP4")
+    rows = batch.feature("nvfp4")
+    if rows.enabled.any():
+        tail = rows.options["bf16_layers_at_end"]
+        yield ConstraintResult(
+            name="nvfp4_bf16_layers", feasible=~rows.enabled | (tail <= model.num_layers),
+            reason=f"features.nvfp4.bf16_layers_at_end exceeds the model's {model.num_layers} layers: "
+                   f"choose at most {model.num_layers}")
 
 
 def megatron_args(options) -> list[str]:

@@ -88,6 +88,8 @@ def test_needs_fp4_hardware_and_excludes_fp8(mofa_predictor):
         mofa_predictor.predict(mofa_predictor.job(h100))
     with pytest.raises(ConfigError, match="fp8"):
         mofa_predictor.predict(_job(mofa_predictor, {"nvfp4": {}, "fp8": {}}))
+    with pytest.raises(ConfigError, match="bf16_layers_at_end"):
+        mofa_predictor.predict(_job(mofa_predictor, {"nvfp4": {"bf16_layers_at_end": 97}}))  # 96 layers
 
 
 def test_megatron_arguments(mofa_predictor):
