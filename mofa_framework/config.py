@@ -60,12 +60,20 @@ def _converter() -> cattrs.Converter:
 converter = _converter()
 
 
+def _text(exc: BaseException) -> str:
+    """The message of an exception: attrs validators raise ``ValueError(msg, attribute, ...)``,
+    whose ``str`` would be the whole tuple."""
+    if len(exc.args) > 1 and isinstance(exc.args[0], str):
+        return exc.args[0]
+    return str(exc) or type(exc).__name__
+
+
 def _format(exc: BaseException, type_) -> str:
     if isinstance(exc, KeyError):
         return "required key is missing"
     if isinstance(exc, cattrs.ForbiddenExtraKeysError):
         return f"unknown key(s) {', '.join(sorted(exc.extra_fields))} (check the spelling; see docs/job-file.md)"
-    return str(exc) or type(exc).__name__
+    return _text(exc)
 
 
 def _one_line(exc: Exception, where: str) -> str:
@@ -78,7 +86,7 @@ def _one_line(exc: Exception, where: str) -> str:
             path = re.sub(r"\['([^']+)'\]", r".\1", path).lstrip(".")
             out.append(f"{path}: {text}" if path else text)
         return f"{where}: " + "; ".join(out)
-    return f"{where}: {exc}"
+    return f"{where}: {_text(exc)}"
 
 
 def structure(data: Any, cls, where: str):
