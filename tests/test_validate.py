@@ -172,3 +172,34 @@ def test_rows_the_source_flags_as_a_known_regression_are_listed_not_predicted():
     flagged = {s.row_id: s.reason for s in skipped if "known performance regression" in s.reason}
     assert set(flagged) == {"MB-ARC-003", "MB-ARC-004"}  # GPT-OSS 120B, cudnn-frontend issue 256
     assert not any(m.row_id in flagged for m in mapped)
+
+
+@needs_data
+def test_megatron_bridge_presets_and_stated_dispatchers_map_to_features():
+    """Settings read from Megatron-Bridge's performance presets reach exactly the rows whose
+    layout matches; a Megatron-Core row's stated dispatcher maps to the flex dispatcher."""
+    from mofa_framework.api import Predictor
+    from mofa_framework.validate import map_rows
+
+    reg = Predictor().registry
+    mapped, _ = map_rows([DATA / "nvidia_megatron_bridge.csv", DATA / "megatron_core_moe.csv"], reg)
+    feats = {m.row_id: m.job["features"] for m in mapped}
+    precision = {m.row_id: m.job["parallel"]["precision"] for m in mapped}
+    # DeepSeek-V3 B200 MXFP8, TP1 PP8 VP2 EP32: DeepEP, 1F1B A2A overlap, mla_up_proj + mlp recompute
+    f = feats["MB-ARC-073"]
+    assert f["flex_dispatcher"] == {"backend": "deepep"} and "ep_overlap" in f
+    assert f["recompute"] == {"granularity": "selective", "mla_up_proj": True, "mlp": True}
+    # Qwen3-235B on H100 (TP2 PP8 VP4 EP32): alltoall dispatcher, with the A2A overlap
+    assert "ep_overlap" in feats["MB-ARC-088"] and "flex_dispatcher" not in feats["MB-ARC-088"]
+    # Qwen3-30B-A3B everywhere: HybridEP
+    assert feats["MB-ARC-083"]["flex_dispatcher"] == {}
+    # GPT-OSS GB200 BF16 at GBS 1280: recompute modules, but no overlap (the preset versions disagree)
+    f = feats["MB-ARC-075"]
+    assert f["recompute"] == {"granularity": "selective", "layernorm": True, "moe_act": True}
+    assert "ep_overlap" not in f and "flex_dispatcher" not in f
+    # dense rows get none of it; NVFP4 rows run bf16 + nvfp4
+    assert not {"flex_dispatcher", "ep_overlap"} & set(feats["MB-ARC-017"])
+    assert "nvfp4" in feats["MB-ARC-017"] and precision["MB-ARC-017"] == "bf16"
+    # Megatron-Core model zoo: "dispatcher=DeepEP" → flex (deepep); "dispatcher=A2A" → none
+    assert feats["MCORE-MZOO-001"]["flex_dispatcher"] == {"backend": "deepep"}
+    assert "flex_dispatcher" not in feats["MCORE-MZOO-004"]
