@@ -52,6 +52,8 @@ PARAMETERS: dict[str, tuple[float, float, bool]] = {
     "scaleout_latency_us": (0.5, 100.0, True),
     "step_overhead_s": (0.0, 2.0, False),
     "microbatch_overhead_s": (0.0, 0.02, False),
+    "contention_compute": (1.0, 1.5, False),
+    "contention_comm": (1.0, 2.0, False),
 }
 DEFAULT_PARAMETERS = ("gemm_efficiency", "gemm_half_efficiency_s", "attention_efficiency",
                       "scaleup_bus_efficiency", "scaleout_bus_efficiency", "step_overhead_s")
