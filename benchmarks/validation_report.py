@@ -134,6 +134,51 @@ def vtrain_structure(result) -> list[str]:
             f"| after one offset per (hidden, TP, micro-batch) setting ({len(keys)} settings) | {pct(per_group)} |"]
 
 
+def weighted_median_floor(times) -> float:
+    """Σ|p/m − 1| at its minimum over p for measurements `times` of one configuration: the
+    optimum is the median of the m weighted by 1/m."""
+    m = sorted(times)
+    w = [1.0 / x for x in m]
+    half, acc = sum(w) / 2.0, 0.0
+    for x, wi in zip(m, w):
+        acc += wi
+        if acc >= half:
+            return sum(abs(x / y - 1.0) for y in m)
+    return 0.0
+
+
+def repeat_floor(paths, result) -> list[str]:
+    """The error no predictor can remove: rows whose job (model, hardware, parallel layout,
+    features) is identical but whose measured times differ (other releases, reruns). A predictor
+    gives one time per job, so it cannot beat the per-job weighted median."""
+    import json
+
+    from mofa_framework import Predictor
+    from mofa_framework.validate import map_rows
+
+    predicted = {(r.source, r.row_id) for r in result.rows}
+    mapped, _ = map_rows(paths, Predictor().registry)
+    jobs: dict[str, dict[str, list[float]]] = {}
+    for m in mapped:
+        if (m.source, m.row_id) in predicted:
+            jobs.setdefault(m.source, {}).setdefault(json.dumps(m.job, sort_keys=True, default=str), []).append(
+                m.measured_s)
+    mape = {s.source: s.step_time.mape for s in [*result.sources, result.overall]}
+    lines = ["| source | rows | rows in a repeated job | repeated jobs | lowest MAPE one time per job can reach | "
+             "MAPE as predicted |", "|---|---|---|---|---|---|"]
+    tot = [0, 0, 0, 0.0]  # rows, rows in repeated jobs, repeated jobs, Σ floor
+    for src, by_job in jobs.items():
+        n = sum(len(v) for v in by_job.values())
+        rep = [v for v in by_job.values() if len(v) > 1]
+        row = [n, sum(len(v) for v in rep), len(rep), sum(weighted_median_floor(v) for v in rep)]
+        tot = [a + b for a, b in zip(tot, row)]
+        lines.append(f"| {src} | {n} | {row[1]} | {row[2]} | {pct(row[3] / n)} | {pct(mape.get(src))} |")
+    if tot[0]:
+        lines.append(f"| **overall** | {tot[0]} | {tot[1]} | {tot[2]} | {pct(tot[3] / tot[0])} | "
+                     f"{pct(mape.get('overall'))} |")
+    return lines
+
+
 def shipped_table(fits: dict[str, dict]) -> list[str]:
     lines = ["| profile | fitted coefficients (as shipped) | what the fit reported when it wrote the profile |",
              "|---|---|---|"]
@@ -176,6 +221,11 @@ def render(data: Path, folds: int) -> str:
            "vTrain's rows are built from one profiled per-layer time per (hidden, TP, micro-batch) setting; "
            "the scatter of those times across settings is not monotonic in work, so no smooth model removes it.", "",
            *vtrain_structure(main), "",
+           "### Repeated jobs: the error no predictor can remove", "",
+           "Some sources publish the same job (model, GPU, layout, features as mapped) more than once — another "
+           "release, another run — with different times. A predictor gives one time per job, so on those rows it "
+           "cannot beat the per-job (1/m-weighted) median; the floor counts only that, not vTrain's scatter above.", "",
+           *repeat_floor(paths, main), "",
            "### Rows not predicted", "", *skipped_table(main), "",
            "### Shipped fits", "",
            "Read from each `hardware_profiles/*.toml` (the command that wrote it is in the comment above its "

@@ -50,6 +50,7 @@ PARAMETERS: dict[str, tuple[float, float, bool]] = {
     "scaleout_bus_efficiency": (0.3, 1.0, False),
     "scaleup_latency_us": (0.5, 100.0, True),
     "scaleout_latency_us": (0.5, 100.0, True),
+    "bandwidth_decay_per_doubling": (0.0, 0.2, False),
     "step_overhead_s": (0.0, 2.0, False),
     "microbatch_overhead_s": (0.0, 0.02, False),
     "contention_compute": (1.0, 1.5, False),

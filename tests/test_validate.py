@@ -20,8 +20,8 @@ needs_data = pytest.mark.skipif(not (DATA / "megatron_selene_a100.csv").exists()
 
 # Gates: set just above what the shipped profiles achieve, so they only tighten over time
 # (docs/validation.md has the figures; benchmarks/validation_report.py regenerates them).
-OVERALL_MAPE = 0.0710  # achieved 7.06 % over 1,830 rows (13.01 % before the host-dispatch floor)
-OVERALL_MAX = 1.04  # achieved 103 % (the Megatron-Core model-zoo FSDP row; see docs/validation.md)
+OVERALL_MAPE = 0.0700  # achieved 6.97 % over 1,830 rows (13.01 % before the host-dispatch floor)
+OVERALL_MAX = 0.90  # achieved 89 % (the Megatron-Core model-zoo FSDP row; see docs/validation.md)
 # Megatron PTD-P rows (Narayanan 2021 Table 1 + Korthikanti 2022); the issue's target is 5 %,
 # Calculon reaches 3.65 % mean / 8.87 % max. One A100 profile serves three software stacks
 # (Selene 2021/22, the 2023 ZeroBubble fork, vTrain's Megatron-DeepSpeed) and is fitted on all
@@ -111,14 +111,21 @@ def test_bad_input_is_one_line_exit_2(cli, tmp_path):
     assert res.exit_code == 2 and res.output.strip().count("\n") == 0
 
 
-def _synthetic_rows(predictor, true_eff: float, features: dict | None = None, **truth_coeffs):
-    """A few Korthikanti-like jobs whose 'measured' step time is the prediction with known coefficients
-    (`gemm_efficiency` = `true_eff` and any of `truth_coeffs`); `features` are added to every job."""
+KORTHIKANTI_LIKE = (("gpt-22b", 8, 8, 1, 1, 4), ("gpt3-175b", 64, 8, 8, 3, 64), ("gpt-7.5b", 32, 4, 2, 1, 64),
+                    ("gpt-1.7b", 8, 1, 1, 1, 64))
+#: data parallelism over 1 to 16 nodes (the gradient all-reduce spans them all)
+DP_SCALING = tuple(("gpt-1.7b", n, 1, 1, 1, n) for n in (8, 16, 32, 64, 128)) + (("gpt-7.5b", 32, 4, 1, 1, 64),)
+
+
+def _synthetic_rows(predictor, true_eff: float, features: dict | None = None, layouts=KORTHIKANTI_LIKE,
+                    **truth_coeffs):
+    """A few jobs (model, GPUs, TP, PP, VPP, global batch) whose 'measured' step time is the prediction
+    with known coefficients (`gemm_efficiency` = `true_eff` and any of `truth_coeffs`); `features` are
+    added to every job."""
     from mofa_framework.validate import MappedRow, prepare, predict_prepared
 
     jobs = []
-    for model, gpus, tp, pp, vpp, gbs in (("gpt-22b", 8, 8, 1, 1, 4), ("gpt3-175b", 64, 8, 8, 3, 64),
-                                          ("gpt-7.5b", 32, 4, 2, 1, 64), ("gpt-1.7b", 8, 1, 1, 1, 64)):
+    for model, gpus, tp, pp, vpp, gbs in layouts:
         for rec in ("full", "selective"):
             jobs.append({"model": {"name": model}, "hardware": {"name": "a100-sxm4-80gb", "num_gpus": gpus},
                          "parallel": {"tp": tp, "pp": pp, "vpp": vpp, "micro_batch_size": 1, "global_batch_size": gbs,
@@ -156,19 +163,26 @@ def test_calibrate_recovers_known_coefficient(tmp_path):
     assert again.count("\n[efficiency]\n") == 1 and again.count("fitted by") == 1
 
 
-def test_calibrate_fits_the_contention_coefficients():
-    """α and β of the overlap equations are fittable: rows whose TP, PP and DP communication
-    overlaps compute recover a known α (contention_compute) next to the GEMM efficiency."""
-    from mofa_framework import Predictor
+@pytest.mark.parametrize("name, truth", [("contention_compute", 1.2), ("bandwidth_decay_per_doubling", 0.1)])
+def test_calibrate_fits_contention_and_node_scaling(name, truth, monkeypatch):
+    """The issue's "contention coefficients" and "collective efficiency vs nodes spanned" are
+    fittable: rows whose TP, PP and DP communication overlaps compute recover a known α
+    (contention_compute), and rows whose rings span 1–8 nodes a known eq. [3] decay, next to
+    the GEMM efficiency. (The weak prior towards the library defaults is switched off: with a
+    dozen synthetic rows of one source it would hold the coefficient part of the way back.)"""
+    from mofa_framework import Predictor, calibrate as calibration
     from mofa_framework.calibrate import PARAMETERS, calibrate
 
-    assert {"contention_compute", "contention_comm"} <= set(PARAMETERS)
+    monkeypatch.setattr(calibration, "PRIOR_WEIGHT", 0.0)
+    assert {"contention_compute", "contention_comm", "bandwidth_decay_per_doubling"} <= set(PARAMETERS)
     predictor = Predictor()
     overlaps = {"tp_overlap": {}, "pp_overlap": {}, "dp_overlap": {}, "distributed_optimizer": {}}
-    rows = _synthetic_rows(predictor, 0.7, overlaps, contention_compute=1.2)
-    res = calibrate([], "a100-sxm4-80gb", predictor, parameters=("gemm_efficiency", "contention_compute"),
-                    folds=0, mapped=rows)
-    assert res.fitted["contention_compute"] == pytest.approx(1.2, abs=0.01)
+    if name.startswith("contention"):
+        rows = _synthetic_rows(predictor, 0.7, overlaps, **{name: truth})
+    else:
+        rows = _synthetic_rows(predictor, 0.7, layouts=DP_SCALING, **{name: truth})
+    res = calibrate([], "a100-sxm4-80gb", predictor, parameters=("gemm_efficiency", name), folds=0, mapped=rows)
+    assert res.fitted[name] == pytest.approx(truth, rel=0.05)
     assert res.fitted["gemm_efficiency"] == pytest.approx(0.7, abs=0.01)
     assert res.after.max < 0.005 < res.before.max
 
