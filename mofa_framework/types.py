@@ -244,6 +244,12 @@ class EfficiencySpec:
     #: handling and the epilogues cost more per FLOP at 4 bits. Default 1
     fp4_gemm_relative_efficiency: float = attrs.field(default=1.0, converter=float,
                                                       validator=[v.gt(0.0), v.le(1.0)])
+    #: an MXFP8 GEMM's efficiency relative to ``gemm_efficiency``, of the fp8 peak: the fp8 feature's
+    #: ``recipe = "mxfp8"`` (32-element blocks with E8M0 scales, Blackwell's block-scaled tensor-core
+    #: instructions) — scale-factor layout kernels and the scaled epilogue cost more per FLOP than a
+    #: per-tensor-scaled fp8 GEMM. Default 1
+    mxfp8_gemm_relative_efficiency: float = attrs.field(default=1.0, converter=float,
+                                                        validator=[v.gt(0.0), v.le(1.0)])
     #: η_m: fraction of HBM bandwidth memory-bound kernels reach
     memory_efficiency: float = attrs.field(default=0.80, converter=float, validator=[v.gt(0.0), v.le(1.0)])
     #: fraction of link bandwidth a large collective reaches, inside / across the scale-up domain

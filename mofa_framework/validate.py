@@ -227,19 +227,29 @@ def _short_reference(text: str) -> str:
     return re.split(r"\s*[(,;]", text.strip(), maxsplit=1)[0] or text.strip()
 
 
-def _precision(text: str) -> tuple[str, str | None]:
-    """(parallel.precision, the low-precision GEMM feature or None) for a source's precision column.
+def _precision(text: str) -> tuple[str, str | None, dict]:
+    """(parallel.precision, the low-precision GEMM feature or None, its options) for a source's
+    precision column.
 
     Transformer Engine runs GEMMs in FP8 / NVFP4 and the attention core and everything else in
-    bf16: the ``fp8`` / ``nvfp4`` feature on a bf16 row."""
+    bf16: the ``fp8`` / ``nvfp4`` feature on a bf16 row. The FP8 scaling recipe the column names
+    becomes the ``fp8`` feature's ``recipe``: MXFP8 / FP8-MX → ``mxfp8``, FP8-CS (per-tensor current
+    scaling) and torchtitan's float8 tensorwise → ``tensorwise``, FP8 blockwise → ``blockwise``;
+    a bare "FP8" keeps the default (``delayed``, Megatron's default recipe)."""
     t = text.lower()
     if "nvfp4" in t or "fp4" in t:
-        return "bf16", "nvfp4"
+        return "bf16", "nvfp4", {}
     if "fp8" in t or "float8" in t:
-        return "bf16", "fp8"
+        if "mx" in t:
+            return "bf16", "fp8", {"recipe": "mxfp8"}
+        if "blockwise" in t:
+            return "bf16", "fp8", {"recipe": "blockwise"}
+        if "fp8-cs" in t or "current scaling" in t or "tensorwise" in t:
+            return "bf16", "fp8", {"recipe": "tensorwise"}
+        return "bf16", "fp8", {}
     if "fp16" in t and "bf16" not in t:
-        return "fp16", None
-    return "bf16", None
+        return "fp16", None, {}
+    return "bf16", None, {}
 
 
 def _lookup_model(registry, name: str):
@@ -302,7 +312,7 @@ def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
         return skip("no measured or derived iteration time")
     tp, pp = _int(r["tp"], 1), _int(r["pp"], 1)
     vpp, cp = _int(r.get("vpp"), 1) or 1, _int(r.get("cp"), 1) or 1
-    precision, lowp = _precision(r.get("precision", ""))
+    precision, lowp, lowp_options = _precision(r.get("precision", ""))
     sched_text = r.get("pp_schedule", "")
     flash = True
     old_megatron = any(k in fw for k in ("Megatron-LM (2021", "Megatron-LM (2022", "PTD-P", "zero-bubble"))
@@ -336,7 +346,7 @@ def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     elif dopt.startswith("y") or "zero-1" in dopt or "distributed" in dopt and not dopt.startswith("ddp"):
         job["features"]["distributed_optimizer"] = {}
     if lowp:
-        job["features"][lowp] = {}
+        job["features"][lowp] = lowp_options
     notes = r.get("notes", "")
     dp = _int(r.get("dp"), 1) or 1
     if dp > 1 and ("DDP-impl torch" in notes or not old_megatron):
@@ -484,7 +494,7 @@ def _nvidia_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
         # ETP not stated and Megatron-Core's default (= tp) cannot fold with this EP: the run
         # must have set --expert-tensor-parallel-size 1 (Megatron-Bridge's MoE recipes do)
         etp = 1
-    precision, lowp = _precision(r["precision"])
+    precision, lowp, lowp_options = _precision(r["precision"])
     par = {"tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "ep": ep, "etp": etp, "micro_batch_size": mbs,
            "global_batch_size": gbs, "sequence_length": seq, "precision": precision}
     ignore: frozenset[str] = frozenset()
@@ -505,7 +515,7 @@ def _nvidia_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     if cp > 1:
         feats["cp_overlap"] = {}
     if lowp:
-        feats[lowp] = {}
+        feats[lowp] = dict(lowp_options)
     # what the notes state the run used (Megatron-Core MoE model zoo: "recompute=full",
     # "+1f1b overlap" = --overlap-moe-expert-parallel-comm with the combined 1F1B schedule)
     nlow = notes.lower()

@@ -29,13 +29,13 @@ def gemm_input_bytes(model, g, kind) -> np.ndarray:
     return out
 
 
-def reprice_gemms(state, target: int, efficiency, cast_bytes: float, saved_fraction, share=1.0):
+def reprice_gemms(state, target: int, efficiency, cast_bytes, saved_fraction, share=1.0):
     """Every layer's GEMMs but the attention core re-priced at numeric format ``target``.
 
     ``Δt_op = t_op(target) / efficiency − t_op(row precision)`` is applied to the layer fields
     the op feeds (forward, backward-input, backward-weight, the TP/expert/QKV groups overlap
     features read), plus the quantisation casts: each GEMM's activation input in forward and its
-    output gradient in backward, ``cast_bytes`` per element at η_m·BW_hbm. Saved GEMM inputs
+    output gradient in backward, ``cast_bytes`` per element (scalar or per row) at η_m·BW_hbm. Saved GEMM inputs
     shrink by ``saved_fraction`` of their bf16 bytes. ``share`` (0–1) scales all of it: the share
     of the layers that run quantised.
     """

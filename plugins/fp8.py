@@ -27,6 +27,19 @@ feature models the Transformer Engine recipe around it and never double-counts:
   for its weight-gradient GEMM instead of the bf16 tensor. With the option on (default), the
   saved GEMM inputs — QKV input, O-projection input, FC1 input, FC2 input, and for MoE the
   dispatched tokens and the expert FC2 input — count 1 byte per element instead of 2.
+
+**Scaling recipe** (``recipe``, Megatron ``--fp8-recipe``). ``delayed`` (Megatron's default:
+per-tensor scales from an amax history) and ``tensorwise`` (per-tensor current scaling, "FP8-CS")
+cost what is described above. ``mxfp8`` (32-element blocks with E8M0 scales; needs block-scaled
+tensor cores, i.e. a profile with an fp4 peak — Blackwell) and ``blockwise`` (1×128 activation and
+128×128 weight blocks with fp32 scales, DeepSeek-V3's recipe) scale along the GEMM's reduction
+dimension, so the backward GEMMs that use a tensor transposed need a second, column-wise
+quantised copy: a cast reads bf16 once and writes both copies, ``2 + 2·(1 + s)`` bytes per element
+(``s`` = scale bytes per element: 1/32 for MXFP8, 4/128 for blockwise), and the cached weights are
+both orientations (``transpose_cache`` is implied). MXFP8 GEMMs run at the profile's
+``mxfp8_gemm_relative_efficiency`` (default 1; fitted where the rows say MXFP8: Megatron-Bridge
+publishes FP8-CS and MXFP8 runs of the same layouts, MXFP8 2–12 % slower on B200/GB200/GB300).
+Blockwise GEMMs are left at the fp8 rate (one published row; nothing to fit).
 """
 
 from __future__ import annotations
@@ -36,12 +49,15 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.batch import PRECISIONS
-from mofa_framework.types import CostTransform, option
+from mofa_framework.types import ConstraintResult, CostTransform, option
 from mofa_plugins._lowp import needs_format, reprice_gemms, with_weight_copies
 
 FP8 = PRECISIONS.index("fp8")
 #: bytes moved per element by a bf16 → fp8 quantisation kernel
 CAST_BYTES = 3.0
+#: scaling recipes (Megatron ``--fp8-recipe``) → scale-factor bytes per element of a block-scaled
+#: copy (None: per-tensor scales, one fp8 copy per cast)
+RECIPES = {"delayed": None, "tensorwise": None, "mxfp8": 1.0 / 32.0, "blockwise": 4.0 / 128.0}
 
 
 @attrs.frozen(kw_only=True)
@@ -50,24 +66,51 @@ class Fp8Options:
                                doc="fp8 GEMM efficiency relative to the provider's (time = t_fp8 / efficiency)")
     fp8_activations: bool = option(True, doc="save GEMM inputs for backward in fp8 (1 byte) instead of bf16")
     transpose_cache: bool = option(True, doc="keep an fp8 transposed weight copy besides the fp8 weights")
+    recipe: str = option("delayed", choices=tuple(RECIPES),
+                         doc="scaling recipe (--fp8-recipe): per-tensor delayed or tensorwise (current) scales, "
+                             "or block-scaled mxfp8 / blockwise (row- and column-wise quantised copies)")
+
+
+def _scale_bytes(rows) -> np.ndarray:
+    """Scale-factor bytes per element of a block-scaled copy; NaN for the per-tensor recipes."""
+    out = np.full(len(rows.enabled), np.nan)
+    for name, s in RECIPES.items():
+        if s is not None:
+            out = np.where(rows.choice("recipe", name), s, out)
+    return out
 
 
 def layer(state, rows):
-    saved = np.where(rows.options["fp8_activations"] > 0.5, 0.5, 0.0)  # bf16 (2 B) → fp8 (1 B)
-    return reprice_gemms(state, FP8, rows.options["efficiency"], CAST_BYTES, saved)
+    scale = _scale_bytes(rows)
+    block = np.isfinite(scale)
+    # bf16 (2 B) → fp8 (1 B, plus the column-wise copy's scales when block-scaled)
+    saved = np.where(rows.options["fp8_activations"] > 0.5, 1.0 - (1.0 + np.nan_to_num(scale)) / 2.0, 0.0)
+    # block-scaled: read bf16 once, write the row- and the column-wise copy with their scales
+    cast = np.where(block, 2.0 + 2.0 * (1.0 + np.nan_to_num(scale)), CAST_BYTES)
+    mx = np.where(rows.choice("recipe", "mxfp8"), state.ctx.hardware.efficiency.mxfp8_gemm_relative_efficiency, 1.0)
+    return reprice_gemms(state, FP8, rows.options["efficiency"] * mx, cast, saved)
 
 
 def memory(state, rows):
-    return with_weight_copies(state, 1.0 + np.where(rows.options["transpose_cache"] > 0.5, 1.0, 0.0))
+    block = np.isfinite(_scale_bytes(rows))
+    per_copy = 1.0 + np.where(block, np.nan_to_num(_scale_bytes(rows)), 0.0)
+    copies = np.where(block | (rows.options["transpose_cache"] > 0.5), 2.0, 1.0)
+    return with_weight_copies(state, per_copy * copies)
 
 
 @hookimpl
 def mofa_candidate_constraints(batch, model, hardware):
     yield from needs_format(batch, hardware, "fp8", "fp8", "FP8")
+    rows = batch.feature("fp8")
+    if rows.enabled.any() and "fp4" not in hardware.compute.peak_tflops:
+        yield ConstraintResult(
+            name="fp8_mxfp8_tensor_cores", feasible=~(rows.enabled & rows.choice("recipe", "mxfp8")),
+            reason=f"features.fp8.recipe = 'mxfp8' needs block-scaled (MX) tensor cores, which "
+                   f"{hardware.name} lacks: use recipe 'tensorwise' or 'delayed'")
 
 
 def megatron_args(options) -> list[str]:
-    return ["--fp8-format", "hybrid"]
+    return ["--fp8-format", "hybrid", "--fp8-recipe", options.recipe if options is not None else "delayed"]
 
 
 FEATURE = CostTransform(
