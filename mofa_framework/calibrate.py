@@ -49,6 +49,7 @@ PARAMETERS: dict[str, tuple[float, float, bool]] = {
     "mxfp8_gemm_relative_efficiency": (0.3, 1.0, False),
     "scaleup_bus_efficiency": (0.3, 1.0, False),
     "scaleout_bus_efficiency": (0.3, 1.0, False),
+    "alltoall_relative_efficiency": (0.1, 1.0, False),
     "scaleup_latency_us": (0.5, 100.0, True),
     "scaleout_latency_us": (0.5, 100.0, True),
     "bandwidth_decay_per_doubling": (0.0, 0.2, False),

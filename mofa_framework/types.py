@@ -255,6 +255,9 @@ class EfficiencySpec:
     #: fraction of link bandwidth a large collective reaches, inside / across the scale-up domain
     scaleup_bus_efficiency: float = attrs.field(default=0.80, converter=float, validator=[v.gt(0.0), v.le(1.0)])
     scaleout_bus_efficiency: float = attrs.field(default=0.85, converter=float, validator=[v.gt(0.0), v.le(1.0)])
+    #: an all-to-all's bandwidth relative to a ring's (``*_bus_efficiency``): many peers, small
+    #: per-peer messages. Default 1
+    alltoall_relative_efficiency: float = attrs.field(default=1.0, converter=float, validator=[v.gt(0.0), v.le(1.0)])
     #: λ: per-step latency of a collective, µs, inside / across nodes
     scaleup_latency_us: float = attrs.field(default=5.0, converter=float, validator=v.ge(0.0))
     scaleout_latency_us: float = attrs.field(default=10.0, converter=float, validator=v.ge(0.0))

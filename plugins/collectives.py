@@ -16,7 +16,8 @@ total NIC bandwidth).
 An all-to-all that spans several scale-up domains is hierarchical (NCCL's PXN, DeepEP, HybridEP):
 of the ``(n−1)/n·S`` a rank sends, the ``(n/nodes − 1)/n·S`` for peers in its own domain go over
 the scale-up links and the ``(n − n/nodes)/n·S`` for the other domains over the scale-out NIC, at
-the same time: ``max(intra, inter) + λ``.
+the same time: ``max(intra, inter) + λ``. Its bandwidth terms are divided by the profile's
+``alltoall_relative_efficiency`` (many peers, small per-peer messages; default 1).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def collective_seconds(colls, hardware) -> np.ndarray:
     ring = np.where(intra, bw, np.minimum(up, local * bw))
     # all-to-all across domains: the share for peers in the own domain rides the scale-up links
     a2a = np.where(intra, frac * s / bw, np.maximum((local - 1.0) / n * s / up, (n - local) / n * s / bw))
+    a2a = a2a / eff.alltoall_relative_efficiency
     t = np.select(
         [k == AR, (k == AG) | (k == RS), k == A2A, k == P2P],
         [2.0 * frac * s / ring + 2.0 * (n - 1.0) * lat, frac * s / ring + (n - 1.0) * lat, a2a + lat,

@@ -160,3 +160,21 @@ def test_cross_domain_rings_and_all_to_all(mofa_predictor):
     close(t[1], max(7 / 16 * S / up, 8 / 16 * S / out) + lat)
     out16 = hw.scaleout_bandwidth_bytes_per_s * e.scaleout_bus_efficiency * (1 - e.bandwidth_decay_per_doubling) ** 4
     close(t[2], 15 / 16 * S / out16 + 15 * lat)  # one rank per node: the NIC alone
+
+
+def test_alltoall_relative_efficiency_slows_only_all_to_alls(mofa_predictor):
+    """An all-to-all's bandwidth terms divide by ``alltoall_relative_efficiency``; its latency and
+    every other collective are unchanged."""
+    from mofa_framework.batch import CollectiveBatch
+    from mofa_plugins.collectives import collective_seconds
+
+    hw = mofa_predictor.registry.hardware_profile("h100-sxm5-80gb")
+    e = attrs.evolve(hw.efficiency, alltoall_relative_efficiency=1.0)
+    one, half = attrs.evolve(hw, efficiency=e), attrs.evolve(hw, efficiency=attrs.evolve(e, alltoall_relative_efficiency=0.5))
+    c = CollectiveBatch(kind=[ALL_TO_ALL, ALL_TO_ALL, 0, 1], bytes=[1e9] * 4, group_size=[8, 16, 16, 16],
+                        nodes=[1, 2, 2, 2])
+    t1, t2 = collective_seconds(c, one), collective_seconds(c, half)
+    lat_up, lat_out = e.scaleup_latency_us * 1e-6, e.scaleout_latency_us * 1e-6
+    close(t2[0] - lat_up, 2.0 * (t1[0] - lat_up))
+    close(t2[1] - lat_out, 2.0 * (t1[1] - lat_out))
+    close(t2[2:], t1[2:])
