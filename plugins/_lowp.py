@@ -1,6 +1,8 @@
-"""Shared by the low-precision GEMM features (``fp8``, ``nvfp4``): re-pricing a layer's GEMMs at
-another numeric format with the quantisation casts Transformer Engine adds, and the GEMM weights
-each stage holds (for the quantised weight copies). Not a plugin: no entry point, no hooks.
+"""Shared by the features that re-price a layer's operators (``fp8``, ``nvfp4``, ``cuda_graphs``):
+re-pricing a layer's GEMMs at another numeric format with the quantisation casts Transformer
+Engine adds, applying per-operator time changes to every layer field that depends on them, and the
+GEMM weights each stage holds (for the quantised weight copies). Not a plugin: no entry point, no
+hooks.
 """
 
 from __future__ import annotations
@@ -51,41 +53,58 @@ def reprice_gemms(state, target: int, efficiency, cast_bytes, saved_fraction, sh
                if np.all(np.asarray(o.kind) == GEMM) and o.group != "core_attn"]
         base = price_operators(ctx, ops)
         fast = price_operators(ctx_q, ops)
-        d = {k: z.copy() for k in ("fwd", "bi", "bw", "tp_f", "tp_b", "ex_f", "ex_b", "qkv")}
         cast_f, cast_b = z.copy(), z.copy()
-        for o, t0, tq in zip(ops, base, fast):
-            dt = tq / efficiency - t0
-            d["fwd"] += dt
-            d["bi"] += dt * o.bwd_input
-            d["bw"] += dt * o.bwd_weight
-            if o.group in ("qkv", "proj", "mlp"):
-                d["tp_f"] += dt
-                d["tp_b"] += dt * (o.bwd_input + o.bwd_weight)
-            if o.group == "expert":
-                d["ex_f"] += dt
-                d["ex_b"] += dt * (o.bwd_input + o.bwd_weight)
-            if o.group == "qkv":
-                d["qkv"] += dt
+        for o in ops:
             mult = np.asarray(o.flops) / np.maximum(2.0 * o.m * o.n * o.k, 1.0)  # grouped GEMMs: local experts
             cast_f += mult * o.m * o.k * cast_bytes / bw
             cast_b += mult * o.m * o.n * cast_bytes / bw
-        saved_cut = saved_fraction * gemm_input_bytes(ctx.model, g, kind)
-        d = {k: v * share for k, v in d.items()}
-        cast_f, cast_b, saved_cut = cast_f * share, cast_b * share, saved_cut * share
+        saved_cut = saved_fraction * gemm_input_bytes(ctx.model, g, kind) * share
+        c = with_op_deltas(c, ops, [(tq / efficiency - t0) * share for t0, tq in zip(base, fast)])
         out[kind] = attrs.evolve(
             c,
-            fwd_compute_s=c.fwd_compute_s + d["fwd"] + cast_f,
-            bwd_input_s=c.bwd_input_s + d["bi"] + cast_b,
-            bwd_weight_s=c.bwd_weight_s + d["bw"],
-            tp_gemm_fwd_s=c.tp_gemm_fwd_s + d["tp_f"],
-            tp_gemm_bwd_s=c.tp_gemm_bwd_s + d["tp_b"],
-            expert_fwd_s=c.expert_fwd_s + d["ex_f"],
-            expert_bwd_s=c.expert_bwd_s + d["ex_b"],
-            qkv_attn_fwd_s=c.qkv_attn_fwd_s + d["qkv"],
+            fwd_compute_s=c.fwd_compute_s + cast_f * share,
+            bwd_input_s=c.bwd_input_s + cast_b * share,
             act_other_bytes=c.act_other_bytes - saved_cut,
             act_saved_bytes=c.act_saved_bytes - saved_cut,
         )
     return attrs.evolve(state, layers=out)
+
+
+def with_op_deltas(c, ops, deltas):
+    """Layer costs `c` with each operator's forward time changed by its delta (arrays over rows):
+    forward, backward-input and backward-weight by the op's backward multiples, and the per-group
+    times the overlap features read (TP GEMMs, attention core, experts, QKV + attention)."""
+    z = np.zeros_like(np.asarray(c.fwd_compute_s, dtype=np.float64))
+    d = {k: z.copy() for k in ("fwd", "bi", "bw", "tp_f", "tp_b", "at_f", "at_b", "ex_f", "ex_b", "qkv")}
+    for o, dt in zip(ops, deltas):
+        d["fwd"] += dt
+        d["bi"] += dt * o.bwd_input
+        d["bw"] += dt * o.bwd_weight
+        both = dt * (o.bwd_input + o.bwd_weight)
+        if o.group in ("qkv", "proj", "mlp"):
+            d["tp_f"] += dt
+            d["tp_b"] += both
+        if o.group == "core_attn":
+            d["at_f"] += dt
+            d["at_b"] += both
+        if o.group == "expert":
+            d["ex_f"] += dt
+            d["ex_b"] += both
+        if o.group in ("qkv", "core_attn"):
+            d["qkv"] += dt
+    return attrs.evolve(
+        c,
+        fwd_compute_s=c.fwd_compute_s + d["fwd"],
+        bwd_input_s=c.bwd_input_s + d["bi"],
+        bwd_weight_s=c.bwd_weight_s + d["bw"],
+        tp_gemm_fwd_s=c.tp_gemm_fwd_s + d["tp_f"],
+        tp_gemm_bwd_s=c.tp_gemm_bwd_s + d["tp_b"],
+        attn_fwd_s=c.attn_fwd_s + d["at_f"],
+        attn_bwd_s=c.attn_bwd_s + d["at_b"],
+        expert_fwd_s=c.expert_fwd_s + d["ex_f"],
+        expert_bwd_s=c.expert_bwd_s + d["ex_b"],
+        qkv_attn_fwd_s=c.qkv_attn_fwd_s + d["qkv"],
+    )
 
 
 def gemm_params_on_stages(model, batch) -> np.ndarray:

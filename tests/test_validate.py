@@ -20,7 +20,9 @@ needs_data = pytest.mark.skipif(not (DATA / "megatron_selene_a100.csv").exists()
 
 # Gates: set just above what the shipped profiles achieve, so they only tighten over time
 # (docs/validation.md has the figures; benchmarks/validation_report.py regenerates them).
-OVERALL_MAPE = 0.0691  # achieved 6.89 % over 1,830 rows (13.01 % before the host-dispatch floor)
+# 6.89 % before the Megatron-Bridge Qwen3 / GPT-OSS rows were mapped
+# with the CUDA graphs their presets run (a faithful mapping costs B200's host-floor fit 0.03 points)
+OVERALL_MAPE = 0.0694  # achieved 6.92 % over 1,830 rows (13.01 % before the host-dispatch floor)
 OVERALL_MAX = 0.90  # achieved 89 % (the Megatron-Core model-zoo FSDP row; see docs/validation.md)
 # Megatron PTD-P rows (Narayanan 2021 Table 1 + Korthikanti 2022); the issue's target is 5 %,
 # Calculon reaches 3.65 % mean / 8.87 % max. One A100 profile serves three software stacks
@@ -232,6 +234,14 @@ def test_megatron_bridge_presets_and_stated_dispatchers_map_to_features():
     # dense rows get none of it; NVFP4 rows run bf16 + nvfp4
     assert not {"flex_dispatcher", "ep_overlap"} & set(feats["MB-ARC-017"])
     assert "nvfp4" in feats["MB-ARC-017"] and precision["MB-ARC-017"] == "bf16"
+    # CUDA graphs as the presets capture them: per module on Qwen3-30B (B200: attention + router +
+    # permutation; GB200 MXFP8: router + permutation), the full iteration for GPT-OSS MXFP8 on GB200,
+    # none for GPT-OSS BF16 on GB200 or for DeepSeek-V3 (the preset versions disagree)
+    assert feats["MB-ARC-082"]["cuda_graphs"] == {"scope": "per_module", "attn": True, "mlp": False,
+                                                  "moe_router": True, "moe_preprocess": True}
+    assert feats["MB-ARC-080"]["cuda_graphs"]["attn"] is False
+    assert feats["MB-CUR-006"]["cuda_graphs"] == {}
+    assert "cuda_graphs" not in feats["MB-ARC-121"] and "cuda_graphs" not in feats["MB-ARC-073"]
     # Megatron-Core model zoo: "dispatcher=DeepEP" → flex (deepep); "dispatcher=A2A" → none
     assert feats["MCORE-MZOO-001"]["flex_dispatcher"] == {"backend": "deepep"}
     assert "flex_dispatcher" not in feats["MCORE-MZOO-004"]
