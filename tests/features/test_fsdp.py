@@ -130,7 +130,8 @@ def test_grouped_gemm_sees_each_experts_size(mofa_predictor):
     from mofa_plugins.roofline import operator_seconds
 
     hw = mofa_predictor.registry.hardware_profile("h100-sxm5-80gb")
-    hw = attrs.evolve(hw, efficiency=attrs.evolve(hw.efficiency, gemm_half_efficiency_s=1e-5, kernel_launch_s=3e-6))
+    hw = attrs.evolve(hw, efficiency=attrs.evolve(hw.efficiency, gemm_half_efficiency_s=1e-5, kernel_launch_s=3e-6,
+                                                  gemm_half_dim=0.0, host_dispatch_s=0.0))
     f = 2.0 * 512 * 2048 * 4096  # one expert's GEMM
     ops = OperatorBatch(flops=[8 * f, 8 * f], bytes=[0.0, 0.0], kind=[0, 0], precision=[0, 0], gemm_m=[512, 4096],
                         gemm_n=[2048, 2048], gemm_k=[4096, 4096], count=np.array([8.0, 1.0]))
