@@ -395,6 +395,10 @@ _FLEX_DEEPEP = {"flex_dispatcher": {"backend": "deepep"}}
 #: TE per-module CUDA graphs (--cuda-graph-scope attn moe_router moe_preprocess / moe_router moe_preprocess)
 _GRAPHS_ATTN_ROUTER = {"scope": "per_module", "attn": True, "mlp": False, "moe_router": True, "moe_preprocess": True}
 _GRAPHS_ROUTER = {"scope": "per_module", "attn": False, "mlp": False, "moe_router": True, "moe_preprocess": True}
+#: the two Qwen3 preset versions read (older configs/qwen3 layout, newer configs/qwen) and the GPT-OSS one
+_QWEN3_PRESETS = (f"{_MB}@0fa501acee1ebfe3d1ab8088b638e2089d800df6 scripts/performance/configs/qwen3/workload_base_configs.py"
+                  " and @01b2977e518f0a58ec870daba2fb2c04d76a91b2 scripts/performance/configs/qwen/qwen3_workload_base_configs.py")
+_GPT_OSS_PRESET = f"{_MB}@07eea52d4523a69fc8975cef34938d61ae13f9e2 scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py"
 #: Megatron-Bridge performance presets the tables do not state (read at the commits cited)
 BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
     # token dispatcher: the DeepSeek-V3 recipe selects the flex dispatcher (HybridEP) on every GPU
@@ -453,39 +457,27 @@ BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
     # (the older configs/qwen3 layout the full iteration, the newer one per module); the scope both
     # cover is applied. DeepSeek-V3 is left out: the oldest version read sets no graphs on GB200/B200.
     BridgeRecipe(models=("qwen3-30b-a3b",), gpus=("gb200",), precision=("MX",), layout={"mbs": 4},
-                 features={"cuda_graphs": _GRAPHS_ROUTER},
-                 source=f"{_MB}@0fa501acee1ebfe3d1ab8088b638e2089d800df6 scripts/performance/configs/qwen3/"
-                        "workload_base_configs.py and @01b2977e518f0a58ec870daba2fb2c04d76a91b2 "
-                        "scripts/performance/configs/qwen/qwen3_workload_base_configs.py (GB200 FP8_MX)"),
+                 features={"cuda_graphs": _GRAPHS_ROUTER}, source=f"{_QWEN3_PRESETS} (GB200 FP8_MX)"),
     BridgeRecipe(models=("qwen3-30b-a3b",), gpus=("gb200",), precision=("CS", "BF16"), layout={"mbs": 4},
-                 features={"cuda_graphs": _GRAPHS_ATTN_ROUTER},
-                 source=f"{_MB}@0fa501acee1ebfe3d1ab8088b638e2089d800df6 and @01b2977e518f0a58ec870daba2fb2c04d76a91b2 "
-                        "qwen3 workload base configs (GB200 BF16 / FP8_CS)"),
+                 features={"cuda_graphs": _GRAPHS_ATTN_ROUTER}, source=f"{_QWEN3_PRESETS} (GB200 BF16 / FP8_CS)"),
     BridgeRecipe(models=("qwen3-30b-a3b",), gpus=("b200",), features={"cuda_graphs": _GRAPHS_ATTN_ROUTER},
-                 source=f"{_MB}@0fa501acee1ebfe3d1ab8088b638e2089d800df6 and @01b2977e518f0a58ec870daba2fb2c04d76a91b2 "
-                        "qwen3 workload base configs (B200, every precision)"),
+                 source=f"{_QWEN3_PRESETS} (B200, every precision)"),
     BridgeRecipe(models=("qwen3-30b-a3b",), gpus=("gb300", "b300"), layout={"mbs": 8},
                  features={"cuda_graphs": _GRAPHS_ROUTER},
-                 source=f"{_MB}@0fa501acee1ebfe3d1ab8088b638e2089d800df6 and @01b2977e518f0a58ec870daba2fb2c04d76a91b2 "
-                        "qwen3 workload base configs (GB300 MBS 8; B300 only in the newer)"),
+                 source=f"{_QWEN3_PRESETS} (GB300 MBS 8; B300 only in the newer)"),
     BridgeRecipe(models=("qwen3-235b-a22b",), gpus=("gb200",), layout={"tp": 1, "pp": 8, "ep": 32},
                  features={"cuda_graphs": _GRAPHS_ATTN_ROUTER},
-                 source=f"{_MB}@01b2977e518f0a58ec870daba2fb2c04d76a91b2 scripts/performance/configs/qwen/"
-                        "qwen3_workload_base_configs.py (GB200 V2; the older layout PP8 EP8 GBS1024 graphs the full iteration)"),
+                 source=f"{_QWEN3_PRESETS} (GB200 V2, newer only; the older PP8 EP8 GBS1024 layout graphs the full "
+                        "iteration)"),
     # GPT-OSS (one version read): the full iteration for MXFP8 on GB300/GB200, per module for BF16 on GB300
     # and for both precisions on B300
     BridgeRecipe(models=("gpt-oss-120b",), gpus=("gb300", "gb200"), precision=("MX",),
                  layout={"tp": 1, "pp": 1, "mbs": 4, "gbs": 1280}, features={"cuda_graphs": {}},
-                 source=f"{_MB}@07eea52d4523a69fc8975cef34938d61ae13f9e2 scripts/performance/configs/gpt_oss/"
-                        "gpt_oss_workload_base_configs.py (FP8-MX V2: full_iteration)"),
-    BridgeRecipe(models=("gpt-oss-120b",), gpus=("gb300",), precision=("BF16",),
-                 layout={"tp": 1, "pp": 1, "mbs": 4}, features={"cuda_graphs": _GRAPHS_ATTN_ROUTER},
-                 source=f"{_MB}@07eea52d4523a69fc8975cef34938d61ae13f9e2 scripts/performance/configs/gpt_oss/"
-                        "gpt_oss_workload_base_configs.py (GB300 BF16)"),
+                 source=f"{_GPT_OSS_PRESET} (FP8-MX V2: full_iteration)"),
+    BridgeRecipe(models=("gpt-oss-120b",), gpus=("gb300",), precision=("BF16",), layout={"tp": 1, "pp": 1, "mbs": 4},
+                 features={"cuda_graphs": _GRAPHS_ATTN_ROUTER}, source=f"{_GPT_OSS_PRESET} (GB300 BF16)"),
     BridgeRecipe(models=("gpt-oss-120b",), gpus=("b300",), layout={"tp": 1, "pp": 1, "mbs": 4},
-                 features={"cuda_graphs": _GRAPHS_ATTN_ROUTER},
-                 source=f"{_MB}@07eea52d4523a69fc8975cef34938d61ae13f9e2 scripts/performance/configs/gpt_oss/"
-                        "gpt_oss_workload_base_configs.py (B300 BF16 / FP8_MX)"),
+                 features={"cuda_graphs": _GRAPHS_ATTN_ROUTER}, source=f"{_GPT_OSS_PRESET} (B300 BF16 / FP8_MX)"),
 )
 
 
