@@ -37,9 +37,10 @@ dimension, so the backward GEMMs that use a tensor transposed need a second, col
 quantised copy: a cast reads bf16 once and writes both copies, ``2 + 2·(1 + s)`` bytes per element
 (``s`` = scale bytes per element: 1/32 for MXFP8, 4/128 for blockwise), and the cached weights are
 both orientations (``transpose_cache`` is implied). MXFP8 GEMMs run at the profile's
-``mxfp8_gemm_relative_efficiency`` (default 1; fitted where the rows say MXFP8: Megatron-Bridge
-publishes FP8-CS and MXFP8 runs of the same layouts, MXFP8 2–12 % slower on B200/GB200/GB300).
-Blockwise GEMMs are left at the fp8 rate (one published row; nothing to fit).
+``mxfp8_gemm_relative_efficiency`` (default 1, fittable by ``mofa calibrate``; Megatron-Bridge
+publishes FP8-CS and MXFP8 runs of the same layouts, MXFP8 2–12 % slower, but no shipped profile's
+held-out error improves with it — see ``docs/features/memory.md``). Blockwise GEMMs are left at the
+fp8 rate (one published row; nothing to fit).
 """
 
 from __future__ import annotations
@@ -92,10 +93,10 @@ def layer(state, rows):
 
 
 def memory(state, rows):
-    block = np.isfinite(_scale_bytes(rows))
-    per_copy = 1.0 + np.where(block, np.nan_to_num(_scale_bytes(rows)), 0.0)
-    copies = np.where(block | (rows.options["transpose_cache"] > 0.5), 2.0, 1.0)
-    return with_weight_copies(state, per_copy * copies)
+    scale = _scale_bytes(rows)
+    # block-scaled: both orientations always; per-tensor: the transposed copy if cached
+    copies = np.where(np.isfinite(scale) | (rows.options["transpose_cache"] > 0.5), 2.0, 1.0)
+    return with_weight_copies(state, (1.0 + np.nan_to_num(scale)) * copies)
 
 
 @hookimpl
