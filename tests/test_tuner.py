@@ -190,6 +190,22 @@ def test_cli_tune_formats_and_errors(tmp_path):
     assert e2e["best"][0]["total_time_s"] > e2e["best"][0]["step_time_s"]
 
 
+def test_tune_holds_the_jobs_own_features_on_even_when_not_searched(tmp_path):
+    """fp8 and cuda_graphs are not searched by default, but a job file that enables them keeps them,
+    with their options, on every candidate and in the Megatron arguments."""
+    job = tmp_path / "t.toml"
+    job.write_text('[model]\nname = "llama3-8b"\n[hardware]\nname = "h100-sxm5-80gb"\nnum_gpus = 8\n'
+                   '[parallel]\nglobal_batch_size = 32\nsequence_length = 4096\n'
+                   '[features.fp8]\nrecipe = "tensorwise"\n[features.cuda_graphs]\n'
+                   '[search]\ntp = [1, 2]\npp = [1]\n')
+    out = json.loads(CliRunner().invoke(cli, ["tune", str(job), "--format", "json", "--top", "3"],
+                                        catch_exceptions=False).output)
+    assert all({"fp8", "cuda_graphs"} <= set(c["features"]) for c in out["best"])
+    assert all(c["features"]["fp8"]["recipe"] == "tensorwise" for c in out["best"])
+    args = " ".join(out["megatron_args"])
+    assert "--fp8-recipe tensorwise" in args and "--cuda-graph-impl local" in args
+
+
 def test_disabled_plugin_leaves_prediction_and_tuning(monkeypatch):
     from mofa_framework import Predictor
 

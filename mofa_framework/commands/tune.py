@@ -54,6 +54,8 @@ def build_request(state, job_files, flags, *, tp, pp, vpp, cp, ep, etp, mbs_list
     feats = _names(features) or srch.features
     if feats is None:
         feats = tuple(n for n, f in reg.features.items() if f.tunable)
+    # the job's own features are held on even when they are not searched by default (fp8, cuda_graphs, ...)
+    feats = tuple(dict.fromkeys((*feats, *job.features)))
     for f in feats:
         reg.feature(f, field="--features")
     base = default_space(reg, job.model, job.hardware, job.num_gpus, job.parallel.sequence_length, features=feats)
