@@ -14,6 +14,10 @@ from mofa_framework.decompose import GEMM, layer_operators, layer_params
 from mofa_framework.engine import price_operators, stage_layout
 from mofa_framework.types import ConstraintResult
 
+#: transforms a GEMM re-pricing feature must run before: they read the re-priced compute times
+REPRICE_BEFORE = ("kernel_scaling", "recompute", "memfine", "activation_offload", "tp_overlap", "cp_overlap",
+                  "ep_overlap")
+
 
 def gemm_input_bytes(model, g, kind) -> np.ndarray:
     """Saved bf16 GEMM inputs of one layer (the part of ``act_other_bytes`` a quantised copy replaces)."""

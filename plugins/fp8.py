@@ -51,7 +51,7 @@ import numpy as np
 from mofa_framework import hookimpl
 from mofa_framework.batch import PRECISIONS
 from mofa_framework.types import ConstraintResult, CostTransform, option
-from mofa_plugins._lowp import needs_format, reprice_gemms, with_weight_copies
+from mofa_plugins._lowp import REPRICE_BEFORE, needs_format, reprice_gemms, with_weight_copies
 
 FP8 = PRECISIONS.index("fp8")
 #: bytes moved per element by a bf16 → fp8 quantisation kernel
@@ -123,8 +123,7 @@ FEATURE = CostTransform(
     options_type=Fp8Options,
     layer=layer,
     memory=memory,
-    before=("kernel_scaling", "recompute", "memfine", "activation_offload", "tp_overlap", "cp_overlap",
-            "ep_overlap"),
+    before=REPRICE_BEFORE,
     applies=lambda batch, model, hardware: np.full(len(batch), "fp8" in hardware.compute.peak_tflops),
     tunable=False,  # numerics are the user's choice: `mofa tune --features ...,fp8` searches it
     may_reduce_compute=True,

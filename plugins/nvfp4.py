@@ -33,7 +33,7 @@ import numpy as np
 from mofa_framework import hookimpl
 from mofa_framework.batch import PRECISIONS
 from mofa_framework.types import ConstraintResult, CostTransform, option
-from mofa_plugins._lowp import needs_format, reprice_gemms, with_weight_copies
+from mofa_plugins._lowp import REPRICE_BEFORE, needs_format, reprice_gemms, with_weight_copies
 
 FP4 = PRECISIONS.index("fp4")
 #: bytes per element of an NVFP4 block: 4 bits plus one E4M3 scale per 16 elements
@@ -93,8 +93,7 @@ FEATURE = CostTransform(
     options_type=Nvfp4Options,
     layer=layer,
     memory=memory,
-    before=("kernel_scaling", "recompute", "memfine", "activation_offload", "tp_overlap", "cp_overlap",
-            "ep_overlap"),
+    before=REPRICE_BEFORE,
     conflicts=("fp8",),
     applies=lambda batch, model, hardware: np.full(len(batch), "fp4" in hardware.compute.peak_tflops),
     tunable=False,  # numerics are the user's choice: `mofa tune --features ...,nvfp4` searches it
