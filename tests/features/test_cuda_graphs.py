@@ -86,6 +86,6 @@ def test_graphs_never_slower(mofa_predictor, host_s, mbs, scope):
      ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "attn", "moe_router", "moe_preprocess"]),
 ])
 def test_megatron_arguments(options, args):
-    from plugins.cuda_graphs import FEATURE, CudaGraphsOptions
+    from mofa_plugins.cuda_graphs import FEATURE, CudaGraphsOptions
 
     assert FEATURE.megatron_args(CudaGraphsOptions(**options)) == args

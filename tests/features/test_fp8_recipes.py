@@ -90,7 +90,7 @@ def test_mxfp8_needs_block_scaled_tensor_cores():
 
 @pytest.mark.parametrize("recipe", ["delayed", "tensorwise", "mxfp8", "blockwise"])
 def test_recipe_reaches_megatron_arguments(mofa_predictor, recipe):
-    from plugins.fp8 import FEATURE, Fp8Options
+    from mofa_plugins.fp8 import FEATURE, Fp8Options
 
     assert FEATURE.megatron_args(Fp8Options(recipe=recipe))[-2:] == ["--fp8-recipe", recipe]
 
