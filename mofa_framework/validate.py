@@ -31,6 +31,7 @@ import attrs
 import numpy as np
 
 from .errors import ConfigError, UnknownRecordError
+from .types import Activation, ModelSpec
 
 SCHEMAS = ("dense", "nvidia", "vtrain")
 _DENSE_KEYS = {"model_name", "n_layers", "hidden", "gpu_type", "n_gpus", "tp", "pp"}
@@ -275,14 +276,16 @@ def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     ref = _short_reference(r.get("source", ""))
     rid = r.get("row_id", "")
     name = r["model_name"]
-    if "zero-3" in r.get("distributed_optimizer", "").lower() or "zero-3" in r.get("framework", "").lower():
-        ref += " (DeepSpeed ZeRO-3)"
-    skip = lambda reason: SkippedRow(source=source, reference=ref, row_id=rid, model=name, reason=reason)  # noqa: E731
     fw = r.get("framework", "")
     dopt = r.get("distributed_optimizer", "").lower()
-    # ZeRO-3 / FSDP (DeepSpeed ZeRO-3 in Narayanan Table 2): the `fsdp` feature
+    # DeepSpeed's ZeRO-3 (Narayanan Table 2), not an FSDP "ZeRO-3-like" sharding (torchtitan's FSDP2)
+    deepspeed_zero3 = "deepspeed" in fw.lower() and "zero-3" in (dopt + fw.lower())
+    if deepspeed_zero3:
+        ref += " (DeepSpeed ZeRO-3)"
+    skip = lambda reason: SkippedRow(source=source, reference=ref, row_id=rid, model=name, reason=reason)  # noqa: E731
+    # ZeRO-3 / FSDP: the `fsdp` feature
     full_shard = "zero-3" in dopt or "fsdp" in dopt or "zero-3" in fw.lower()
-    if "zero-3" in dopt or "zero-3" in fw.lower():
+    if deepspeed_zero3:
         # Narayanan et al. Table 2's comparison runs: 1,536 GPUs took as long as 768, so their time is
         # set by DeepSpeed's 2021 implementation, not by the hardware MoFa models (its `fsdp` plugin
         # is Megatron-Core FSDP with prefetched all-gathers)
@@ -481,6 +484,22 @@ BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
 )
 
 
+def nemo_model_flops(model: ModelSpec, global_batch_size: int, sequence_length: int) -> float:
+    """A step's model FLOPs as NeMo counts them, for a dense model.
+
+    NeMo's ``flops_formulas`` (``gpt3``, ``llama2``, ``llama3``, ``nemotron``): per token and
+    layer, the forward is ``2h(h + 2h·g/a) + 2h² + 2h·f·(3 gated | 2 plain) + 4·s·h`` (the
+    attention score and value products over the *whole* sequence: no causal halving), times 3
+    for forward and backward, plus ``6·h·V`` for the output layer. NeMo's performance tables
+    divide this by the step time and the GPUs to report model TFLOPS per GPU.
+    """
+    h, L, s = model.hidden_size, model.num_layers, sequence_length
+    kv = model.num_kv_heads / model.num_attention_heads
+    mlp_mats = 3 if model.activation is Activation.swiglu else 2
+    per_token_layer = 2 * h * (h + 2 * h * kv) + 2 * h * h + 2 * h * model.ffn_hidden_size * mlp_mats + 4 * s * h
+    return float(global_batch_size) * s * (3 * L * per_token_layer + 6 * h * model.vocab_size)
+
+
 def _nvidia_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     ref = f"{r.get('framework', '')} {r.get('release', '')}".strip()
     rid = r.get("source_id", "")
@@ -509,16 +528,38 @@ def _nvidia_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     measured, target = _num(r.get("step_time_s")), "step_time_s"
     if measured is None:
         measured, target = _num(r.get("step_time_s_derived")), "step_time_s_derived"
-    if measured is None:
-        return skip("no step time (measured or derived); only model TFLOPS, whose FLOPs convention is the "
-                    "source's, so a step time derived from it would not be an independent target")
-    if not r.get("precision", "").strip():
-        return skip("precision not given")
+    tflops = _num(r.get("model_tflops_per_gpu"))
     num_gpus = _int(r["num_gpus"])
     tp, pp, cp = _int(r.get("tp"), 1) or 1, _int(r.get("pp"), 1) or 1, _int(r.get("cp"), 1) or 1
+    gbs, seq = _int(r.get("gbs")), _int(r.get("seq_len"))
+    stated_dp = _int(r.get("dp"))
+    layout_note = ""
+    if measured is None and r.get("tp", "").strip() and stated_dp and tp * pp * cp * stated_dp != num_gpus:
+        # NeMo's B200 long-sequence table: its TP·PP·CP·DP is a quarter of its GPU count. The stated
+        # layout is used; the per-GPU TFLOPS, hence the error, do not depend on which one is wrong
+        layout_note = (f"stated layout tp·pp·cp·dp = {tp * pp * cp * stated_dp} GPUs, not the {num_gpus} "
+                       "listed: predicted on the stated layout. ")
+        num_gpus = tp * pp * cp * stated_dp
+    if measured is None and tflops and "nemo" in fw.lower():
+        if model.is_moe:
+            return skip("only model TFLOPS, and NeMo's FLOPs formula for this MoE model is not implemented, "
+                        "so no step time can be derived")
+        if not (r.get("tp", "").strip() and gbs and seq):
+            return skip("only model TFLOPS, and the run's TP/PP/CP layout, global batch or sequence length "
+                        "is not stated")
+        # NeMo reports model TFLOPS under its own, published FLOPs formula: the step time follows
+        measured = nemo_model_flops(model, gbs, seq) / (tflops * 1e12 * num_gpus)
+        target = "model_tflops_per_gpu (NeMo FLOPs formula)"
+    if measured is None:
+        seq_missing = not seq and (_num(r.get("tokens_per_sec_per_gpu")) or _num(r.get("total_tokens_per_sec")))
+        return skip("tokens/s only, and no sequence length stated, so no step time" if seq_missing else
+                    "no step time (measured or derived); only model TFLOPS, under a FLOPs convention MoFa "
+                    "does not implement for this source, so no step time can be derived")
+    if not r.get("precision", "").strip():
+        return skip("precision not given")
     vpp, ep = _int(r.get("vp"), 1) or 1, _int(r.get("ep"), 1) or 1
     etp = _int(r.get("etp"), 0) or 0
-    gbs, mbs, seq = _int(r.get("gbs")), _int(r.get("mbs"), 1) or 1, _int(r.get("seq_len"))
+    mbs = _int(r.get("mbs"), 1) or 1
     if not (gbs and seq and num_gpus):
         return skip("gbs, seq_len or num_gpus missing")
     ranks_per_stage = num_gpus // max(pp, 1)  # tp·cp·dp: what MoE layers re-fold into etp × ep × edp
@@ -577,7 +618,7 @@ def _nvidia_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     group = (source, model.name, hw.name, num_gpus, seq, r["precision"].strip())
     return MappedRow(source=source, reference=ref, row_id=rid, job=job, measured_s=measured, target=target,
                      group=group, measured_tflops=_num(r.get("model_tflops_per_gpu")),
-                     tflops_convention="model FLOPs (NVIDIA)", measured_memory_gib=mem, notes=notes[:200],
+                     tflops_convention="model FLOPs (NVIDIA)", measured_memory_gib=mem, notes=(layout_note + notes)[:200],
                      ignore_constraints=ignore)
 
 

@@ -243,3 +243,66 @@ def test_megatron_bridge_presets_and_stated_dispatchers_map_to_features():
     # Megatron-Core model zoo: "dispatcher=DeepEP" → flex (deepep); "dispatcher=A2A" → none
     assert feats["MCORE-MZOO-001"]["flex_dispatcher"] == {"backend": "deepep"}
     assert "flex_dispatcher" not in feats["MCORE-MZOO-004"]
+
+
+def test_nemo_model_flops_is_nemos_llama2_formula(mofa_predictor):
+    """NeMo's ``llama2`` formula, written the way NeMo writes it:
+    gbs·s·L·h²·(12 + 12·g/a + 18·f/h + 12·s/h + 6·V/(L·h))."""
+    from mofa_framework.validate import nemo_model_flops
+
+    m = mofa_predictor.registry.model("llama2-7b")  # L 32, h 4096, a = g = 32, f 11008, V 32000
+    gbs, s, L, h = 4, 1048576, 32, 4096
+    want = gbs * s * L * h * h * (12 + 12 * 32 / 32 + 18 * 11008 / h + 12 * s / h + 6 * 32000 / (L * h))
+    assert nemo_model_flops(m, gbs, s) == pytest.approx(want, rel=1e-12)
+    g3 = mofa_predictor.registry.model("gpt3-175b")  # NeMo's gpt3: (24·B·s·h² + 4·B·s²·h)·3L + 6·B·s·h·V
+    B, s, L, h, V = 8, 2048, 96, 12288, g3.vocab_size
+    assert nemo_model_flops(g3, B, s) == pytest.approx((24 * B * s * h * h + 4 * B * s * s * h) * 3 * L
+                                                       + 6 * B * s * h * V, rel=1e-12)
+
+
+@needs_data
+def test_nemo_formula_reproduces_nemos_own_tflops_and_derives_long_context_steps():
+    """On NeMo 24.07's rows, which publish both tokens/s and model TFLOPS, the formula turns the
+    step time back into NeMo's TFLOPS; the long-context table (TFLOPS only) gets its step time from
+    it, on the layout the row states."""
+    from mofa_framework.api import Predictor
+    from mofa_framework.validate import map_rows, nemo_model_flops
+
+    reg = Predictor().registry
+    mapped, _ = map_rows([DATA / "nemo_2407.csv"], reg)
+    dense = [m for m in mapped if not reg.model(m.job["model"]["name"]).is_moe and m.measured_tflops]
+    assert len(dense) >= 20
+    for m in dense:
+        p = m.job["parallel"]
+        flops = nemo_model_flops(reg.model(m.job["model"]["name"]), p["global_batch_size"], p["sequence_length"])
+        tflops = flops / (m.measured_s * m.job["hardware"]["num_gpus"]) / 1e12
+        assert tflops == pytest.approx(m.measured_tflops, rel=0.006), m.row_id
+    mapped, skipped = map_rows([DATA / "nemo_long_context.csv"], reg)
+    rows = {m.row_id: m for m in mapped}
+    assert len(rows) == 17 and all(m.target.startswith("model_tflops_per_gpu") for m in mapped)
+    # LLAMA2-7B, 1M tokens, TP 8 CP 32 DP 4 on 1,024 H100s at 536 TFLOPS/GPU
+    m = rows["NEMO-LONGSEQ-032"]
+    s = 1048576
+    flops = 4 * s * 32 * 4096 ** 2 * (12 + 12 + 18 * 11008 / 4096 + 12 * s / 4096 + 6 * 32000 / (32 * 4096))
+    assert m.measured_s == pytest.approx(flops / (536e12 * 1024), rel=1e-9)
+    # B200 table: TP·PP·CP·DP is a quarter of the listed GPUs; the stated layout is predicted
+    b = rows["NEMO-LONGSEQ-015"]
+    assert b.job["hardware"]["num_gpus"] == 4 * 16 * 4 and "stated layout" in b.notes
+    # the without-CP column has no layout: listed with the reason
+    without_cp = [*range(2, 15, 2), *range(17, 34, 2)]  # B200: even rows; H100: odd rows
+    assert {s.row_id for s in skipped} == {f"NEMO-LONGSEQ-{i:03d}" for i in without_cp}
+
+
+@needs_data
+def test_torchtitan_fsdp2_rows_are_predicted_and_deepspeed_zero3_is_not():
+    """torchtitan's FSDP2 ("ZeRO-3-like") rows map to the fsdp feature; only DeepSpeed's 2021
+    ZeRO-3 rows (Narayanan Table 2) are listed as not predicted."""
+    from mofa_framework.api import Predictor
+    from mofa_framework.validate import map_rows
+
+    reg = Predictor().registry
+    mapped, skipped = map_rows([DATA / "torchtitan_dense.csv", DATA / "megatron_selene_a100.csv"], reg)
+    titan = [m for m in mapped if m.source == "torchtitan_dense"]
+    assert len(titan) == 18 and all("fsdp" in m.job["features"] for m in titan)
+    zero3 = [s for s in skipped if "DeepSpeed ZeRO-3" in s.reason]
+    assert len(zero3) == ZERO3_ROWS and all(s.source == "megatron_selene_a100" for s in zero3)
