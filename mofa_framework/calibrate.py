@@ -46,6 +46,7 @@ PARAMETERS: dict[str, tuple[float, float, bool]] = {
     "attention_half_head_dim": (0.0, 256.0, False),
     "memory_efficiency": (0.3, 1.0, False),
     "fp4_gemm_relative_efficiency": (0.3, 1.0, False),
+    "fp8_gemm_relative_efficiency": (0.3, 1.0, False),
     "mxfp8_gemm_relative_efficiency": (0.3, 1.0, False),
     "scaleup_bus_efficiency": (0.3, 1.0, False),
     "scaleout_bus_efficiency": (0.3, 1.0, False),

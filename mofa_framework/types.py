@@ -244,7 +244,13 @@ class EfficiencySpec:
     #: handling and the epilogues cost more per FLOP at 4 bits. Default 1
     fp4_gemm_relative_efficiency: float = attrs.field(default=1.0, converter=float,
                                                       validator=[v.gt(0.0), v.le(1.0)])
-    #: an MXFP8 GEMM's efficiency relative to ``gemm_efficiency``, of the fp8 peak: the fp8 feature's
+    #: an FP8 GEMM's efficiency relative to ``gemm_efficiency``, of the fp8 peak: at twice the
+    #: bf16 rate the same tiles are shorter, so fixed per-tile costs (the epilogue, the bf16
+    #: output write, the scaling) weigh more, and fp8 GEMMs reach a smaller fraction of their peak
+    #: than bf16 ones of theirs. Default 1
+    fp8_gemm_relative_efficiency: float = attrs.field(default=1.0, converter=float,
+                                                      validator=[v.gt(0.0), v.le(1.0)])
+    #: an MXFP8 GEMM's efficiency relative to a per-tensor-scaled fp8 GEMM's: the fp8 feature's
     #: ``recipe = "mxfp8"`` (32-element blocks with E8M0 scales, Blackwell's block-scaled tensor-core
     #: instructions) — scale-factor layout kernels and the scaled epilogue cost more per FLOP than a
     #: per-tensor-scaled fp8 GEMM. Default 1

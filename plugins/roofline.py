@@ -1,7 +1,8 @@
 """Operator latency from the paper's modified roofline (eqs. [1], [17], [19]).
 
 ``t = FLOPs / P`` with ``P = min(η·P_peak, η_m · I · BW_hbm)`` and ``I = FLOPs / bytes``.
-GEMMs reach η_c of the peak of their numeric format (times ``fp4_gemm_relative_efficiency`` at fp4),
+GEMMs reach η_c of the peak of their numeric format (times ``fp8_gemm_relative_efficiency`` /
+``fp4_gemm_relative_efficiency`` at fp8 / fp4),
 scaled down for small GEMMs by
 ``F / (F + F_½)`` (times ``Π x/(x + gemm_half_dim)`` over the GEMM's m, n, k when that is set)
 where ``F_½ = gemm_half_efficiency_s · P_peak`` and F is the FLOPs of *one*
@@ -42,7 +43,9 @@ def operator_seconds(ops, hardware) -> np.ndarray:
     head = (d / (d + d_half)) / (128.0 / (128.0 + d_half))
     attn_eff = np.minimum(eff.attention_efficiency * head, 1.0)
     fp4 = "fp4" in hardware.compute.peak_tflops  # else fp4 falls back to a wider format's peak
-    low = np.where(fp4 & (ops.precision == PRECISIONS.index("fp4")), eff.fp4_gemm_relative_efficiency, 1.0)
+    fp8 = "fp8" in hardware.compute.peak_tflops
+    low = np.where(fp4 & (ops.precision == PRECISIONS.index("fp4")), eff.fp4_gemm_relative_efficiency,
+                   np.where(fp8 & (ops.precision == PRECISIONS.index("fp8")), eff.fp8_gemm_relative_efficiency, 1.0))
     rate = np.where(gemm, eff.gemm_efficiency * low * size_eff * peak, np.where(attention, attn_eff * bf16, np.inf))
     compute_s = np.where(ops.flops > 0, ops.flops / rate, 0.0)
     memory_s = ops.bytes / bw

@@ -72,6 +72,23 @@ def test_mxfp8_gemm_relative_efficiency_slows_only_mxfp8_gemms(mofa_predictor):
     assert half.step_time_s[0] > base.step_time_s[0]
 
 
+def test_fp8_gemm_relative_efficiency_slows_every_fp8_gemm_and_nothing_else(mofa_predictor):
+    """The profile's fp8 rate applies to every recipe's GEMMs (MXFP8's own factor stacks on it);
+    a bf16 job, and the bf16 attention core of an fp8 one, do not see it."""
+    hw = mofa_predictor.registry.hardware_profile("gb300-nvl72")
+    # no per-kernel launch or host floor: a GEMM's time is then its compute time alone
+    hw = attrs.evolve(hw, efficiency=attrs.evolve(hw.efficiency, kernel_launch_s=0.0, host_dispatch_s=0.0))
+    slow = attrs.evolve(hw, efficiency=attrs.evolve(hw.efficiency, fp8_gemm_relative_efficiency=0.5))
+    bf16 = mofa_predictor.job({**BASE, "features": {}})
+    jobs = [_job(mofa_predictor, "delayed"), _job(mofa_predictor, "mxfp8"), bf16]
+    base, half = _evaluate(mofa_predictor, jobs, hw), _evaluate(mofa_predictor, jobs, slow)
+    Lb, Lh = base.state.layers["dense"], half.state.layers["dense"]
+    for i in (0, 1):  # weight-gradient time is fp8 GEMMs only: twice as long at half the rate
+        close(Lh.bwd_weight_s[i], 2.0 * Lb.bwd_weight_s[i])
+    close(half.step_time_s[2], base.step_time_s[2])
+    close(Lh.fwd_compute_s[2], Lb.fwd_compute_s[2])
+
+
 def test_mxfp8_needs_block_scaled_tensor_cores():
     res = CliRunner().invoke(cli, ["predict", "--model", "gpt3-175b", "--hardware", "h100-sxm5-80gb",
                                    "--gpus", "128", "--tp", "8", "--pp", "8", "--gbs", "64", "--seq", "2048",
