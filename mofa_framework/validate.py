@@ -262,14 +262,110 @@ def _lookup_model(registry, name: str):
     return None
 
 
+def _tokens(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
 def _lookup_hw(registry, name: str):
+    """The profile a source's GPU description names: by profile name or alias, else by reading it.
+
+    Sources describe one GPU many ways ("H100 80GB HBM3 @700W", "NVIDIA A100 80GB (Selene)"). Read:
+    the GPU family is a token equal to the first word of a profile's name (``h100``, ``a100``,
+    ``gb200``); within the family a stated form factor (``pcie``) or memory size (``80GB``) picks
+    the profile, else the one the bare family name is an alias of. No family token: unknown.
+    """
+    for cand in (name.strip(), re.sub(r"\s*[(@,].*$", "", name).strip()):
+        try:
+            return registry.hardware_profile(cand)
+        except UnknownRecordError:
+            continue
+    words = _tokens(name)
+    families: dict[str, list] = defaultdict(list)
+    for hw in registry.hardware.values():
+        families[hw.name.split("-")[0]].append(hw)
+    hits = [f for f in families if f in words]
+    if len(hits) != 1:
+        return None
+    members = families[hits[0]]
+    if "pcie" in words or any(w.startswith("sxm") for w in words):  # the form factor, when stated
+        members = [hw for hw in members if ("pcie" in _tokens(hw.name)) == ("pcie" in words)] or members
+    gb = re.search(r"(\d+)\s*gb\b", name.lower())
+    if gb:
+        size = [hw for hw in members if abs(hw.memory.hbm_gib - float(gb.group(1))) <= 0.06 * float(gb.group(1))]
+        members = size or members
+    if len(members) == 1:
+        return members[0]
     try:
-        return registry.hardware_profile(name.strip())
+        default = registry.hardware_profile(hits[0])
     except UnknownRecordError:
         return None
+    return default if default in members else None
 
 
 # ====================================================================== mapping
+
+
+def _uneven_pipeline(num_layers: int, pp: int, vpp: int) -> dict[str, int]:
+    """Stage sizes when pp·vpp does not divide the layers.
+
+    Megatron-Core's ``account_for_embedding/loss_in_pipeline_split`` (and Megatron-DeepSpeed's
+    ``type:transformer|embedding`` partitioning, BLOOM's 70 layers on 12 stages) count the
+    embedding and the loss as a layer each: the end stages hold one layer fewer. Other splits are
+    left to the engine (its default: the remainder on the end stages), with the divisibility check
+    relaxed.
+    """
+    if (num_layers + 2) % (pp * vpp) == 0:
+        ends = (num_layers + 2) // pp - 1
+        return {"first_stage_layers": ends, "last_stage_layers": ends}
+    return {}
+
+
+#: a source's FLOPs convention, recognised from its ``flops_convention`` text
+_HFU_EQ3 = re.compile(r"eq\.?\s*3|96\s*\*\s*b", re.I)
+_MODEL_FLOPS = re.compile(r"eq\.?\s*7|72\s*\*\s*b|6\s*\*?\s*n\b|model flops|\bmfu\b|palm|chowdhery", re.I)
+
+
+def megatron_eq3_flops(model: ModelSpec, global_batch_size: int, sequence_length: int, vocab_size: int) -> float:
+    """Narayanan et al. 2021 eq. 3, ``96·B·s·l·h²·(1 + s/6h + V/16lh)``: model FLOPs plus the
+    recompute forward (hardware-FLOPs-like); Megatron 2021, Megatron-DeepSpeed (BLOOM, MT-NLG)."""
+    h, L, s = model.hidden_size, model.num_layers, sequence_length
+    return 96.0 * global_batch_size * s * L * h * h * (1 + s / (6 * h) + vocab_size / (16 * L * h))
+
+
+def _dense_target(r: dict, model: ModelSpec) -> tuple[float, str] | str:
+    """A dense-schema row's step time and where it came from, or why there is none.
+
+    In order: the measured, then the derived iteration time; else the published throughput
+    (tokens or samples per second, per GPU or in all); else the utilisation the source reports,
+    through its FLOPs convention when MoFa knows it: model FLOPs with full attention (Korthikanti
+    eq. 7, 6N + 12·l·h·s of MegaScale / PaLM / torchtitan, NeMo, Megatron-Core — one formula,
+    ``nemo_model_flops``) from the MFU or the model TFLOPS, Megatron's eq. 3 from the TFLOPS.
+    """
+    for col in ("measured_iter_time_s", "derived_iter_time_s"):
+        if (t := _num(r.get(col))) is not None:
+            return t, col
+    n, gbs, seq = _int(r.get("n_gpus")), _int(r.get("global_batch"), 0), _int(r.get("seq_len"), 0)
+    if not (n and gbs and seq):
+        return "no measured or derived iteration time, and the global batch or sequence length to derive one is not stated"
+    value, unit = _num(r.get("throughput_value")), r.get("throughput_unit", "").lower()
+    if value and ("token" in unit or "wps" in unit or "sample" in unit):
+        per_gpu = "gpu" in unit
+        work = gbs * (seq if ("token" in unit or "wps" in unit) else 1)
+        return work / (value * (n if per_gpu else 1)), f"throughput_value ({r.get('throughput_unit', '').strip()})"
+    conv = r.get("flops_convention", "")
+    vocab = _int(r.get("vocab"), model.vocab_size) or model.vocab_size
+    tflops, peak = _num(r.get("measured_tflops_per_gpu")), _num(r.get("peak_tflops_used"))
+    mfu = _num(r.get("mfu_pct"))
+    full = attrs.evolve(model, vocab_size=vocab)
+    if tflops and _HFU_EQ3.search(conv):
+        return (megatron_eq3_flops(model, gbs, seq, vocab) / (tflops * 1e12 * n),
+                "measured_tflops_per_gpu (Megatron eq. 3)")
+    if _MODEL_FLOPS.search(conv) and (tflops or (mfu and peak)):
+        rate, col = (tflops, "measured_tflops_per_gpu") if tflops else (mfu / 100.0 * peak, "mfu_pct")
+        return nemo_model_flops(full, gbs, seq) / (rate * 1e12 * n), f"{col} (model FLOPs)"
+    if tflops or mfu:
+        return f"only TFLOPS / MFU, under a FLOPs convention MoFa does not recognise ({conv[:60]!r})"
+    return "no measured or derived iteration time"
 
 
 def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
@@ -308,11 +404,11 @@ def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
                          "num_kv_heads": _int(r.get("n_kv_heads"), a), "ffn_hidden_size": ffn,
                          "vocab_size": _int(r.get("vocab"), 51200),
                          "activation": "gelu" if ffn == 4 * h else "swiglu"}
-    measured, target = _num(r.get("measured_iter_time_s")), "measured_iter_time_s"
-    if measured is None:
-        measured, target = _num(r.get("derived_iter_time_s")), "derived_iter_time_s"
-    if measured is None:
-        return skip("no measured or derived iteration time")
+    spec = model if model is not None else ModelSpec(**model_section)
+    timed = _dense_target(r, spec)
+    if isinstance(timed, str):
+        return skip(timed)
+    measured, target = timed
     tp, pp = _int(r["tp"], 1), _int(r["pp"], 1)
     vpp, cp = _int(r.get("vpp"), 1) or 1, _int(r.get("cp"), 1) or 1
     precision, lowp, lowp_options = _precision(r.get("precision", ""))
@@ -338,6 +434,9 @@ def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
         ends = mid - 1 if pp > 2 else L // pp
         par.update(first_stage_layers=ends, last_stage_layers=ends)
         job["pipeline"] = {"schedule": _ZB_SCHEDULES[sched_text]}
+        ignore = _ZB_IGNORED
+    elif pp > 1 and spec.num_layers % (pp * vpp):
+        par.update(_uneven_pipeline(spec.num_layers, pp, vpp))
         ignore = _ZB_IGNORED
     rec = r.get("recompute", "").lower()
     if rec.startswith("full"):
@@ -573,10 +672,7 @@ def _nvidia_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     ignore: frozenset[str] = frozenset()
     L = model.num_layers
     if pp > 1 and L % (pp * vpp):
-        # Megatron-Core's uneven pipelines (account_for_embedding/loss_in_pipeline_split, or an
-        # explicit pipeline layout): the end stages hold fewer layers; the chunks are uneven
-        if (L + 2) % (pp * vpp) == 0:
-            par.update(first_stage_layers=(L + 2) // pp - 1, last_stage_layers=(L + 2) // pp - 1)
+        par.update(_uneven_pipeline(L, pp, vpp))
         ignore = _ZB_IGNORED
     # Megatron-Core recipes (NeMo / Megatron-Bridge): SP with TP, distributed optimizer, overlapped
     # gradient reduce / parameter gather, TP comm overlap, PP p2p overlap, CP ring overlap
