@@ -154,10 +154,11 @@ def repeat_floor(paths, result) -> list[str]:
     import json
 
     from mofa_framework import Predictor
-    from mofa_framework.validate import map_rows
+    from mofa_framework.validate import map_rows, resolve_unstated
 
     predicted = {(r.source, r.row_id) for r in result.rows}
-    mapped, _ = map_rows(paths, Predictor().registry)
+    pred = Predictor()
+    mapped = resolve_unstated(map_rows(paths, pred.registry)[0], pred)
     jobs: dict[str, dict[str, list[float]]] = {}
     for m in mapped:
         if (m.source, m.row_id) in predicted:

@@ -33,7 +33,7 @@ import numpy as np
 
 from .errors import ConfigError
 from .types import EfficiencySpec
-from .validate import ErrorStats, MappedRow, map_rows, predict_prepared, prepare
+from .validate import ErrorStats, MappedRow, map_rows, predict_prepared, prepare, resolve_unstated
 
 #: name → (lower, upper, log-scaled?)
 PARAMETERS: dict[str, tuple[float, float, bool]] = {
@@ -252,6 +252,7 @@ def calibrate(paths: Iterable[str | Path], hardware: str, predictor=None, *,
     hw = predictor.registry.hardware_profile(hardware, field="--hardware")
     if mapped is None:
         mapped, _ = map_rows(paths, predictor.registry)
+        mapped = resolve_unstated(mapped, predictor)
     mine = [m for m in mapped if predictor.registry.hardware_profile(m.job["hardware"]["name"]).name == hw.name]
     if not mine:
         raise ConfigError(f"no mappable rows on hardware {hw.name!r} in the given files (see `mofa validate`)")

@@ -65,6 +65,9 @@ class MappedRow:
     #: constraint names the engine may ignore for this row
     ignore_constraints: frozenset[str] = frozenset()
     notes: str = ""
+    #: updates to ``job["parallel"]`` for a setting the source leaves unstated, one per candidate
+    #: value (None removes a key); :func:`resolve_unstated` keeps one
+    variants: tuple[dict, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -320,6 +323,10 @@ def _uneven_pipeline(num_layers: int, pp: int, vpp: int) -> dict[str, int]:
     return {}
 
 
+#: an unstated interleaving factor is searched when plain 1F1B would run fewer than this many
+#: micro-batches per pipeline stage beyond the first (bubble (p − 1)/m above 20 %)
+UNSTATED_VPP_MIN_RATIO = 4
+
 #: a source's FLOPs convention, recognised from its ``flops_convention`` text
 _HFU_EQ3 = re.compile(r"eq\.?\s*3|96\s*\*\s*b", re.I)
 _MODEL_FLOPS = re.compile(r"eq\.?\s*7|72\s*\*\s*b|6\s*\*?\s*n\b|model flops|\bmfu\b|palm|chowdhery", re.I)
@@ -379,8 +386,10 @@ def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     if deepspeed_zero3:
         ref += " (DeepSpeed ZeRO-3)"
     skip = lambda reason: SkippedRow(source=source, reference=ref, row_id=rid, model=name, reason=reason)  # noqa: E731
-    # ZeRO-3 / FSDP: the `fsdp` feature
-    full_shard = "zero-3" in dopt or "fsdp" in dopt or "zero-3" in fw.lower()
+    # ZeRO-3 / FSDP: the `fsdp` feature; an FSDP that keeps the parameters gathered (Llama 3's:
+    # "ZeRO-2-like", sharding optimizer states and gradients) is the distributed optimizer
+    zero2 = re.search(r"zero-?2|not reshard|no reshard", dopt) is not None
+    full_shard = not zero2 and ("zero-3" in dopt or "fsdp" in dopt or "zero-3" in fw.lower())
     if deepspeed_zero3:
         # Narayanan et al. Table 2's comparison runs: 1,536 GPUs took as long as 768, so their time is
         # set by DeepSpeed's 2021 implementation, not by the hardware MoFa models (its `fsdp` plugin
@@ -417,8 +426,15 @@ def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     old_megatron = any(k in fw for k in ("Megatron-LM (2021", "Megatron-LM (2022", "PTD-P", "zero-bubble"))
     if old_megatron or "Megatron-DeepSpeed" in fw:
         flash = False  # Megatron 2021–22 (and the ZeroBubble fork) ran the unfused core attention
-    par: dict[str, Any] = {"tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "micro_batch_size": _int(r["micro_batch"], 1),
-                           "global_batch_size": _int(r["global_batch"]), "sequence_length": _int(r["seq_len"]),
+    n_gpus, gbs = _int(r["n_gpus"]), _int(r["global_batch"])
+    dp = max(n_gpus // (tp * pp * cp), 1)
+    mbs = _int(r.get("micro_batch"))
+    if mbs is None:
+        # not stated: FSDP frameworks (torchtitan) run a rank's whole batch at once when there is no
+        # pipeline; Megatron's default is 1
+        mbs = gbs // dp if full_shard and pp == 1 and gbs and gbs % dp == 0 else 1
+    par: dict[str, Any] = {"tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "micro_batch_size": mbs,
+                           "global_batch_size": gbs, "sequence_length": _int(r["seq_len"]),
                            "precision": precision, "flash_attention": flash}
     sp = r.get("sequence_parallel", "").strip().lower()
     if sp.startswith("y"):
@@ -438,6 +454,17 @@ def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     elif pp > 1 and spec.num_layers % (pp * vpp):
         par.update(_uneven_pipeline(spec.num_layers, pp, vpp))
         ignore = _ZB_IGNORED
+    variants: tuple[dict, ...] = ()
+    microbatches = gbs // (dp * mbs) if gbs else 0
+    if (pp > 1 and not r.get("vpp", "").strip() and "zero-bubble" not in fw
+            and 0 < microbatches < UNSTATED_VPP_MIN_RATIO * (pp - 1)):
+        # interleaving not stated, and plain 1F1B would idle a fifth of the step or more: a tuned run
+        # interleaves. Resolved by `resolve_unstated` to the fastest factor
+        variants = tuple({"vpp": v, "first_stage_layers": None, "last_stage_layers": None,
+                          **_uneven_pipeline(spec.num_layers, pp, v)}
+                         for v in range(1, (spec.num_layers + 2) // pp + 1)
+                         if spec.num_layers % (pp * v) == 0 or _uneven_pipeline(spec.num_layers, pp, v))
+        ignore = _ZB_IGNORED
     rec = r.get("recompute", "").lower()
     if rec.startswith("full"):
         job["features"]["recompute"] = {"granularity": "full"}
@@ -445,12 +472,13 @@ def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
         job["features"]["recompute"] = {"granularity": "selective"}
     if full_shard:
         job["features"]["fsdp"] = {}
+    elif zero2:
+        job["features"]["distributed_optimizer"] = {"shard_gradients": True}
     elif dopt.startswith("y") or "zero-1" in dopt or "distributed" in dopt and not dopt.startswith("ddp"):
         job["features"]["distributed_optimizer"] = {}
     if lowp:
         job["features"][lowp] = lowp_options
     notes = r.get("notes", "")
-    dp = _int(r.get("dp"), 1) or 1
     if dp > 1 and ("DDP-impl torch" in notes or not old_megatron):
         job["features"]["dp_overlap"] = {}  # torch DDP buckets overlap the all-reduce with backward
     group = (source, name, hw.name, _int(r["n_gpus"]), _int(r["seq_len"]))
@@ -458,7 +486,7 @@ def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     return MappedRow(source=source, reference=ref, row_id=rid, job=job, measured_s=measured, target=target,
                      group=group, measured_tflops=_num(r.get("measured_tflops_per_gpu")),
                      tflops_convention=r.get("flops_convention", "")[:60], measured_memory_gib=mem,
-                     ignore_constraints=ignore, notes=notes[:200])
+                     ignore_constraints=ignore, notes=notes[:200], variants=variants)
 
 
 #: words the Megatron-Core MoE model zoo's notes use for --recompute-modules
@@ -935,6 +963,39 @@ def summarize(source: str, rows: Sequence[RowResult], skipped: Sequence[SkippedR
                          ranking=rank_stats(rows), targets=dict(targets))
 
 
+def resolve_unstated(mapped: Sequence[MappedRow], predictor) -> list[MappedRow]:
+    """Settle each row's unstated setting (its ``variants``) to what a tuned run would use.
+
+    Every candidate is predicted and the fastest is kept. Memory does not decide: the sources that
+    leave the interleaving unstated leave recompute and sequence parallelism unstated too (Llama 3,
+    the Megatron-Core README), so the mapped job's memory is not the run's. The choice is made
+    once, with the predictor's current profiles, and written into the row's notes.
+    """
+    todo = [i for i, m in enumerate(mapped) if m.variants]
+    out = list(mapped)
+    if not todo:
+        return out
+    trial: list[MappedRow] = []
+    owner: list[tuple[int, dict]] = []
+    for i in todo:
+        m = mapped[i]
+        for v in m.variants:
+            par = {**m.job["parallel"], **v}
+            par = {k: x for k, x in par.items() if x is not None}
+            trial.append(attrs.evolve(m, job={**m.job, "parallel": par}, variants=()))
+            owner.append((i, v))
+    groups, _ = prepare(trial, predictor)
+    arrays = predict_prepared(groups, predictor, n_rows=len(trial))
+    for i in todo:
+        ks = [k for k, (j, _) in enumerate(owner) if j == i and np.isfinite(arrays["step_s"][k])]
+        if not ks:
+            continue
+        best = min(ks, key=lambda k: arrays["step_s"][k])
+        note = f"interleaving not stated: vpp {owner[best][1]['vpp']}, the fastest of {len(ks)} predicted. "
+        out[i] = attrs.evolve(trial[best], notes=(note + mapped[i].notes)[:300])
+    return out
+
+
 def validate(paths: Iterable[str | Path], predictor=None, sources: Iterable[str] | None = None) -> ValidationResult:
     """Map, predict and score every row of the CSV files at `paths`.
 
@@ -950,6 +1011,7 @@ def validate(paths: Iterable[str | Path], predictor=None, sources: Iterable[str]
         want = lambda x: any(k in x.source.lower() or k in x.reference.lower() for k in keys)  # noqa: E731
         mapped = [m for m in mapped if want(m)]
         skipped = [s for s in skipped if want(s)]
+    mapped = resolve_unstated(mapped, predictor)
     groups, infeasible = prepare(mapped, predictor)
     skipped = skipped + infeasible
     rows = row_results(mapped, predict_prepared(groups, predictor, n_rows=len(mapped)))

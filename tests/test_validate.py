@@ -371,3 +371,47 @@ def test_dense_rows_with_uneven_pipelines_put_a_layer_fewer_on_the_end_stages(mo
     par = m.job["parallel"]
     assert (par["first_stage_layers"], par["last_stage_layers"]) == (5, 5)
     assert "pp_splits_layers" in m.ignore_constraints
+
+
+def test_unstated_interleaving_is_resolved_to_the_fastest_factor(mofa_predictor):
+    """Llama 3 405B on 8,192 H100s (TP 8, PP 16, DP 64, 32 sequences per DP rank): plain 1F1B
+    would idle 15/47 of the step, so an unstated vpp is searched, and the factor kept is the
+    fastest of the candidates as predicted one by one. A stated vpp, or a deep enough batch, is
+    left alone. Llama 3's "ZeRO-2-like" FSDP keeps the parameters: the distributed optimizer with
+    sharded gradients, not fsdp."""
+    from mofa_framework.validate import _dense_job, prepare, predict_prepared, resolve_unstated
+
+    reg = mofa_predictor.registry
+    llama = dict(model_name="Llama 3 405B", n_layers="126", hidden="16384", n_heads="128", n_kv_heads="8",
+                 ffn_hidden="53248", vocab="128000", seq_len="8192", gpu_type="H100 80GB HBM3 @700W", n_gpus="8192",
+                 tp="8", pp="16", cp="1", global_batch="2048", micro_batch="", measured_tflops_per_gpu="430",
+                 flops_convention="BF16 MFU, PaLM 6N + attention", framework="Meta",
+                 distributed_optimizer="FSDP, ZeRO-2-like: shards optimizer states and gradients")
+    m = _dense_job(_dense_row(**llama), reg, "test")
+    assert m.job["features"]["distributed_optimizer"] == {"shard_gradients": True} and "fsdp" not in m.job["features"]
+    # 126 layers: 1 (plain), 2 (63 per chunk pair... 126 = 16·2·4 − 2: uneven), 4 and 8 chunks per stage
+    assert [v["vpp"] for v in m.variants] == [1, 2, 4, 8]
+    (resolved,) = resolve_unstated([m], mofa_predictor)
+    trial = []
+    for v in m.variants:
+        par = {k: x for k, x in {**m.job["parallel"], **v}.items() if x is not None}
+        trial.append(attrs.evolve(m, job={**m.job, "parallel": par}, variants=()))
+    groups, _ = prepare(trial, mofa_predictor)
+    t = predict_prepared(groups, mofa_predictor, n_rows=len(trial))["step_s"]
+    assert resolved.job["parallel"]["vpp"] == m.variants[int(np.nanargmin(t))]["vpp"] > 1
+    assert "interleaving not stated" in resolved.notes and not resolved.variants
+    stated = _dense_job(_dense_row(**{**llama, "vpp": "1"}), reg, "test")
+    deep = _dense_job(_dense_row(**{**llama, "global_batch": "8192"}), reg, "test")  # 128 per pipeline ≥ 4·15
+    assert not stated.variants and not deep.variants
+
+
+def test_fsdp_rows_without_a_micro_batch_run_the_ranks_batch_at_once(mofa_predictor):
+    """torchtitan (FSDP2, no pipeline): local batch 16 per FSDP rank is one micro-batch of 16, so
+    the parameters are gathered once per step, not 16 times."""
+    from mofa_framework.validate import _dense_job
+
+    m = _dense_job(_dense_row(model_name="LLAMA3-70B", framework="torchtitan", gpu_type="H100 SXM 96GB HBM2e @500W",
+                              n_gpus="256", tp="8", pp="1", global_batch="512", micro_batch="", seq_len="8192",
+                              distributed_optimizer="FSDP2 (ZeRO-3-like)", derived_iter_time_s="19.764"),
+                   mofa_predictor.registry, "test")
+    assert "fsdp" in m.job["features"] and m.job["parallel"]["micro_batch_size"] == 16
