@@ -308,6 +308,24 @@ def _lookup_hw(registry, name: str):
 # ====================================================================== mapping
 
 
+#: frameworks whose published runs use Megatron-Core's performance recipes
+_MEGATRON_CORE = re.compile(r"megatron[- ]core|\bmcore\b|\bnemo\b|megatron-bridge", re.I)
+
+
+def _megatron_core_recipe(tp: int, pp: int, cp: int, full_shard: bool) -> dict[str, dict]:
+    """What Megatron-Core's performance recipes (NeMo, Megatron-Bridge, the Megatron-Core README
+    runs) turn on: SP with TP (the engine's default), the distributed optimizer (or Megatron-FSDP),
+    overlapped gradient reduce / parameter gather, TP comm overlap, PP p2p overlap, CP ring overlap."""
+    feats: dict[str, dict] = {"fsdp" if full_shard else "distributed_optimizer": {}, "dp_overlap": {}}
+    if tp > 1:
+        feats["tp_overlap"] = {}
+    if pp > 1:
+        feats["pp_overlap"] = {}
+    if cp > 1:
+        feats["cp_overlap"] = {}
+    return feats
+
+
 def _uneven_pipeline(num_layers: int, pp: int, vpp: int) -> dict[str, int]:
     """Stage sizes when pp·vpp does not divide the layers.
 
@@ -470,7 +488,13 @@ def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
         job["features"]["recompute"] = {"granularity": "full"}
     elif rec.startswith("selective"):
         job["features"]["recompute"] = {"granularity": "selective"}
-    if full_shard:
+    if _MEGATRON_CORE.search(fw) and not re.match(r"no\b|n$|none", dopt):
+        # a Megatron-Core-era run: its recipe, unless the row says otherwise ("DDP (dist. optimizer
+        # not stated)" does not)
+        job["features"].update(_megatron_core_recipe(tp, pp, cp, full_shard))
+        if zero2:
+            job["features"]["distributed_optimizer"] = {"shard_gradients": True}
+    elif full_shard:
         job["features"]["fsdp"] = {}
     elif zero2:
         job["features"]["distributed_optimizer"] = {"shard_gradients": True}
@@ -702,15 +726,7 @@ def _nvidia_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     if pp > 1 and L % (pp * vpp):
         par.update(_uneven_pipeline(L, pp, vpp))
         ignore = _ZB_IGNORED
-    # Megatron-Core recipes (NeMo / Megatron-Bridge): SP with TP, distributed optimizer, overlapped
-    # gradient reduce / parameter gather, TP comm overlap, PP p2p overlap, CP ring overlap
-    feats: dict[str, dict] = {"fsdp" if full_shard else "distributed_optimizer": {}, "dp_overlap": {}}
-    if tp > 1:
-        feats["tp_overlap"] = {}
-    if pp > 1:
-        feats["pp_overlap"] = {}
-    if cp > 1:
-        feats["cp_overlap"] = {}
+    feats = _megatron_core_recipe(tp, pp, cp, full_shard)
     if lowp:
         feats[lowp] = dict(lowp_options)
     # what the notes state the run used (Megatron-Core MoE model zoo: "recompute=full",

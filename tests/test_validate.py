@@ -415,3 +415,23 @@ def test_fsdp_rows_without_a_micro_batch_run_the_ranks_batch_at_once(mofa_predic
                               distributed_optimizer="FSDP2 (ZeRO-3-like)", derived_iter_time_s="19.764"),
                    mofa_predictor.registry, "test")
     assert "fsdp" in m.job["features"] and m.job["parallel"]["micro_batch_size"] == 16
+
+
+def test_megatron_core_era_dense_rows_get_the_recipe_their_nvidia_schema_twins_get(mofa_predictor):
+    """A dense row from a Megatron-Core-era stack (NeMo, Megatron-Bridge, the Megatron-Core README)
+    gets what the NVIDIA schema's mapper applies to the same runs; a 2021 Megatron-LM row does not."""
+    from mofa_framework.validate import _dense_job
+
+    reg = mofa_predictor.registry
+    kw = dict(tp="8", pp="4", cp="2", n_gpus="128", global_batch="256", derived_iter_time_s="10")
+    want = {"distributed_optimizer", "dp_overlap", "tp_overlap", "pp_overlap", "cp_overlap"}
+    for fw, dopt in (("Megatron-Core r0.8.0", ""), ("Megatron-Bridge / NeMo 26.02", "DDP (dist. optimizer not stated)"),
+                     ("NeMo 24.07 (Megatron-Core)", "")):
+        m = _dense_job(_dense_row(framework=fw, distributed_optimizer=dopt, **kw), reg, "test")
+        assert set(m.job["features"]) == want, fw
+    fsdp = _dense_job(_dense_row(framework="Megatron-Bridge", distributed_optimizer="FSDP (Megatron-FSDP)", **kw),
+                      reg, "test")
+    assert "fsdp" in fsdp.job["features"] and "distributed_optimizer" not in fsdp.job["features"]
+    old = _dense_job(_dense_row(framework="Megatron-LM (2021, commit 6985e58)", distributed_optimizer="n", **kw),
+                     reg, "test")
+    assert not {"distributed_optimizer", "tp_overlap", "pp_overlap", "cp_overlap"} & set(old.job["features"])
