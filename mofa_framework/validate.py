@@ -474,13 +474,17 @@ def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
         ignore = _ZB_IGNORED
     variants: tuple[dict, ...] = ()
     microbatches = gbs // (dp * mbs) if gbs else 0
-    if (pp > 1 and not r.get("vpp", "").strip() and "zero-bubble" not in fw
-            and 0 < microbatches < UNSTATED_VPP_MIN_RATIO * (pp - 1)):
-        # interleaving not stated, and plain 1F1B would idle a fifth of the step or more: a tuned run
-        # interleaves. Resolved by `resolve_unstated` to the fastest factor
+    sched = sched_text.lower()
+    says_interleaved = "interleav" in sched and "not stated" not in sched
+    says_plain = re.fullmatch(r"\s*1f1b\s*", sched) is not None or "gpipe" in sched
+    if pp > 1 and not r.get("vpp", "").strip() and "zero-bubble" not in fw and (
+            says_interleaved or (not says_plain and 0 < microbatches < UNSTATED_VPP_MIN_RATIO * (pp - 1))):
+        # the factor is not stated, and the schedule says interleaved, or says nothing while plain
+        # 1F1B would idle a fifth of the step or more (a tuned run interleaves): every factor that
+        # splits the layers, resolved by `resolve_unstated` to the fastest
         variants = tuple({"vpp": v, "first_stage_layers": None, "last_stage_layers": None,
                           **_uneven_pipeline(spec.num_layers, pp, v)}
-                         for v in range(1, (spec.num_layers + 2) // pp + 1)
+                         for v in range(2 if says_interleaved else 1, (spec.num_layers + 2) // pp + 1)
                          if spec.num_layers % (pp * v) == 0 or _uneven_pipeline(spec.num_layers, pp, v))
         ignore = _ZB_IGNORED
     rec = r.get("recompute", "").lower()

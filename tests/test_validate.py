@@ -403,6 +403,11 @@ def test_unstated_interleaving_is_resolved_to_the_fastest_factor(mofa_predictor)
     stated = _dense_job(_dense_row(**{**llama, "vpp": "1"}), reg, "test")
     deep = _dense_job(_dense_row(**{**llama, "global_batch": "8192"}), reg, "test")  # 128 per pipeline ≥ 4·15
     assert not stated.variants and not deep.variants
+    # the schedule column decides first: interleaved with no factor searches v ≥ 2 whatever the
+    # batch; a plain "1F1B" is taken at its word
+    inter = _dense_job(_dense_row(**{**llama, "global_batch": "8192", "pp_schedule": "interleaved 1F1B"}), reg, "t")
+    plain = _dense_job(_dense_row(**{**llama, "pp_schedule": "1F1B"}), reg, "t")
+    assert [v["vpp"] for v in inter.variants] == [2, 4, 8] and not plain.variants
 
 
 def test_fsdp_rows_without_a_micro_batch_run_the_ranks_batch_at_once(mofa_predictor):
