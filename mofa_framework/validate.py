@@ -444,6 +444,9 @@ def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     old_megatron = any(k in fw for k in ("Megatron-LM (2021", "Megatron-LM (2022", "PTD-P", "zero-bubble"))
     if old_megatron or "Megatron-DeepSpeed" in fw:
         flash = False  # Megatron 2021–22 (and the ZeroBubble fork) ran the unfused core attention
+    said = re.search(r"(no|without|unfused|not)?[\s-]*flash[\s-]?att", f"{fw} {r.get('notes', '')}", re.I)
+    if said:  # what the row says wins
+        flash = not said.group(1)
     n_gpus, gbs = _int(r["n_gpus"]), _int(r["global_batch"])
     dp = max(n_gpus // (tp * pp * cp), 1)
     mbs = _int(r.get("micro_batch"))

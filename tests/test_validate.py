@@ -440,3 +440,14 @@ def test_megatron_core_era_dense_rows_get_the_recipe_their_nvidia_schema_twins_g
     old = _dense_job(_dense_row(framework="Megatron-LM (2021, commit 6985e58)", distributed_optimizer="n", **kw),
                      reg, "test")
     assert not {"distributed_optimizer", "tp_overlap", "pp_overlap", "cp_overlap"} & set(old.job["features"])
+
+
+def test_a_row_that_names_flash_attention_decides_it(mofa_predictor):
+    from mofa_framework.validate import _dense_job
+
+    reg = mofa_predictor.registry
+    flash = lambda **kw: _dense_job(_dense_row(derived_iter_time_s="1", **kw), reg, "t").job["parallel"]["flash_attention"]  # noqa: E731
+    assert flash(framework="Megatron-LM commit 285068c8") is True  # 2023+: fused attention by default
+    assert flash(framework="Megatron-DeepSpeed") is False  # 2021–22 stacks: unfused
+    assert flash(framework="Megatron-DeepSpeed", notes="with FlashAttention-2") is True
+    assert flash(framework="Megatron-LM commit 285068c8", notes="baseline without flash attention") is False
