@@ -214,6 +214,8 @@ def _num(x: str | None) -> float | None:
     if x is None:
         return None
     x = x.strip()
+    if re.fullmatch(r"\d{1,3}(,\d{3})+(\.\d*)?", x):  # "1,024": a thousands separator
+        x = x.replace(",", "")
     if not x:
         return None
     try:
@@ -347,7 +349,10 @@ UNSTATED_VPP_MIN_RATIO = 4
 
 #: a source's FLOPs convention, recognised from its ``flops_convention`` text
 _HFU_EQ3 = re.compile(r"eq\.?\s*3|96\s*\*\s*b", re.I)
-_MODEL_FLOPS = re.compile(r"eq\.?\s*7|72\s*\*\s*b|6\s*\*?\s*n\b|model flops|\bmfu\b|palm|chowdhery", re.I)
+_MODEL_FLOPS = re.compile(r"eq\.?\s*7|72\s*\*\s*b|12\s*\*?\s*[·.]?\s*l|attention|model flops|\bmfu\b|palm|chowdhery",
+                          re.I)
+#: 6·N·D with no attention term (Kaplan / Chinchilla): N the GEMM weights, D the tokens
+_SIX_N = re.compile(r"\b6\s*[*·]?\s*n\s*[*·]?\s*d?\b", re.I)
 
 
 def megatron_eq3_flops(model: ModelSpec, global_batch_size: int, sequence_length: int, vocab_size: int) -> float:
@@ -385,9 +390,12 @@ def _dense_target(r: dict, model: ModelSpec) -> tuple[float, str] | str:
     if tflops and _HFU_EQ3.search(conv):
         return (megatron_eq3_flops(model, gbs, seq, vocab) / (tflops * 1e12 * n),
                 "measured_tflops_per_gpu (Megatron eq. 3)")
-    if _MODEL_FLOPS.search(conv) and (tflops or (mfu and peak)):
+    if (_MODEL_FLOPS.search(conv) or _SIX_N.search(conv)) and (tflops or (mfu and peak)):
         rate, col = (tflops, "measured_tflops_per_gpu") if tflops else (mfu / 100.0 * peak, "mfu_pct")
-        return nemo_model_flops(full, gbs, seq) / (rate * 1e12 * n), f"{col} (model FLOPs)"
+        if _MODEL_FLOPS.search(conv):
+            return nemo_model_flops(full, gbs, seq) / (rate * 1e12 * n), f"{col} (model FLOPs)"
+        # 6·N·D: the same count without the attention scores
+        return nemo_model_flops(full, gbs, seq, attention_scores=False) / (rate * 1e12 * n), f"{col} (6ND)"
     if tflops or mfu:
         return f"only TFLOPS / MFU, under a FLOPs convention MoFa does not recognise ({conv[:60]!r})"
     return "no measured or derived iteration time"
@@ -431,6 +439,9 @@ def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
                          "num_kv_heads": _int(r.get("n_kv_heads"), a), "ffn_hidden_size": ffn,
                          "vocab_size": _int(r.get("vocab"), 51200),
                          "activation": "gelu" if ffn == 4 * h else "swiglu"}
+    missing = [c for c in ("n_gpus", "global_batch", "seq_len") if not _int(r.get(c))]
+    if missing and not (missing == ["global_batch"] and _num(r.get("measured_iter_time_s") or r.get("derived_iter_time_s"))):
+        return skip(f"{', '.join(missing)} not stated")
     spec = model if model is not None else ModelSpec(**model_section)
     timed = _dense_target(r, spec)
     if isinstance(timed, str):
@@ -642,19 +653,22 @@ BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
 )
 
 
-def nemo_model_flops(model: ModelSpec, global_batch_size: int, sequence_length: int) -> float:
+def nemo_model_flops(model: ModelSpec, global_batch_size: int, sequence_length: int,
+                     attention_scores: bool = True) -> float:
     """A step's model FLOPs as NeMo counts them, for a dense model.
 
     NeMo's ``flops_formulas`` (``gpt3``, ``llama2``, ``llama3``, ``nemotron``): per token and
     layer, the forward is ``2h(h + 2h·g/a) + 2h² + 2h·f·(3 gated | 2 plain) + 4·s·h`` (the
     attention score and value products over the *whole* sequence: no causal halving), times 3
     for forward and backward, plus ``6·h·V`` for the output layer. NeMo's performance tables
-    divide this by the step time and the GPUs to report model TFLOPS per GPU.
+    divide this by the step time and the GPUs to report model TFLOPS per GPU. Without the
+    ``attention_scores`` term it is ``6·N·D`` (N the GEMM weights, D the tokens).
     """
     h, L, s = model.hidden_size, model.num_layers, sequence_length
     kv = model.num_kv_heads / model.num_attention_heads
     mlp_mats = 3 if model.activation is Activation.swiglu else 2
-    per_token_layer = 2 * h * (h + 2 * h * kv) + 2 * h * h + 2 * h * model.ffn_hidden_size * mlp_mats + 4 * s * h
+    per_token_layer = (2 * h * (h + 2 * h * kv) + 2 * h * h + 2 * h * model.ffn_hidden_size * mlp_mats
+                       + (4 * s * h if attention_scores else 0))
     return float(global_batch_size) * s * (3 * L * per_token_layer + 6 * h * model.vocab_size)
 
 

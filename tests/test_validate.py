@@ -356,6 +356,13 @@ def test_dense_rows_without_a_time_derive_it_from_throughput_or_the_sources_flop
     eq3 = 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
     assert m.measured_s == pytest.approx(eq3 / (138e12 * n), rel=1e-12)
     assert "eq. 3" in m.target
+    # 6·N·D (no attention term): N = per layer 4h² (QKV + O) + 8h² (MLP), plus the output layer h·V
+    m = job(mfu_pct="50", peak_tflops_used="312", flops_convention="6ND (Kaplan)")
+    six_nd = 6 * (L * 12 * h * h + h * V) * B * s
+    assert m.measured_s == pytest.approx(six_nd / (0.5 * 312e12 * n), rel=1e-12) and m.target.endswith("(6ND)")
+    # "1,024" GPUs is a thousands separator; a row without its sequence length says so
+    assert job(n_gpus="1,024", measured_iter_time_s="9").job["hardware"]["num_gpus"] == 1024
+    assert job(seq_len="", measured_iter_time_s="9").reason == "seq_len not stated"
     # a convention MoFa does not know: listed with it
     skipped = job(measured_tflops_per_gpu="147", flops_convention="metaseq's own count")
     assert "does not recognise" in skipped.reason and "metaseq" in skipped.reason
