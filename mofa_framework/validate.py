@@ -68,6 +68,8 @@ class MappedRow:
     #: updates to ``job["parallel"]`` for a setting the source leaves unstated, one per candidate
     #: value (None removes a key); :func:`resolve_unstated` keeps one
     variants: tuple[dict, ...] = ()
+    #: what the mapping assumed beyond the row (an unstated setting chosen, a column overruled)
+    assumptions: str = ""
 
 
 @attrs.frozen(kw_only=True)
@@ -108,6 +110,8 @@ class RowResult:
     #: seconds per sequence (ranking key: step time / global batch)
     measured_s_per_seq: float = 0.0
     predicted_s_per_seq: float = 0.0
+    #: what the mapping assumed beyond the row (``MappedRow.assumptions``)
+    assumptions: str = ""
 
 
 @attrs.frozen(kw_only=True)
@@ -710,7 +714,7 @@ def _nvidia_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
         # NeMo's B200 long-sequence table: its TP·PP·CP·DP is a quarter of its GPU count. The stated
         # layout is used; the per-GPU TFLOPS, hence the error, do not depend on which one is wrong
         layout_note = (f"stated layout tp·pp·cp·dp = {tp * pp * cp * stated_dp} GPUs, not the {num_gpus} "
-                       "listed: predicted on the stated layout. ")
+                       "listed: predicted on the stated layout")
         num_gpus = tp * pp * cp * stated_dp
     if measured is None and tflops and "nemo" in fw.lower():
         if model.is_moe:
@@ -779,7 +783,7 @@ def _nvidia_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     group = (source, model.name, hw.name, num_gpus, seq, r["precision"].strip())
     return MappedRow(source=source, reference=ref, row_id=rid, job=job, measured_s=measured, target=target,
                      group=group, measured_tflops=_num(r.get("model_tflops_per_gpu")),
-                     tflops_convention="model FLOPs (NVIDIA)", measured_memory_gib=mem, notes=(layout_note + notes)[:200],
+                     tflops_convention="model FLOPs (NVIDIA)", measured_memory_gib=mem, notes=notes[:200], assumptions=layout_note,
                      ignore_constraints=ignore)
 
 
@@ -944,7 +948,7 @@ def row_results(mapped: Sequence[MappedRow], arrays: dict[str, np.ndarray]) -> l
             predicted_model_tflops=float(arrays["model_tflops"][i]), tflops_convention=m.tflops_convention,
             measured_memory_gib=m.measured_memory_gib, predicted_memory_gib=float(arrays["memory_gib"][i]),
             fits_in_memory=bool(arrays["fits"][i] > 0.5), group=m.group,
-            measured_s_per_seq=m.measured_s / gbs, predicted_s_per_seq=float(t) / gbs))
+            measured_s_per_seq=m.measured_s / gbs, predicted_s_per_seq=float(t) / gbs, assumptions=m.assumptions))
     return out
 
 
@@ -1028,8 +1032,8 @@ def resolve_unstated(mapped: Sequence[MappedRow], predictor) -> list[MappedRow]:
         if not ks:
             continue
         best = min(ks, key=lambda k: arrays["step_s"][k])
-        note = f"interleaving not stated: vpp {owner[best][1]['vpp']}, the fastest of {len(ks)} predicted. "
-        out[i] = attrs.evolve(trial[best], notes=(note + mapped[i].notes)[:300])
+        note = f"interleaving not stated: vpp {owner[best][1]['vpp']}, the fastest of {len(ks)} predicted"
+        out[i] = attrs.evolve(trial[best], assumptions="; ".join(filter(None, (mapped[i].assumptions, note))))
     return out
 
 

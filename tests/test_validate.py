@@ -93,7 +93,7 @@ def test_csv_and_table_formats(cli):
     lines = res.output.strip().splitlines()
     assert lines[0].startswith("source,reference,row_id")
     assert len(lines) == 1 + 12  # the 12 Korthikanti rows: 9 with an iteration time, 3 with only the MFU
-    assert sum(line.endswith(",ok,") for line in lines) == 12
+    assert sum(",ok,," in line for line in lines) == 12  # status, reason, then the mapping's assumptions
     assert sum(",mfu_pct (model FLOPs)," in line for line in lines) == 3
     res = CliRunner().invoke(cli, ["validate", path, "--rows"])
     assert res.exit_code == 0 and "rows not predicted" in res.output
@@ -288,7 +288,7 @@ def test_nemo_formula_reproduces_nemos_own_tflops_and_derives_long_context_steps
     assert m.measured_s == pytest.approx(flops / (536e12 * 1024), rel=1e-9)
     # B200 table: TP·PP·CP·DP is a quarter of the listed GPUs; the stated layout is predicted
     b = rows["NEMO-LONGSEQ-015"]
-    assert b.job["hardware"]["num_gpus"] == 4 * 16 * 4 and "stated layout" in b.notes
+    assert b.job["hardware"]["num_gpus"] == 4 * 16 * 4 and "stated layout" in b.assumptions
     # the without-CP column has no layout: listed with the reason
     without_cp = [*range(2, 15, 2), *range(17, 34, 2)]  # B200: even rows; H100: odd rows
     assert {s.row_id for s in skipped} == {f"NEMO-LONGSEQ-{i:03d}" for i in without_cp}
@@ -406,7 +406,7 @@ def test_unstated_interleaving_is_resolved_to_the_fastest_factor(mofa_predictor)
     groups, _ = prepare(trial, mofa_predictor)
     t = predict_prepared(groups, mofa_predictor, n_rows=len(trial))["step_s"]
     assert resolved.job["parallel"]["vpp"] == m.variants[int(np.nanargmin(t))]["vpp"] > 1
-    assert "interleaving not stated" in resolved.notes and not resolved.variants
+    assert "interleaving not stated" in resolved.assumptions and not resolved.variants
     stated = _dense_job(_dense_row(**{**llama, "vpp": "1"}), reg, "test")
     deep = _dense_job(_dense_row(**{**llama, "global_batch": "8192"}), reg, "test")  # 128 per pipeline ≥ 4·15
     assert not stated.variants and not deep.variants
