@@ -738,10 +738,10 @@ def _nvidia_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     mbs = _int(r.get("mbs"), 1) or 1
     if not (gbs and seq and num_gpus):
         return skip("gbs, seq_len or num_gpus missing")
-    ranks_per_stage = num_gpus // max(pp, 1)  # tp·cp·dp: what MoE layers re-fold into etp × ep × edp
-    if not etp and model.is_moe and ep > 1 and ranks_per_stage % (ep * tp):
-        # ETP not stated and Megatron-Core's default (= tp) cannot fold with this EP: the run
-        # must have set --expert-tensor-parallel-size 1 (Megatron-Bridge's MoE recipes do)
+    if not etp and model.is_moe and ep > 1:
+        # ETP not stated: Megatron-Bridge's MoE recipes and the Megatron-Core MoE model zoo set
+        # --expert-tensor-parallel-size 1 (every model-zoo row that states it says 1), and where
+        # Megatron-Core's default (= tp) cannot fold with the EP size the run must have
         etp = 1
     precision, lowp, lowp_options = _precision(r["precision"])
     par = {"tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "ep": ep, "etp": etp, "micro_batch_size": mbs,
@@ -769,9 +769,12 @@ def _nvidia_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     if "1f1b overlap" in nlow and model.is_moe and ep > 1:
         feats["ep_overlap"] = {}
     # "dispatcher=DeepEP" / "HybridEP": Megatron-Core's flex token dispatcher ("A2A": alltoall)
-    disp = re.search(r"dispatcher\s*=\s*(deepep|hybridep)", nlow)
-    if disp and model.is_moe and ep > 1:
-        feats["flex_dispatcher"] = {"backend": disp.group(1)}
+    # ("dispatcher=DeepEP", "dispatcher DeepEP", "HybridEP dispatcher"; a stated other dispatcher wins)
+    stated = re.search(r"dispatcher\s*[=:]?\s*([a-z0-9]+)", nlow)
+    disp = (stated.group(1) if stated and stated.group(1) in ("deepep", "hybridep", "alltoall", "a2a", "allgather")
+            else (re.search(r"\b(deepep|hybridep)\b", nlow) or [None, None])[1])
+    if disp in ("deepep", "hybridep") and model.is_moe and ep > 1:
+        feats["flex_dispatcher"] = {"backend": disp}
     if source == "nvidia_megatron_bridge" and model.is_moe and ep > 1:
         layout = {"tp": tp, "pp": pp, "vpp": vpp, "ep": ep, "mbs": mbs, "gbs": gbs}
         for recipe in BRIDGE_RECIPES:
