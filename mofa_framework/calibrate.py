@@ -252,7 +252,7 @@ def calibrate(paths: Iterable[str | Path], hardware: str, predictor=None, *,
     hw = predictor.registry.hardware_profile(hardware, field="--hardware")
     if mapped is None:
         mapped, _ = map_rows(paths, predictor.registry)
-        mapped = resolve_unstated(mapped, predictor)
+    mapped = resolve_unstated(mapped, predictor)  # rows given already resolved pass unchanged
     mine = [m for m in mapped if predictor.registry.hardware_profile(m.job["hardware"]["name"]).name == hw.name]
     if not mine:
         raise ConfigError(f"no mappable rows on hardware {hw.name!r} in the given files (see `mofa validate`)")

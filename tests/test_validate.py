@@ -481,3 +481,27 @@ def test_moe_rows_without_an_etp_run_experts_unsharded_and_dispatchers_are_read_
     for notes in ("forced balance; dispatcher DeepEP", "HybridEP dispatcher; forced load balancing"):
         job = _nvidia_job({**raw, "notes": notes}, mofa_predictor.registry, "t").job
         assert "flex_dispatcher" in job["features"], notes
+
+
+def test_calibrate_resolves_an_unstated_interleaving_as_validate_does(mofa_predictor):
+    """Rows handed to calibrate (as the CLI does) get the factor validate would choose: the error
+    before fitting is the error validate reports."""
+    from mofa_framework.calibrate import calibrate
+    from mofa_framework.validate import _dense_job, resolve_unstated
+
+    reg = mofa_predictor.registry
+    llama = dict(model_name="Llama 3 405B", n_layers="126", hidden="16384", n_heads="128", n_kv_heads="8",
+                 ffn_hidden="53248", vocab="128000", seq_len="8192", gpu_type="H100", tp="8", pp="16", cp="1",
+                 micro_batch="", flops_convention="PaLM 6N + attention", framework="Meta",
+                 distributed_optimizer="ZeRO-2-like")
+    rows = [_dense_job(_dense_row(**llama, n_gpus=str(n), global_batch="2048", measured_tflops_per_gpu=str(t)),
+                       reg, "t") for n, t in ((8192, 430), (16384, 400))]
+    assert all(r.variants for r in rows)
+    resolved = resolve_unstated(rows, mofa_predictor)
+    res = calibrate([], "h100-sxm5-80gb", mofa_predictor, parameters=["gemm_efficiency"], folds=0, mapped=rows)
+    from mofa_framework.validate import predict_prepared, prepare
+
+    groups, _ = prepare(resolved, mofa_predictor)
+    t = predict_prepared(groups, mofa_predictor, n_rows=len(resolved))["step_s"]
+    want = np.mean([abs(p / r.measured_s - 1) for p, r in zip(t, resolved)])
+    assert res.before.mape == pytest.approx(want, rel=1e-9)
