@@ -432,7 +432,18 @@ def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     model = _lookup_model(registry, name)
     model_section: dict[str, Any]
     if model is not None:
-        model_section = {"name": model.name}
+        # the zoo model, with what the row states differently (MegaScale's "175B" has 128 heads
+        # and a 64,000 vocabulary, GPT-3's 96 and 51,200)
+        stated = {"num_layers": _int(r.get("n_layers")), "hidden_size": _int(r.get("hidden")),
+                  "num_attention_heads": _int(r.get("n_heads")), "num_kv_heads": _int(r.get("n_kv_heads")),
+                  "vocab_size": _int(r.get("vocab"))}
+        if not model.is_moe:
+            stated["ffn_hidden_size"] = _int(r.get("ffn_hidden"))
+        if stated["vocab_size"] and abs(stated["vocab_size"] / model.vocab_size - 1) < 0.025:
+            stated["vocab_size"] = None  # the tokenizer's size vs the zoo's padded one (50,257 → 51,200)
+        overrides = {k: v for k, v in stated.items() if v and v != getattr(model, k)}
+        model_section = {"name": model.name, **overrides}
+        model = attrs.evolve(model, **overrides) if overrides else model
     else:
         h, L, a = _int(r["hidden"]), _int(r["n_layers"]), _int(r["n_heads"])
         if not (h and L and a):

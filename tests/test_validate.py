@@ -505,3 +505,17 @@ def test_calibrate_resolves_an_unstated_interleaving_as_validate_does(mofa_predi
     t = predict_prepared(groups, mofa_predictor, n_rows=len(resolved))["step_s"]
     want = np.mean([abs(p / r.measured_s - 1) for p, r in zip(t, resolved)])
     assert res.before.mape == pytest.approx(want, rel=1e-9)
+
+
+def test_a_dense_row_that_states_another_architecture_than_the_zoo_model_gets_its_own(mofa_predictor):
+    """MegaScale's "175B": the zoo's GPT-3 175B with 128 heads and a 64,000 vocabulary, as the row
+    states; a vocabulary within padding of the zoo's (50,257 vs 51,200) is the zoo's."""
+    from mofa_framework.validate import _dense_job
+
+    reg = mofa_predictor.registry
+    kw = dict(model_name="GPT-3 175B", n_layers="96", hidden="12288", ffn_hidden="49152", tp="8", pp="8",
+              n_gpus="256", global_batch="768", derived_iter_time_s="40")
+    m = _dense_job(_dense_row(**kw, n_heads="128", n_kv_heads="128", vocab="64000"), reg, "t")
+    assert m.job["model"] == {"name": "gpt3-175b", "num_attention_heads": 128, "num_kv_heads": 128, "vocab_size": 64000}
+    m = _dense_job(_dense_row(**kw, n_heads="96", n_kv_heads="96", vocab="50257"), reg, "t")
+    assert m.job["model"] == {"name": "gpt3-175b"}
