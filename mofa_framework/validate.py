@@ -378,9 +378,7 @@ def _dense_target(r: dict, model: ModelSpec) -> tuple[float, str] | str:
     for col in ("measured_iter_time_s", "derived_iter_time_s"):
         if (t := _num(r.get(col))) is not None:
             return t, col
-    n, gbs, seq = _int(r.get("n_gpus")), _int(r.get("global_batch"), 0), _int(r.get("seq_len"), 0)
-    if not (n and gbs and seq):
-        return "no measured or derived iteration time, and the global batch or sequence length to derive one is not stated"
+    n, gbs, seq = _int(r.get("n_gpus")), _int(r.get("global_batch")), _int(r.get("seq_len"))
     value, unit = _num(r.get("throughput_value")), r.get("throughput_unit", "").lower()
     if value and ("token" in unit or "wps" in unit or "sample" in unit):
         per_gpu = "gpu" in unit
@@ -455,7 +453,7 @@ def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
                          "vocab_size": _int(r.get("vocab"), 51200),
                          "activation": "gelu" if ffn == 4 * h else "swiglu"}
     missing = [c for c in ("n_gpus", "global_batch", "seq_len") if not _int(r.get(c))]
-    if missing and not (missing == ["global_batch"] and _num(r.get("measured_iter_time_s") or r.get("derived_iter_time_s"))):
+    if missing:
         return skip(f"{', '.join(missing)} not stated")
     spec = model if model is not None else ModelSpec(**model_section)
     timed = _dense_target(r, spec)
@@ -797,7 +795,8 @@ def _nvidia_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     group = (source, model.name, hw.name, num_gpus, seq, r["precision"].strip())
     return MappedRow(source=source, reference=ref, row_id=rid, job=job, measured_s=measured, target=target,
                      group=group, measured_tflops=_num(r.get("model_tflops_per_gpu")),
-                     tflops_convention="model FLOPs (NVIDIA)", measured_memory_gib=mem, notes=notes[:200], assumptions=layout_note,
+                     tflops_convention="model FLOPs (NVIDIA)", measured_memory_gib=mem, notes=notes[:200],
+                     assumptions=layout_note,
                      ignore_constraints=ignore)
 
 

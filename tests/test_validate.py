@@ -372,7 +372,8 @@ def test_dense_rows_with_uneven_pipelines_put_a_layer_fewer_on_the_end_stages(mo
     """BLOOM: 70 layers on 12 stages, the embeddings counted as layers: 5 + 10·6 + 5."""
     from mofa_framework.validate import _dense_job
 
-    m = _dense_job(_dense_row(model_name="BLOOM-like", n_layers="70", hidden="14336", n_heads="112", n_kv_heads="112", ffn_hidden="57344",
+    m = _dense_job(_dense_row(model_name="BLOOM-like", n_layers="70", hidden="14336", n_heads="112",
+                              n_kv_heads="112", ffn_hidden="57344",
                               vocab="250880", tp="4", pp="12", n_gpus="384", global_batch="2048", micro_batch="2",
                               measured_iter_time_s="104.7"), mofa_predictor.registry, "test")
     par = m.job["parallel"]
