@@ -504,7 +504,9 @@ def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     sched = sched_text.lower()
     says_interleaved = "interleav" in sched and "not stated" not in sched
     says_plain = re.fullmatch(r"\s*1f1b\s*", sched) is not None or "gpipe" in sched
-    if pp > 1 and not r.get("vpp", "").strip() and "zero-bubble" not in fw and (
+    # DeepSpeed's pipeline engine (Megatron-DeepSpeed: BLOOM, MT-NLG) has no interleaved schedule
+    can_interleave = "zero-bubble" not in fw and "deepspeed" not in fw.lower()
+    if pp > 1 and not r.get("vpp", "").strip() and can_interleave and (
             says_interleaved or (not says_plain and 0 < microbatches < UNSTATED_VPP_MIN_RATIO * (pp - 1))):
         # the factor is not stated, and the schedule says interleaved, or says nothing while plain
         # 1F1B would idle a fifth of the step or more (a tuned run interleaves): every factor that

@@ -416,6 +416,9 @@ def test_unstated_interleaving_is_resolved_to_the_fastest_factor(mofa_predictor)
     inter = _dense_job(_dense_row(**{**llama, "global_batch": "8192", "pp_schedule": "interleaved 1F1B"}), reg, "t")
     plain = _dense_job(_dense_row(**{**llama, "pp_schedule": "1F1B"}), reg, "t")
     assert [v["vpp"] for v in inter.variants] == [2, 4, 8] and not plain.variants
+    # DeepSpeed's pipeline engine cannot interleave (BLOOM's ramp-up: one micro-batch per pipeline)
+    ds = _dense_job(_dense_row(**{**llama, "framework": "Megatron-DeepSpeed"}), reg, "t")
+    assert not ds.variants and ds.job["parallel"]["vpp"] == 1
 
 
 def test_fsdp_rows_without_a_micro_batch_run_the_ranks_batch_at_once(mofa_predictor):
