@@ -43,6 +43,8 @@ def shipped_fits() -> dict[str, dict]:
             continue
         summary = re.search(r"^# (\d+ rows .*)$", text, flags=re.M)
         out[path.stem] = {"params": tuple(re.findall(r"--param (\S+)", cmd.group(1))),
+                          # the files the command fitted to, by name (found in the data folder)
+                          "files": tuple(Path(f).name for f in re.findall(r"(\S+\.csv)\b", cmd.group(1))),
                           "summary": summary.group(1) if summary else "",
                           "efficiency": tomllib.loads(text).get("efficiency", {})}
     return out
@@ -189,15 +191,16 @@ def shipped_table(fits: dict[str, dict]) -> list[str]:
     return lines
 
 
-def calibration_tables(paths, folds: int, fits: dict[str, dict]) -> list[str]:
+def calibration_tables(data: Path, folds: int, fits: dict[str, dict]) -> list[str]:
+    """Each shipped profile refitted as its recorded command does: its parameters, its files."""
     from mofa_framework import Predictor
     from mofa_framework.calibrate import calibrate
 
     predictor = Predictor()
     lines = ["| profile | rows (per source) | coefficients (fitted) | in-sample MAPE / max | "
              f"{folds}-fold held-out MAPE / max |", "|---|---|---|---|---|"]
-    for hw, params in ((k, f["params"]) for k, f in fits.items()):
-        r = calibrate(paths, hw, predictor, parameters=params, folds=folds)
+    for hw, fit in fits.items():
+        r = calibrate([data / f for f in fit["files"]], hw, predictor, parameters=fit["params"], folds=folds)
         coeffs = ", ".join(f"{k} {v:.3g}" for k, v in r.fitted.items() if k not in r.not_identifiable)
         cv = r.cross_validated
         lines.append(f"| {hw} | {r.rows} ({', '.join(f'{k} {v}' for k, v in r.rows_by_source.items())}) | {coeffs} | "
@@ -233,7 +236,7 @@ def render(data: Path, folds: int) -> str:
            "`[efficiency]` table).", "", *shipped_table(fits), "",
            "### Calibration: k-fold cross-validation", "",
            "Each profile is refitted on k−1 folds of its rows (all sources) and scored on the held-out fold.", "",
-           *calibration_tables(paths, folds, fits), "",
+           *calibration_tables(data, folds, fits), "",
            "### Duplicate files (`*_dense.csv`, NVIDIA rows with architecture columns; not in the overall)", "",
            *summary_table(dups), ""]
     return "\n".join(out)
