@@ -417,6 +417,10 @@ def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     # ZeRO-3 / FSDP: the `fsdp` feature; an FSDP that keeps the parameters gathered (Llama 3's:
     # "ZeRO-2-like", sharding optimizer states and gradients) is the distributed optimizer
     zero2 = re.search(r"zero-?2|not reshard|no reshard", dopt) is not None
+    # torchtitan under a pipeline: FSDP2 keeps the parameters unsharded and the gradients
+    # unreduced across micro-batches (reshard_after_forward off, gradient sync on the last
+    # micro-batch only): one gather and one reduce-scatter per step, as ZeRO-2
+    zero2 = zero2 or ("torchtitan" in fw.lower() and "fsdp" in dopt and (_int(r.get("pp"), 1) or 1) > 1)
     full_shard = not zero2 and ("zero-3" in dopt or "fsdp" in dopt or "zero-3" in fw.lower())
     if deepspeed_zero3:
         # Narayanan et al. Table 2's comparison runs: 1,536 GPUs took as long as 768, so their time is

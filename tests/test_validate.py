@@ -304,7 +304,10 @@ def test_torchtitan_fsdp2_rows_are_predicted_and_deepspeed_zero3_is_not():
     reg = Predictor().registry
     mapped, skipped = map_rows([DATA / "torchtitan_dense.csv", DATA / "megatron_selene_a100.csv"], reg)
     titan = [m for m in mapped if m.source == "torchtitan_dense"]
-    assert len(titan) == 18 and all("fsdp" in m.job["features"] for m in titan)
+    assert len(titan) == 18
+    for m in titan:  # ZeRO-2 per step under a pipeline (see the next test), FSDP without
+        want = "distributed_optimizer" if m.job["parallel"]["pp"] > 1 else "fsdp"
+        assert want in m.job["features"], m.row_id
     zero3 = [s for s in skipped if "DeepSpeed ZeRO-3" in s.reason]
     assert len(zero3) == ZERO3_ROWS and all(s.source == "megatron_selene_a100" for s in zero3)
 
@@ -431,6 +434,13 @@ def test_fsdp_rows_without_a_micro_batch_run_the_ranks_batch_at_once(mofa_predic
                               distributed_optimizer="FSDP2 (ZeRO-3-like)", derived_iter_time_s="19.764"),
                    mofa_predictor.registry, "test")
     assert "fsdp" in m.job["features"] and m.job["parallel"]["micro_batch_size"] == 16
+    # under a pipeline torchtitan keeps FSDP2's parameters gathered and its gradients unreduced
+    # across micro-batches: one gather and one reduce-scatter per step, ZeRO-2
+    m = _dense_job(_dense_row(model_name="LLAMA3.1-405B", framework="torchtitan", gpu_type="H100 SXM 96GB HBM2e @500W",
+                              n_gpus="512", tp="8", pp="8", global_batch="256", micro_batch="", seq_len="8192",
+                              distributed_optimizer="FSDP2 (ZeRO-3-like)", derived_iter_time_s="40.96"),
+                   mofa_predictor.registry, "test")
+    assert m.job["features"]["distributed_optimizer"] == {"shard_gradients": True} and "fsdp" not in m.job["features"]
 
 
 def test_megatron_core_era_dense_rows_get_the_recipe_their_nvidia_schema_twins_get(mofa_predictor):
