@@ -40,6 +40,7 @@ PARAMETERS: dict[str, tuple[float, float, bool]] = {
     "gemm_efficiency": (0.3, 1.0, False),
     "gemm_half_efficiency_s": (1e-8, 1e-4, True),
     "gemm_half_dim": (0.0, 1024.0, False),
+    "gemm_half_dim_k": (0.0, 2048.0, False),
     "kernel_launch_s": (0.0, 2.0e-5, False),
     "host_dispatch_s": (0.0, 2.0e-4, False),
     "attention_efficiency": (0.3, 1.0, False),

@@ -224,6 +224,9 @@ class EfficiencySpec:
     #: GEMMs of unfused attention, narrow TP shards) run below peak. The size factor gains
     #: ``Π_{x ∈ m, n, k} x/(x + d½)``. 0 removes it (the default)
     gemm_half_dim: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))
+    #: the reduction dimension's own d½ (the K loop's prologue and epilogue, not the output's tile
+    #: padding): 0 uses ``gemm_half_dim`` for k too (the default)
+    gemm_half_dim_k: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))
     #: fixed cost of one kernel launch on the GPU's stream (launch + tail), seconds; paid once per
     #: kernel of every operator and pass (a grouped GEMM is one launch)
     kernel_launch_s: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))

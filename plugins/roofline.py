@@ -4,7 +4,8 @@
 GEMMs reach η_c of the peak of their numeric format (times ``fp8_gemm_relative_efficiency`` /
 ``fp4_gemm_relative_efficiency`` at fp8 / fp4),
 scaled down for small GEMMs by
-``F / (F + F_½)`` (times ``Π x/(x + gemm_half_dim)`` over the GEMM's m, n, k when that is set)
+``F / (F + F_½)`` (times ``Π x/(x + d½)`` over the GEMM's m, n, k: ``gemm_half_dim``, and for k
+``gemm_half_dim_k`` when that is set)
 where ``F_½ = gemm_half_efficiency_s · P_peak`` and F is the FLOPs of *one*
 GEMM (a grouped expert GEMM of ``count`` equal GEMMs sees each expert's size); fused attention reaches
 ``attention_efficiency`` of the bf16 peak at head dimension 128, scaled by
@@ -36,9 +37,12 @@ def operator_seconds(ops, hardware) -> np.ndarray:
     half = eff.gemm_half_efficiency_s * peak
     one = ops.flops / np.maximum(ops.count, 1.0)  # FLOPs of one GEMM of a group
     size_eff = np.where(ops.flops > 0, one / (one + half), 1.0)
-    if eff.gemm_half_dim > 0:  # dimensions not ≫ a tile: Π x/(x + d½) over m, n, k
-        for x in (ops.gemm_m, ops.gemm_n, ops.gemm_k):
-            size_eff = size_eff * np.where(x > 0, x / (x + eff.gemm_half_dim), 1.0)
+    # dimensions not ≫ a tile: Π x/(x + d½) over m and n (the output's tiles) and k (the
+    # reduction loop, its own d½ when the profile sets one)
+    d_k = eff.gemm_half_dim_k or eff.gemm_half_dim
+    for x, d in ((ops.gemm_m, eff.gemm_half_dim), (ops.gemm_n, eff.gemm_half_dim), (ops.gemm_k, d_k)):
+        if d > 0:
+            size_eff = size_eff * np.where(x > 0, x / (x + d), 1.0)
     d, d_half = np.where(ops.gemm_k > 0, ops.gemm_k, 128.0), eff.attention_half_head_dim
     head = (d / (d + d_half)) / (128.0 / (128.0 + d_half))
     attn_eff = np.minimum(eff.attention_efficiency * head, 1.0)

@@ -162,3 +162,19 @@ def test_gemm_half_dim_slows_narrow_gemms():
     factor = (8192 / (8192 + 64)) ** 2
     assert t[0] == pytest.approx(t0[0] / (factor * 8192 / (8192 + 64)))
     assert t[1] == pytest.approx(t0[1] / (factor * 0.5))  # K = 64: half rate along K
+
+
+def test_gemm_half_dim_k_gives_the_reduction_dimension_its_own_half_size():
+    """``gemm_half_dim_k``: k's factor is k/(k + d½_k); m and n keep ``gemm_half_dim`` (0: no m, n
+    factor at all, the Blackwell fits)."""
+    base = dict(gemm_half_efficiency_s=0.0, kernel_launch_s=0.0)
+    hw0 = _hw(gemm_half_dim=0.0, **base)
+    both = _hw(gemm_half_dim=64.0, gemm_half_dim_k=1024.0, **base)
+    k_only = _hw(gemm_half_dim=0.0, gemm_half_dim_k=1024.0, **base)
+    m, nn, k = np.array([8192.0, 512.0]), np.array([4096.0, 8192.0]), np.array([1024.0, 3072.0])
+    ops = OperatorBatch(flops=2 * m * nn * k, bytes=np.full(2, 1.0), kind=np.full(2, GEMM),
+                        precision=np.full(2, PRECISIONS.index("bf16")), gemm_m=m, gemm_n=nn, gemm_k=k)
+    t0 = operator_seconds(ops, hw0)
+    want_k = k / (k + 1024.0)  # 0.5 at k = 1024, 0.75 at 3072
+    np.testing.assert_allclose(operator_seconds(ops, k_only), t0 / want_k, rtol=1e-12)
+    np.testing.assert_allclose(operator_seconds(ops, both), t0 / (want_k * m / (m + 64) * nn / (nn + 64)), rtol=1e-12)
