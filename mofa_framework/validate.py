@@ -392,9 +392,10 @@ def _dense_target(r: dict, model: ModelSpec) -> tuple[float, str] | str:
     if tflops and _HFU_EQ3.search(conv):
         return (megatron_eq3_flops(model, gbs, seq, vocab) / (tflops * 1e12 * n),
                 "measured_tflops_per_gpu (Megatron eq. 3)")
-    if (_MODEL_FLOPS.search(conv) or _SIX_N.search(conv)) and (tflops or (mfu and peak)):
+    with_attention = _MODEL_FLOPS.search(conv) is not None
+    if (with_attention or _SIX_N.search(conv)) and (tflops or (mfu and peak)):
         rate, col = (tflops, "measured_tflops_per_gpu") if tflops else (mfu / 100.0 * peak, "mfu_pct")
-        if _MODEL_FLOPS.search(conv):
+        if with_attention:
             return nemo_model_flops(full, gbs, seq) / (rate * 1e12 * n), f"{col} (model FLOPs)"
         # 6·N·D: the same count without the attention scores
         return nemo_model_flops(full, gbs, seq, attention_scores=False) / (rate * 1e12 * n), f"{col} (6ND)"
@@ -527,14 +528,12 @@ def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
         job["features"]["recompute"] = {"granularity": "selective"}
     if _MEGATRON_CORE.search(fw) and not re.match(r"no\b|n$|none", dopt):
         # a Megatron-Core-era run: its recipe, unless the row says otherwise ("DDP (dist. optimizer
-        # not stated)" does not)
+        # not stated)" does not); the data-parallel sharding the row states refines it below
         job["features"].update(_megatron_core_recipe(tp, pp, cp, full_shard))
-        if zero2:
-            job["features"]["distributed_optimizer"] = {"shard_gradients": True}
+    if zero2:
+        job["features"]["distributed_optimizer"] = {"shard_gradients": True}
     elif full_shard:
         job["features"]["fsdp"] = {}
-    elif zero2:
-        job["features"]["distributed_optimizer"] = {"shard_gradients": True}
     elif dopt.startswith("y") or "zero-1" in dopt or "distributed" in dopt and not dopt.startswith("ddp"):
         job["features"]["distributed_optimizer"] = {}
     if lowp:

@@ -36,7 +36,9 @@ tensor cores, i.e. a profile with an fp4 peak — Blackwell) and ``blockwise`` (
 dimension, so the backward GEMMs that use a tensor transposed need a second, column-wise
 quantised copy: a cast reads bf16 once and writes both copies, ``2 + 2·(1 + s)`` bytes per element
 (``s`` = scale bytes per element: 1/32 for MXFP8, 4/128 for blockwise), and the cached weights are
-both orientations (``transpose_cache`` is implied). MXFP8 GEMMs run at the profile's
+both orientations (``transpose_cache`` is implied). Every recipe's GEMMs run at the profile's
+``fp8_gemm_relative_efficiency`` of the fp8 peak (the roofline applies it to every operator priced
+at fp8; B200 fits 0.64), and MXFP8 GEMMs also at the profile's
 ``mxfp8_gemm_relative_efficiency`` (default 1, fittable by ``mofa calibrate``; Megatron-Bridge
 publishes FP8-CS and MXFP8 runs of the same layouts, MXFP8 2–12 % slower, but no shipped profile's
 held-out error improves with it — see ``docs/features/memory.md``). Blockwise GEMMs are left at the
