@@ -28,9 +28,11 @@ dense and expert parameters each over their own group, priced by the collective 
 ``prefetch ≥ 1`` layer i+1's gather (and layer i+1's reduce-scatter in backward) runs while layer i
 computes, so as in every overlap (``_overlap``) the exposed part per pass is::
 
-    E_fwd = max(α·F_ℓ, β·C_fwd) − F_ℓ            E_bwd = max(α·(B_ℓ+W_ℓ), β·C_bwd) − (B_ℓ+W_ℓ)
+    E_fwd = max(α·F_ℓ, β·C_fwd) − F_ℓ            E_bwd = max(α·(B_ℓ+R_ℓ+W_ℓ), β·C_bwd) − (B_ℓ+R_ℓ+W_ℓ)
 
-(α, β the contention coefficients; ``prefetch = 0``: E = C, nothing hidden). They go into the
+(α, β the contention coefficients; R_ℓ the recomputed forward, which runs inside the layer's backward
+with its parameters already gathered, so it hides the backward's collectives too; ``prefetch = 0``:
+E = C, nothing hidden). They go into the
 layer's ``dp_exposed_fwd_s`` / ``dp_exposed_bwd_s`` (the ``dp_layer_comm`` breakdown entry) and so
 into the pipeline's F and B. **Choice**: the first layer's gather of each pass has no previous
 layer to hide behind; that one layer per stage and micro-batch is neglected.
@@ -41,7 +43,8 @@ Adam update touches ``P/D`` parameters. The per-step gradient all-reduce of the 
 ``dp_overlap`` (which runs after this) hides that small remainder like the distributed optimizer's.
 
 Conflicts with ``distributed_optimizer`` (it is its ZeRO-1/2 special case) and ``cpu_optimizer``.
-Runs after ``fp8`` and ``kernel_scaling`` (the overlap sees their compute times); **choice**:
+Runs after ``fp8``, ``kernel_scaling``, ``memfine`` and ``recompute`` (the overlap sees their compute
+times); **choice**:
 ``kernel_scaling``'s bandwidth factor γ does not reach the collectives priced here.
 """
 
@@ -125,7 +128,9 @@ def layer(state, rows):
     out = {}
     for kind, c in state.layers.items():
         fwd, bwd = layer_comm(state, rows, kind)
-        f_comp, b_comp = c.fwd_compute_s, c.bwd_input_s + c.bwd_weight_s
+        # the backward window includes the recomputed forward (full or selective recompute runs it
+        # inside the layer's backward, with the parameters already gathered)
+        f_comp, b_comp = c.fwd_compute_s, c.bwd_input_s + c.bwd_weight_s + c.recompute_s
         exp_f = np.where(hide, np.maximum(alpha * f_comp, beta * fwd) - f_comp, fwd)
         exp_b = np.where(hide, np.maximum(alpha * b_comp, beta * bwd) - b_comp, bwd)
         out[kind] = attrs.evolve(c, dp_fwd_s=c.dp_fwd_s + fwd, dp_bwd_s=c.dp_bwd_s + bwd,
@@ -212,7 +217,7 @@ FEATURE = MemoryOptimizer(
     memory=memory,
     megatron_args=megatron_args,
     before=("dp_overlap",),
-    after=("fp8", "kernel_scaling"),
+    after=("fp8", "kernel_scaling", "memfine", "recompute"),
     conflicts=("distributed_optimizer", "cpu_optimizer"),
     applies=lambda batch, model, hardware: (batch.dp * batch.cp > 1) | (
         (batch.tp * batch.cp * batch.dp > batch.ep * batch.etp) if model.is_moe else False),
