@@ -151,8 +151,8 @@ def test_microbatch_overhead_adds_to_every_stage_forward(pp, vpp, schedule):
 
 def test_gemm_half_dim_slows_narrow_gemms():
     """``gemm_half_dim`` d½: a GEMM's rate gains Π x/(x + d½) over m, n, k (0 = off)."""
-    hw0 = _hw(gemm_half_dim=0.0, gemm_half_efficiency_s=0.0, kernel_launch_s=0.0)
-    hw = _hw(gemm_half_dim=64.0, gemm_half_efficiency_s=0.0, kernel_launch_s=0.0)
+    hw0 = _hw(gemm_half_dim=0.0, gemm_half_dim_k=0.0, gemm_half_efficiency_s=0.0, kernel_launch_s=0.0)
+    hw = _hw(gemm_half_dim=64.0, gemm_half_dim_k=0.0, gemm_half_efficiency_s=0.0, kernel_launch_s=0.0)
     n = 2
     m, nn, k = np.array([8192.0, 8192.0]), np.array([8192.0, 8192.0]), np.array([8192.0, 64.0])
     flops = 2 * m * nn * k
@@ -168,7 +168,7 @@ def test_gemm_half_dim_k_gives_the_reduction_dimension_its_own_half_size():
     """``gemm_half_dim_k``: k's factor is k/(k + d½_k); m and n keep ``gemm_half_dim`` (0: no m, n
     factor at all, the Blackwell fits)."""
     base = dict(gemm_half_efficiency_s=0.0, kernel_launch_s=0.0)
-    hw0 = _hw(gemm_half_dim=0.0, **base)
+    hw0 = _hw(gemm_half_dim=0.0, gemm_half_dim_k=0.0, **base)
     both = _hw(gemm_half_dim=64.0, gemm_half_dim_k=1024.0, **base)
     k_only = _hw(gemm_half_dim=0.0, gemm_half_dim_k=1024.0, **base)
     m, nn, k = np.array([8192.0, 512.0]), np.array([4096.0, 8192.0]), np.array([1024.0, 3072.0])
