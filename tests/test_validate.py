@@ -4,6 +4,7 @@ CLI errors, and calibration recovering a known coefficient from synthetic data."
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import attrs
@@ -97,6 +98,25 @@ def test_csv_and_table_formats(cli):
     assert sum(",mfu_pct (model FLOPs)," in line for line in lines) == 3
     res = CliRunner().invoke(cli, ["validate", path, "--rows"])
     assert res.exit_code == 0 and "rows not predicted" in res.output
+
+
+@needs_data
+def test_parity_plot(cli, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    path = str(DATA / "megatron_selene_a100.csv")
+    png = tmp_path / "parity.png"
+    res = CliRunner().invoke(cli, ["validate", path, "--format", "csv", "--plot", str(png)])
+    assert res.exit_code == 0, res.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the CSV on stdout stays parseable: the notice goes to stderr
+    assert res.stdout.startswith("source,reference,row_id") and "plot written to" not in res.stdout
+    for args, fragment in (([str(tmp_path / "no-such-dir" / "x.png")], "cannot write"),
+                           ([str(png), "--source", "nothing-matches"], "nothing to draw")):
+        res = CliRunner().invoke(cli, ["validate", path, "--plot", *args])
+        assert res.exit_code == 2 and res.output.strip().count("\n") == 0 and fragment in res.output, res.output
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    res = CliRunner().invoke(cli, ["validate", path, "--plot", str(png)])
+    assert res.exit_code == 2 and "mofa[plot]" in res.output and res.output.strip().count("\n") == 0
 
 
 def test_bad_input_is_one_line_exit_2(cli, tmp_path):

@@ -13,6 +13,7 @@ import numpy as np
 from ..cli import _emit_json, _table, job_options, load_jobs, pass_state
 from ..e2e import E2EInputs, E2EResult, e2e_inputs, e2e_time
 from ..errors import ConfigError
+from ._figure import figure
 
 #: --sweep factor → (e2e_time keyword, parser, minimum, strict, label)
 SWEEP_FACTORS = {
@@ -139,26 +140,12 @@ def _sweep(inputs: E2EInputs, step_s: float, factor: str, values: list) -> E2ERe
 
 
 def _plot(path: Path, factor: str, values: list, r: E2EResult, title: str) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        raise ConfigError("--plot needs matplotlib: pip install 'mofa[plot]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    ax.plot(values, np.asarray(r.ettr) * 100.0, marker="o")
-    ax.set_xlabel(SWEEP_FACTORS[factor][4])
-    ax.set_ylabel("ETTR (%)")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    try:
-        fig.savefig(path)
-    except OSError as exc:
-        raise ConfigError(f"--plot {path}: cannot write: {exc}") from None
-    finally:
-        plt.close(fig)
+    with figure(path) as (_, ax):
+        ax.plot(values, np.asarray(r.ettr) * 100.0, marker="o")
+        ax.set_xlabel(SWEEP_FACTORS[factor][4])
+        ax.set_ylabel("ETTR (%)")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
 
 
 @click.command("e2e")

@@ -15,6 +15,7 @@ import click
 from ..calibrate import DEFAULT_PARAMETERS, PARAMETERS
 from ..cli import _table, pass_state
 from ..errors import ConfigError
+from ._figure import figure
 
 
 def _pct(x: float | None) -> str:
@@ -52,14 +53,49 @@ SUMMARY_HEADERS = ["source", "rows", "skipped", "MAPE", "p90", "max", "bias", "S
                    "regret mean / max", "memory MAPE (n)", "target column"]
 
 
+def parity_plot(result, path: Path) -> None:
+    """Predicted against measured step time, log-log, one marker series per source, with the
+    y = x line and the ±10 % band; the legend gives each source's rows and MAPE."""
+    by_source: dict[str, list] = {}
+    for r in result.rows:
+        by_source.setdefault(r.source, []).append(r)
+    if not by_source:
+        raise ConfigError("--plot: no row was predicted, nothing to draw")
+    summaries = {s.source: s for s in result.sources}
+    markers = "osD^vP*Xh<>"
+    with figure(path, (6.4, 6.0)) as (_, ax):
+        lo = min(min(r.measured_s, r.predicted_s) for r in result.rows) / 1.3
+        hi = max(max(r.measured_s, r.predicted_s) for r in result.rows) * 1.3
+        ax.fill_between([lo, hi], [lo / 1.1, hi / 1.1], [lo * 1.1, hi * 1.1], color="0.9", label="±10 %")
+        ax.plot([lo, hi], [lo, hi], color="0.4", linewidth=0.8)
+        for i, (source, rows) in enumerate(by_source.items()):
+            s = summaries.get(source)
+            label = f"{source} ({len(rows)}, MAPE {_pct(s.step_time.mape) if s else '—'})"
+            ax.scatter([r.measured_s for r in rows], [r.predicted_s for r in rows], s=12, alpha=0.7,
+                       marker=markers[i % len(markers)], label=label)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xlabel("measured step time (s)")
+        ax.set_ylabel("predicted step time (s)")
+        o = result.overall.step_time
+        ax.set_title(f"MoFa vs published step times: MAPE {_pct(o.mape)} over {o.n} rows")
+        ax.legend(fontsize=7, loc="upper left")
+        ax.grid(True, which="both", alpha=0.2)
+
+
 @click.command("validate")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
 @click.option("--source", "sources", multiple=True, metavar="TEXT",
               help="Keep rows whose source (file stem) or reference contains TEXT (repeatable).")
 @click.option("--rows", "show_rows", is_flag=True, help="Also list every row (table format).")
+@click.option("--plot", "plot", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also draw predicted against measured step time, per source, into FILE.png "
+                   "(needs matplotlib).")
 @pass_state
-def validate_cmd(state, files, fmt, sources, show_rows):
+def validate_cmd(state, files, fmt, sources, show_rows, plot):
     """Predict every row of published-measurement CSV FILES and report the error.
 
     Reads the dense, NVIDIA and vTrain schemas of /work/shared/data (see docs/validation.md).
@@ -69,6 +105,9 @@ def validate_cmd(state, files, fmt, sources, show_rows):
     from ..validate import validate
 
     result = validate(files, state.predictor(), sources=sources or None)
+    if plot is not None:
+        parity_plot(result, plot)
+        click.echo(f"plot written to {plot}", err=True)
     if fmt == "json":
         click.echo(json.dumps(_json_safe(result.to_dict()), indent=2, default=str))
         return
