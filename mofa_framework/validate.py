@@ -366,14 +366,16 @@ def megatron_eq3_flops(model: ModelSpec, global_batch_size: int, sequence_length
     return 96.0 * global_batch_size * s * L * h * h * (1 + s / (6 * h) + vocab_size / (16 * L * h))
 
 
-def _dense_target(r: dict, model: ModelSpec) -> tuple[float, str] | str:
+def _dense_target(r: dict, model: ModelSpec, bf16_peak_tflops: float | None = None) -> tuple[float, str] | str:
     """A dense-schema row's step time and where it came from, or why there is none.
 
     In order: the measured, then the derived iteration time; else the published throughput
     (tokens or samples per second, per GPU or in all); else the utilisation the source reports,
     through its FLOPs convention when MoFa knows it: model FLOPs with full attention (Korthikanti
     eq. 7, 6N + 12·l·h·s of MegaScale / PaLM / torchtitan, NeMo, Megatron-Core — one formula,
-    ``nemo_model_flops``) from the MFU or the model TFLOPS, Megatron's eq. 3 from the TFLOPS.
+    ``nemo_model_flops``) from the MFU or the model TFLOPS, Megatron's eq. 3 from the TFLOPS. An
+    MFU whose peak the row does not state is taken against `bf16_peak_tflops` (the GPU's dense
+    BF16 peak, the usual denominator), and the target column says so.
     """
     for col in ("measured_iter_time_s", "derived_iter_time_s"):
         if (t := _num(r.get(col))) is not None:
@@ -388,13 +390,16 @@ def _dense_target(r: dict, model: ModelSpec) -> tuple[float, str] | str:
     vocab = _int(r.get("vocab"), model.vocab_size) or model.vocab_size
     tflops, peak = _num(r.get("measured_tflops_per_gpu")), _num(r.get("peak_tflops_used"))
     mfu = _num(r.get("mfu_pct"))
+    peak_note = ""
+    if mfu and not peak and bf16_peak_tflops:
+        peak, peak_note = bf16_peak_tflops, f", peak {bf16_peak_tflops:g} assumed"
     full = attrs.evolve(model, vocab_size=vocab)
     if tflops and _HFU_EQ3.search(conv):
         return (megatron_eq3_flops(model, gbs, seq, vocab) / (tflops * 1e12 * n),
                 "measured_tflops_per_gpu (Megatron eq. 3)")
     with_attention = _MODEL_FLOPS.search(conv) is not None
     if (with_attention or _SIX_N.search(conv)) and (tflops or (mfu and peak)):
-        rate, col = (tflops, "measured_tflops_per_gpu") if tflops else (mfu / 100.0 * peak, "mfu_pct")
+        rate, col = (tflops, "measured_tflops_per_gpu") if tflops else (mfu / 100.0 * peak, f"mfu_pct{peak_note}")
         if with_attention:
             return nemo_model_flops(full, gbs, seq) / (rate * 1e12 * n), f"{col} (model FLOPs)"
         # 6·N·D: the same count without the attention scores
@@ -461,7 +466,7 @@ def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     if missing:
         return skip(f"{', '.join(missing)} not stated")
     spec = model if model is not None else ModelSpec(**model_section)
-    timed = _dense_target(r, spec)
+    timed = _dense_target(r, spec, hw.peak_flops_per_s("bf16") / 1e12)
     if isinstance(timed, str):
         return skip(timed)
     measured, target = timed
@@ -526,10 +531,17 @@ def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
         job["features"]["recompute"] = {"granularity": "full"}
     elif rec.startswith("selective"):
         job["features"]["recompute"] = {"granularity": "selective"}
-    if _MEGATRON_CORE.search(fw) and not re.match(r"no\b|n$|none", dopt):
+    assumed = ""
+    megascale = "megascale" in fw.lower() and "baseline" not in fw.lower()
+    if (_MEGATRON_CORE.search(fw) or megascale) and not re.match(r"no\b|n$|none", dopt):
         # a Megatron-Core-era run: its recipe, unless the row says otherwise ("DDP (dist. optimizer
-        # not stated)" does not); the data-parallel sharding the row states refines it below
+        # not stated)" does not); the data-parallel sharding the row states refines it below.
+        # MegaScale (arXiv 2402.15627 §3.2) overlaps the same three: the DP gather/reduce-scatter
+        # with the first/last micro-batch, PP send/receive, and TP/SP collectives fused with GEMMs
         job["features"].update(_megatron_core_recipe(tp, pp, cp, full_shard))
+        if megascale:
+            assumed = ("MegaScale: its DP, PP and TP overlaps applied; its parallel transformer block, "
+                       "sliding-window attention and LAMB are not modelled")
     if zero2:
         job["features"]["distributed_optimizer"] = {"shard_gradients": True}
     elif full_shard:
@@ -546,7 +558,7 @@ def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     return MappedRow(source=source, reference=ref, row_id=rid, job=job, measured_s=measured, target=target,
                      group=group, measured_tflops=_num(r.get("measured_tflops_per_gpu")),
                      tflops_convention=r.get("flops_convention", "")[:60], measured_memory_gib=mem,
-                     ignore_constraints=ignore, notes=notes[:200], variants=variants)
+                     ignore_constraints=ignore, notes=notes[:200], variants=variants, assumptions=assumed)
 
 
 #: words the Megatron-Core MoE model zoo's notes use for --recompute-modules
