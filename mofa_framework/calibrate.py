@@ -22,6 +22,7 @@ it a small numpy coordinate search does the same job, more slowly.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections import defaultdict
@@ -31,6 +32,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
+from .config import HARDWARE_PATH, read_toml, user_toml_files
 from .errors import ConfigError
 from .types import EfficiencySpec
 from .validate import ErrorStats, MappedRow, map_rows, predict_prepared, prepare, resolve_unstated
@@ -256,7 +258,8 @@ def calibrate(paths: Iterable[str | Path], hardware: str, predictor=None, *,
     mapped = resolve_unstated(mapped, predictor)  # rows given already resolved pass unchanged
     mine = [m for m in mapped if predictor.registry.hardware_profile(m.job["hardware"]["name"]).name == hw.name]
     if not mine:
-        raise ConfigError(f"no mappable rows on hardware {hw.name!r} in the given files (see `mofa validate`)")
+        raise ConfigError(f"no mappable rows on hardware {hw.name!r} in the given files (their GPU columns name "
+                          f"other profiles: --all-rows fits every row on {hw.name!r}; see `mofa validate`)")
     base = {name: float(getattr(hw.efficiency, name)) for name in parameters}
     # the fit starts from, and is weakly held towards, the library's defaults (EfficiencySpec), not
     # the profile's current values: re-running the command recorded in a profile reproduces it
@@ -320,13 +323,34 @@ def calibrate(paths: Iterable[str | Path], hardware: str, predictor=None, *,
 
 
 def profile_path(hardware: str) -> Path:
-    """The shipped TOML of a profile (``hardware_profiles/<name>.toml``)."""
+    """The TOML a profile was read from: ``hardware_profiles/<name>.toml``, else the file of a
+    ``MOFA_HARDWARE_PATH`` directory whose ``name`` is `hardware`."""
     import mofa_hardware_profiles
 
     p = Path(mofa_hardware_profiles.__file__).resolve().parent / f"{hardware}.toml"
-    if not p.exists():
-        raise ConfigError(f"profile {hardware!r} has no TOML in {p.parent}; write its [efficiency] table by hand")
-    return p
+    if p.exists():
+        return p
+    for user in user_toml_files(HARDWARE_PATH):
+        if read_toml(user).get("name") == hardware:
+            return user
+    raise ConfigError(f"profile {hardware!r} has no TOML in {p.parent} or {HARDWARE_PATH}; "
+                      "write its [efficiency] table by hand")
+
+
+def rename_profile(text: str, name: str, display_name: str) -> str:
+    """`text` (a profile TOML) as the profile `name`: its top-level ``name`` and ``display_name``
+    replaced and its aliases dropped (they belong to the profile it was copied from)."""
+    out, top = [], True
+    for line in text.splitlines():
+        if re.match(r"\s*\[", line):
+            top = False
+        key = re.match(r"\s*(name|display_name|aliases)\s*=", line) if top else None
+        if key is None:
+            out.append(line)
+        elif key.group(1) == "name":
+            out.append(f"name = {json.dumps(name)}")
+            out.append(f"display_name = {json.dumps(display_name)}")
+    return "\n".join(out) + "\n"
 
 
 _MARK = "# [efficiency] fitted by `mofa calibrate`"
@@ -368,13 +392,16 @@ def replace_efficiency(text: str, table: str) -> str:
     return body + "\n\n" + table
 
 
-def write_profile(result: CalibrationResult, dest: str | Path, command: str, source: str | Path | None = None) -> Path:
-    """Write the profile's TOML with the fitted ``[efficiency]`` table to `dest`."""
+def write_profile(result: CalibrationResult, dest: str | Path, command: str, source: str | Path | None = None,
+                  name: str | None = None, predictor=None) -> Path:
+    """Write the profile's TOML with the fitted ``[efficiency]`` table to `dest`; with `name`, as a
+    new profile of that name (see :func:`rename_profile`). `predictor` is the one the fit used
+    (default: a new one with every installed plugin)."""
     from .api import Predictor
 
     src = Path(source) if source else profile_path(result.hardware)
     text = src.read_text()
-    hw = Predictor().registry.hardware_profile(result.hardware)
+    hw = (predictor or Predictor()).registry.hardware_profile(result.hardware)
     values = {}
     from .types import EfficiencySpec
 
@@ -392,6 +419,11 @@ def write_profile(result: CalibrationResult, dest: str | Path, command: str, sou
                + (f", {len(result.folds)}-fold held-out MAPE {100 * cv.mape:.1f} %" if cv else "")]
     if result.not_identifiable:
         comment.append(f"left at their defaults (the rows do not constrain them): {', '.join(result.not_identifiable)}")
+    if name:
+        text = rename_profile(text, name, f"{hw.display_name or hw.name} calibrated as {name}")
     dest = Path(dest)
-    dest.write_text(replace_efficiency(text, efficiency_table(values, comment)))
+    try:
+        dest.write_text(replace_efficiency(text, efficiency_table(values, comment)))
+    except OSError as exc:
+        raise ConfigError(f"--write {dest}: cannot write: {exc}") from None
     return dest

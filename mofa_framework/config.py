@@ -9,6 +9,7 @@ problem is a :class:`~mofa_framework.errors.ConfigError` whose one-line message 
 from __future__ import annotations
 
 import json
+import os
 import re
 import tomllib
 from collections.abc import Mapping
@@ -99,6 +100,31 @@ def structure(data: Any, cls, where: str):
 
 def structure_file(data: Mapping, cls, filename: str):
     return structure(dict(data), cls, filename)
+
+
+#: environment variables listing the user's own record directories (``os.pathsep``-separated, like
+#: ``PATH``); the ``user_profiles`` plugin registers their ``*.toml`` files
+HARDWARE_PATH = "MOFA_HARDWARE_PATH"
+MODEL_PATH = "MOFA_MODEL_PATH"
+
+
+def user_directories(variable: str) -> list[Path]:
+    """The directories `variable` lists, in order (empty entries skipped); ConfigError for an
+    entry that is not a directory."""
+    out = []
+    for entry in os.environ.get(variable, "").split(os.pathsep):
+        if not entry.strip():
+            continue
+        d = Path(entry).expanduser()
+        if not d.is_dir():
+            raise ConfigError(f"{variable}: {entry!r} is not a directory (fix or unset {variable})")
+        out.append(d)
+    return out
+
+
+def user_toml_files(variable: str) -> list[Path]:
+    """Every ``*.toml`` of the directories of `variable`, sorted by name within each."""
+    return [p for d in user_directories(variable) for p in sorted(d.glob("*.toml"))]
 
 
 def read_toml(path: str | Path) -> dict:

@@ -62,7 +62,8 @@ class MofaSpecs:
         Called once, when the registry is first built (before any job file is read).
         Receives nothing. Returns an iterable of :class:`~mofa_framework.types.HardwareProfile`;
         each ``name`` (and each alias) must be unique across all plugins. The built-in
-        ``hardware_zoo`` plugin registers the TOML files of ``hardware_profiles/``.
+        ``hardware_zoo`` plugin registers the TOML files of ``hardware_profiles/``, and
+        ``user_profiles`` those in the directories of ``MOFA_HARDWARE_PATH``.
         """
 
     @hookspec
@@ -73,7 +74,8 @@ class MofaSpecs:
 
         Called once, when the registry is first built. Receives nothing. Returns an iterable
         of :class:`~mofa_framework.types.ModelSpec`; names and aliases must be unique. The
-        built-in ``model_zoo`` plugin registers the TOML files of ``model_zoo/``.
+        built-in ``model_zoo`` plugin registers the TOML files of ``model_zoo/``, and
+        ``user_profiles`` those in the directories of ``MOFA_MODEL_PATH``.
         """
 
     @hookspec

@@ -409,7 +409,7 @@ def _dense_target(r: dict, model: ModelSpec, bf16_peak_tflops: float | None = No
     return "no measured or derived iteration time"
 
 
-def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
+def _dense_job(r: dict, registry, source: str, hw=None) -> MappedRow | SkippedRow:
     ref = _short_reference(r.get("source", ""))
     rid = r.get("row_id", "")
     name = r["model_name"]
@@ -434,7 +434,7 @@ def _dense_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
         # is Megatron-Core FSDP with prefetched all-gathers)
         return skip("DeepSpeed ZeRO-3 (2021): does not scale with its bandwidth (1,536 GPUs as slow as 768); "
                     "MoFa's fsdp plugin models Megatron-Core FSDP, not this implementation")
-    hw = _lookup_hw(registry, r["gpu_type"])
+    hw = hw or _lookup_hw(registry, r["gpu_type"])
     if hw is None:
         return skip(f"unknown GPU {r['gpu_type']!r}")
     model = _lookup_model(registry, name)
@@ -702,7 +702,7 @@ def nemo_model_flops(model: ModelSpec, global_batch_size: int, sequence_length: 
     return float(global_batch_size) * s * (3 * L * per_token_layer + 6 * h * model.vocab_size)
 
 
-def _nvidia_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
+def _nvidia_job(r: dict, registry, source: str, hw=None) -> MappedRow | SkippedRow:
     ref = f"{r.get('framework', '')} {r.get('release', '')}".strip()
     rid = r.get("source_id", "")
     name = r["model"]
@@ -724,7 +724,7 @@ def _nvidia_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
     model = _lookup_model(registry, name)
     if model is None:
         return skip(f"unknown model {name!r} (not in the model zoo)")
-    hw = _lookup_hw(registry, r["gpu_type"])
+    hw = hw or _lookup_hw(registry, r["gpu_type"])
     if hw is None:
         return skip(f"unknown GPU {r['gpu_type']!r}")
     measured, target = _num(r.get("step_time_s")), "step_time_s"
@@ -821,7 +821,7 @@ def _nvidia_job(r: dict, registry, source: str) -> MappedRow | SkippedRow:
 VTRAIN_VOCAB = 50304
 
 
-def _vtrain_job(r: dict, registry, source: str, index: int) -> MappedRow | SkippedRow:
+def _vtrain_job(r: dict, registry, source: str, index: int, hw=None) -> MappedRow | SkippedRow:
     h, a, L = int(r["hidden size"]), int(r["attention heads"]), int(r["# layers"])
     seq, n = int(r["sequence length"]), int(r["# GPUs"])
     tp, dp, pp = int(r["tensor parallelism"]), int(r["data parallelism"]), int(r["pipeline parallelism"])
@@ -834,7 +834,7 @@ def _vtrain_job(r: dict, registry, source: str, index: int) -> MappedRow | Skipp
              "normalization": "layernorm", "position_embedding": "learned"}
     par = {"tp": tp, "pp": pp, "micro_batch_size": int(r["micro batch"]), "global_batch_size": int(r["global batch"]),
            "sequence_length": seq, "sequence_parallel": False, "precision": "fp16", "flash_attention": False}
-    job = {"model": model, "hardware": {"name": "a100-sxm4-80gb", "num_gpus": n}, "parallel": par,
+    job = {"model": model, "hardware": {"name": hw.name if hw else "a100-sxm4-80gb", "num_gpus": n}, "parallel": par,
            "pipeline": {"schedule": "1f1b"}, "features": {"recompute": {"granularity": "full"}}}
     if dp > 1:
         job["features"]["dp_overlap"] = {}
@@ -843,8 +843,11 @@ def _vtrain_job(r: dict, registry, source: str, index: int) -> MappedRow | Skipp
                      group=(source, name, n, seq))
 
 
-def map_rows(paths: Iterable[str | Path], registry) -> tuple[list[MappedRow], list[SkippedRow]]:
-    """Every row of every file: mapped to a job, or skipped with the reason."""
+def map_rows(paths: Iterable[str | Path], registry, hardware: str | None = None
+             ) -> tuple[list[MappedRow], list[SkippedRow]]:
+    """Every row of every file: mapped to a job, or skipped with the reason. With `hardware`
+    (a profile name or alias) every row runs on that profile, whatever GPU it names."""
+    hw = registry.hardware_profile(hardware, field="--hardware") if hardware else None
     mapped: list[MappedRow] = []
     skipped: list[SkippedRow] = []
     for path in paths:
@@ -853,11 +856,11 @@ def map_rows(paths: Iterable[str | Path], registry) -> tuple[list[MappedRow], li
         for i, r in enumerate(rows):
             try:
                 if schema == "dense":
-                    out = _dense_job(r, registry, source)
+                    out = _dense_job(r, registry, source, hw)
                 elif schema == "nvidia":
-                    out = _nvidia_job(r, registry, source)
+                    out = _nvidia_job(r, registry, source, hw)
                 else:
-                    out = _vtrain_job(r, registry, source, i)
+                    out = _vtrain_job(r, registry, source, i, hw)
             except (KeyError, ValueError, TypeError) as exc:
                 out = SkippedRow(source=source, reference="", row_id=str(i + 1), model="?",
                                  reason=f"malformed row: {type(exc).__name__}: {exc}")
@@ -1067,16 +1070,18 @@ def resolve_unstated(mapped: Sequence[MappedRow], predictor) -> list[MappedRow]:
     return out
 
 
-def validate(paths: Iterable[str | Path], predictor=None, sources: Iterable[str] | None = None) -> ValidationResult:
+def validate(paths: Iterable[str | Path], predictor=None, sources: Iterable[str] | None = None,
+             hardware: str | None = None) -> ValidationResult:
     """Map, predict and score every row of the CSV files at `paths`.
 
     ``sources`` keeps only rows whose source (file stem) or reference contains one of the
-    given strings (case-insensitive).
+    given strings (case-insensitive). ``hardware`` predicts every row on that profile instead
+    of the GPU the row names (see :func:`map_rows`).
     """
     from .api import Predictor
 
     predictor = predictor or Predictor()
-    mapped, skipped = map_rows(paths, predictor.registry)
+    mapped, skipped = map_rows(paths, predictor.registry, hardware)
     if sources:
         keys = [s.lower() for s in sources]
         want = lambda x: any(k in x.source.lower() or k in x.reference.lower() for k in keys)  # noqa: E731

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import math
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -91,11 +92,14 @@ def parity_plot(result, path: Path) -> None:
 @click.option("--source", "sources", multiple=True, metavar="TEXT",
               help="Keep rows whose source (file stem) or reference contains TEXT (repeatable).")
 @click.option("--rows", "show_rows", is_flag=True, help="Also list every row (table format).")
+@click.option("--hardware", "hardware", metavar="NAME",
+              help="Predict every row on this hardware profile instead of the GPU its row names (e.g. a "
+                   "profile `mofa calibrate --name` wrote).")
 @click.option("--plot", "plot", type=click.Path(dir_okay=False, path_type=Path),
               help="Also draw predicted against measured step time, per source, into FILE.png "
                    "(needs matplotlib).")
 @pass_state
-def validate_cmd(state, files, fmt, sources, show_rows, plot):
+def validate_cmd(state, files, fmt, sources, show_rows, hardware, plot):
     """Predict every row of published-measurement CSV FILES and report the error.
 
     Reads the dense, NVIDIA and vTrain schemas of /work/shared/data (see docs/validation.md).
@@ -104,7 +108,7 @@ def validate_cmd(state, files, fmt, sources, show_rows, plot):
     """
     from ..validate import validate
 
-    result = validate(files, state.predictor(), sources=sources or None)
+    result = validate(files, state.predictor(), sources=sources or None, hardware=hardware)
     if plot is not None:
         parity_plot(result, plot)
         click.echo(f"plot written to {plot}", err=True)
@@ -159,17 +163,27 @@ def validate_cmd(state, files, fmt, sources, show_rows, plot):
               help="Fit only rows whose source or reference contains TEXT (repeatable).")
 @click.option("--write", "write", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the profile's TOML with the fitted [efficiency] table to this path.")
+@click.option("--all-rows", "all_rows", is_flag=True,
+              help="Fit to every row of FILES, predicted on --hardware whatever GPU the row names (your own "
+                   "measurements, or a profile --name wrote).")
+@click.option("--name", "new_name", metavar="NAME",
+              help="With --write: write it as a new profile NAME (kebab-case; its aliases dropped), e.g. into "
+                   "a directory of MOFA_HARDWARE_PATH.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @pass_state
-def calibrate_cmd(state, files, hardware, params, folds, seed, sources, write, fmt):
+def calibrate_cmd(state, files, hardware, params, folds, seed, sources, write, all_rows, new_name, fmt):
     """Fit a hardware profile's [efficiency] coefficients to the step times in FILES."""
     from ..calibrate import DEFAULT_PARAMETERS, calibrate, write_profile
     from ..validate import map_rows
 
     if folds < 0 or folds == 1:
         raise ConfigError(f"--folds must be 0 (none) or ≥ 2, got {folds}")
+    if new_name is not None and not write:
+        raise ConfigError("--name names the profile --write writes: give --write PATH.toml too")
+    if new_name is not None and not re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", new_name):
+        raise ConfigError(f"--name {new_name!r}: use lower-case letters, digits and hyphens (e.g. my-h100)")
     predictor = state.predictor()
-    mapped, _ = map_rows(files, predictor.registry)
+    mapped, _ = map_rows(files, predictor.registry, hardware if all_rows else None)
     if sources:
         keys = [s.lower() for s in sources]
         mapped = [m for m in mapped if any(k in m.source.lower() or k in m.reference.lower() for k in keys)]
@@ -179,8 +193,8 @@ def calibrate_cmd(state, files, hardware, params, folds, seed, sources, write, f
         argv = ["mofa", "calibrate", *sys.argv[2:]] if sys.argv[1:2] == ["calibrate"] else None
         command = shlex.join(argv) if argv else shlex.join(
             ["mofa", "calibrate", "--hardware", hardware, *(f"--param={p}" for p in params), f"--folds={folds}",
-             *(f"--source={s}" for s in sources), *map(str, files)])
-        write_profile(result, write, command)
+             *(f"--source={s}" for s in sources), *(["--all-rows"] if all_rows else []), *map(str, files)])
+        write_profile(result, write, command, name=new_name, predictor=predictor)
     if fmt == "json":
         click.echo(json.dumps(_json_safe(result.to_dict()), indent=2, default=str))
         return
