@@ -101,6 +101,11 @@ class CalibrationResult:
     cross_validated_by_source: dict[str, ErrorStats]
     method: str
     skipped: int
+    #: rows of the profile left out of the fit (``hold_out``) and their error before / after it
+    held_back_rows: int = 0
+    held_back_before: ErrorStats | None = None
+    held_back_after: ErrorStats | None = None
+    held_back_by_source: dict[str, ErrorStats] = attrs.field(factory=dict)
 
     def to_dict(self) -> dict:
         return attrs.asdict(self)
@@ -240,11 +245,15 @@ def _coordinate_search(residuals, x0, lo, hi, rounds: int = 30) -> np.ndarray:
 
 def calibrate(paths: Iterable[str | Path], hardware: str, predictor=None, *,
               parameters: Sequence[str] = DEFAULT_PARAMETERS, folds: int = 5, seed: int = 0,
-              start: dict[str, float] | None = None, mapped: Sequence[MappedRow] | None = None) -> CalibrationResult:
+              start: dict[str, float] | None = None, mapped: Sequence[MappedRow] | None = None,
+              hold_out: Sequence[str] = ()) -> CalibrationResult:
     """Fit `parameters` of `hardware`'s efficiency to every row on that profile in `paths`.
 
     ``start`` overrides the starting coefficients (default: the profile's); ``mapped`` passes
     rows already mapped (tests, synthetic data). ``folds`` < 2 skips cross-validation.
+    ``hold_out`` holds back the rows whose source (file stem) or reference contains one of the
+    given strings (case-insensitive): they are not fitted, and their error before and after the
+    fit is reported (a held-back split, e.g. one publication against the others).
     """
     from .api import Predictor
 
@@ -260,7 +269,8 @@ def calibrate(paths: Iterable[str | Path], hardware: str, predictor=None, *,
     if not mine:
         raise ConfigError(f"no mappable rows on hardware {hw.name!r} in the given files (their GPU columns name "
                           f"other profiles: --all-rows fits every row on {hw.name!r}; see `mofa validate`)")
-    base = {name: float(getattr(hw.efficiency, name)) for name in parameters}
+    current = {name: float(getattr(hw.efficiency, name)) for name in parameters}
+    base = dict(current)
     # the fit starts from, and is weakly held towards, the library's defaults (EfficiencySpec), not
     # the profile's current values: re-running the command recorded in a profile reproduces it
     defaults = EfficiencySpec()
@@ -268,9 +278,16 @@ def calibrate(paths: Iterable[str | Path], hardware: str, predictor=None, *,
     if start:
         anchor.update({k: float(v) for k, v in start.items() if k in anchor})
     problem = _Problem(mine, predictor, hw, parameters)
-    ok = np.isfinite(problem.log_error(base))
-    if not ok.any():
+    feasible = np.isfinite(problem.log_error(base))
+    if not feasible.any():
         raise ConfigError(f"none of the {len(mine)} rows on {hw.name!r} is feasible (see `mofa validate`)")
+    keys = [k.lower() for k in hold_out]
+    back = np.array([any(k in m.source.lower() or k in m.reference.lower() for k in keys) for m in mine], bool)
+    back &= feasible
+    ok = feasible & ~back  # the rows fitted
+    if not ok.any():
+        raise ConfigError(f"--hold-out {', '.join(hold_out)}: holds back every feasible row on {hw.name!r}, "
+                          "none is left to fit")
     # which coefficients do the rows see? ln t at both ends of each bound
     keep = []
     for name in parameters:
@@ -280,10 +297,14 @@ def calibrate(paths: Iterable[str | Path], hardware: str, predictor=None, *,
         if np.nanmax(np.abs(a - b)[ok]) >= MIN_SENSITIVITY:
             keep.append(name)
     frozen = tuple(p for p in parameters if p not in keep)
+    if back.any():
+        # a clean split: what the fitted rows do not constrain takes the library default, not the
+        # profile's value (which the held-back rows may have set)
+        base = {**base, **{p: anchor[p] for p in frozen}}
     problem.params = keep
     prior = problem.encode(anchor)
     x0 = prior.copy()
-    before = ErrorStats.of(np.expm1(problem.log_error(base)[ok]))
+    before = ErrorStats.of(np.expm1(problem.log_error(current)[ok]))
     method = "none (no identifiable coefficient)"
     x = x0
     if keep:
@@ -312,11 +333,18 @@ def calibrate(paths: Iterable[str | Path], hardware: str, predictor=None, *,
     counts: dict[str, int] = defaultdict(int)
     for s in problem.sources[ok]:
         counts[str(s)] += 1
+    held_back: dict = {}
+    if back.any():
+        err0 = np.expm1(problem.log_error(current))
+        held_back = dict(held_back_rows=int(back.sum()), held_back_before=ErrorStats.of(err0[back]),
+                         held_back_after=ErrorStats.of(err[back]),
+                         held_back_by_source={s: ErrorStats.of(err[back & (problem.sources == s)])
+                                              for s in dict.fromkeys(problem.sources[back])})
     return CalibrationResult(
-        hardware=hw.name, start=base, fitted=fitted, not_identifiable=frozen, rows=int(ok.sum()),
+        hardware=hw.name, start=current, fitted=fitted, not_identifiable=frozen, rows=int(ok.sum()),
         rows_by_source=dict(counts), before=before, after=after, after_by_source=by_source,
         folds=tuple(fold_results), cross_validated=cv, cross_validated_by_source=cv_by, method=method,
-        skipped=int((~ok).sum()))
+        skipped=int((~feasible).sum()), **held_back)
 
 
 # ====================================================================== writing the profile
@@ -417,6 +445,10 @@ def write_profile(result: CalibrationResult, dest: str | Path, command: str, sou
                f"{result.rows} rows ({', '.join(f'{k}: {v}' for k, v in result.rows_by_source.items())}); "
                f"step-time MAPE {100 * result.before.mape:.1f} % → {100 * result.after.mape:.1f} %"
                + (f", {len(result.folds)}-fold held-out MAPE {100 * cv.mape:.1f} %" if cv else "")]
+    if result.held_back_after is not None:
+        comment.append(f"{result.held_back_rows} rows held back, not fitted "
+                       f"({', '.join(f'{k}: {v.n}' for k, v in result.held_back_by_source.items())}): step-time MAPE "
+                       f"{100 * result.held_back_before.mape:.1f} % → {100 * result.held_back_after.mape:.1f} %")
     if result.not_identifiable:
         comment.append(f"left at their defaults (the rows do not constrain them): {', '.join(result.not_identifiable)}")
     if name:

@@ -161,6 +161,9 @@ def validate_cmd(state, files, fmt, sources, show_rows, hardware, plot):
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--source", "sources", multiple=True, metavar="TEXT",
               help="Fit only rows whose source or reference contains TEXT (repeatable).")
+@click.option("--hold-out", "hold_out", multiple=True, metavar="TEXT",
+              help="Do not fit rows whose source or reference contains TEXT (repeatable); report their error "
+                   "before and after the fit (a held-back split).")
 @click.option("--write", "write", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the profile's TOML with the fitted [efficiency] table to this path.")
 @click.option("--all-rows", "all_rows", is_flag=True,
@@ -171,7 +174,7 @@ def validate_cmd(state, files, fmt, sources, show_rows, hardware, plot):
                    "a directory of MOFA_HARDWARE_PATH.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @pass_state
-def calibrate_cmd(state, files, hardware, params, folds, seed, sources, write, all_rows, new_name, fmt):
+def calibrate_cmd(state, files, hardware, params, folds, seed, sources, hold_out, write, all_rows, new_name, fmt):
     """Fit a hardware profile's [efficiency] coefficients to the step times in FILES."""
     from ..calibrate import DEFAULT_PARAMETERS, calibrate, write_profile
     from ..validate import map_rows
@@ -188,12 +191,13 @@ def calibrate_cmd(state, files, hardware, params, folds, seed, sources, write, a
         keys = [s.lower() for s in sources]
         mapped = [m for m in mapped if any(k in m.source.lower() or k in m.reference.lower() for k in keys)]
     result = calibrate(files, hardware, predictor, parameters=params or DEFAULT_PARAMETERS, folds=folds, seed=seed,
-                       mapped=mapped)
+                       mapped=mapped, hold_out=hold_out)
     if write:
         argv = ["mofa", "calibrate", *sys.argv[2:]] if sys.argv[1:2] == ["calibrate"] else None
         command = shlex.join(argv) if argv else shlex.join(
             ["mofa", "calibrate", "--hardware", hardware, *(f"--param={p}" for p in params), f"--folds={folds}",
-             *(f"--source={s}" for s in sources), *(["--all-rows"] if all_rows else []), *map(str, files)])
+             *(f"--source={s}" for s in sources), *(f"--hold-out={h}" for h in hold_out),
+             *(["--all-rows"] if all_rows else []), *map(str, files)])
         write_profile(result, write, command, name=new_name, predictor=predictor)
     if fmt == "json":
         click.echo(json.dumps(_json_safe(result.to_dict()), indent=2, default=str))
@@ -210,6 +214,12 @@ def calibrate_cmd(state, files, hardware, params, folds, seed, sources, write, a
         cv = result.cross_validated_by_source.get(s)
         rows.append([s, str(st.n), "", _pct(st.mape), _pct(st.p90), _pct(st.max), _pct(cv.mape) if cv else "—",
                      _pct(cv.max) if cv else "—"])
+    if result.held_back_after is not None:
+        hb, h0 = result.held_back_after, result.held_back_before
+        rows.append(["held back (not fitted)", str(result.held_back_rows), _pct(h0.mape), _pct(hb.mape),
+                     _pct(hb.p90), _pct(hb.max), "—", "—"])
+        for s, st in result.held_back_by_source.items():
+            rows.append([f"  {s} (held back)", str(st.n), "", _pct(st.mape), _pct(st.p90), _pct(st.max), "—", "—"])
     _table(rows, ["rows", "n", "MAPE before", "MAPE after", "p90", "max", "held-out MAPE", "held-out max"],
            title=f"step-time error ({len(result.folds)}-fold cross-validation)" if result.folds else "step-time error")
     if write:
