@@ -36,13 +36,16 @@ def operator_seconds(ops, hardware) -> np.ndarray:
     peak = np.where(gemm, peaks[ops.precision], bf16)
     half = eff.gemm_half_efficiency_s * peak
     one = ops.flops / np.maximum(ops.count, 1.0)  # FLOPs of one GEMM of a group
-    size_eff = np.where(ops.flops > 0, one / (one + half), 1.0)
     # dimensions not ≫ a tile: Π x/(x + d½) over m and n (the output's tiles) and k (the
     # reduction loop, its own d½ when the profile sets one)
+    dims = np.ones_like(np.asarray(one, dtype=np.float64))
     d_k = eff.gemm_half_dim_k or eff.gemm_half_dim
     for x, d in ((ops.gemm_m, eff.gemm_half_dim), (ops.gemm_n, eff.gemm_half_dim), (ops.gemm_k, d_k)):
         if d > 0:
-            size_eff = size_eff * np.where(x > 0, x / (x + d), 1.0)
+            dims = dims * np.where(x > 0, x / (x + d), 1.0)
+    # one GEMM takes its work at the dimension-limited rate plus a fixed cost of F½ of peak work,
+    # t = (F/Π + F½)/(η·P): a larger GEMM never takes less time
+    size_eff = np.where(ops.flops > 0, dims * one / (one + dims * half), 1.0)
     d, d_half = np.where(ops.gemm_k > 0, ops.gemm_k, 128.0), eff.attention_half_head_dim
     head = (d / (d + d_half)) / (128.0 / (128.0 + d_half))
     attn_eff = np.minimum(eff.attention_efficiency * head, 1.0)

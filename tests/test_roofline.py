@@ -178,3 +178,31 @@ def test_gemm_half_dim_k_gives_the_reduction_dimension_its_own_half_size():
     want_k = k / (k + 1024.0)  # 0.5 at k = 1024, 0.75 at 3072
     np.testing.assert_allclose(operator_seconds(ops, k_only), t0 / want_k, rtol=1e-12)
     np.testing.assert_allclose(operator_seconds(ops, both), t0 / (want_k * m / (m + 64) * nn / (nn + 64)), rtol=1e-12)
+
+
+def test_the_flop_curve_and_the_dimension_factors_combine_as_work_plus_a_fixed_cost():
+    """One GEMM takes ``(F/Π + F½)/(η·P)``: its work at the dimension-limited rate plus a fixed
+    cost of F½ peak FLOPs (``gemm_half_efficiency_s``)."""
+    hw = _hw(gemm_half_dim=500.0, gemm_half_dim_k=1000.0, gemm_half_efficiency_s=2e-6, kernel_launch_s=0.0,
+             host_dispatch_s=0.0)
+    m, nn, k = np.array([256.0, 4096.0]), np.array([1536.0, 8192.0]), np.array([2048.0, 8192.0])
+    flops = 2 * m * nn * k
+    ops = OperatorBatch(flops=flops, bytes=np.ones(2), kind=np.full(2, GEMM), precision=np.full(2, PRECISIONS.index("bf16")),
+                        gemm_m=m, gemm_n=nn, gemm_k=k)
+    peak = hw.peak_flops_per_s("bf16")
+    dims = m / (m + 500.0) * nn / (nn + 500.0) * k / (k + 1000.0)
+    want = (flops / dims + 2e-6 * peak) / (hw.efficiency.gemm_efficiency * peak)
+    np.testing.assert_allclose(operator_seconds(ops, hw), want, rtol=1e-12)
+
+
+@given(st.floats(16.0, 8192.0), st.floats(1.0, 4.0), st.floats(0.0, 2000.0), st.floats(0.0, 2000.0),
+       st.floats(0.0, 1e-4))
+def test_a_larger_gemm_never_takes_less_time(m, grow, d_mn, d_k, half_s):
+    """More rows (the same n, k) never make a GEMM faster, whatever the size coefficients."""
+    hw = _hw(gemm_half_dim=d_mn, gemm_half_dim_k=d_k, gemm_half_efficiency_s=half_s)
+    rows = np.array([m, m * grow])
+    ops = OperatorBatch(flops=2 * rows * 1536.0 * 2048.0, bytes=rows * 2048.0 * 2, kind=np.full(2, GEMM),
+                        precision=np.full(2, PRECISIONS.index("bf16")), gemm_m=rows, gemm_n=np.full(2, 1536.0),
+                        gemm_k=np.full(2, 2048.0))
+    t = operator_seconds(ops, hw)
+    assert t[1] >= t[0] * (1 - 1e-12)
