@@ -214,10 +214,12 @@ def parse_feature_flag(text: str) -> tuple[str, dict]:
 
 
 def job_dict_from_flags(model, hardware, gpus, tp, pp, vpp, cp, ep, etp, mbs, gbs, seq, precision, schedule,
-                        sequence_parallel, features, tokens) -> dict:
+                        sequence_parallel, features, tokens, moe_load_factor=None) -> dict:
     if not (model and hardware and gpus and gbs and seq):
         raise ConfigError("give a job file, or --model, --hardware, --gpus, --gbs and --seq")
     model_section = {"config": model} if model.endswith(".json") else {"name": model}
+    if moe_load_factor is not None:
+        model_section["moe_load_factor"] = moe_load_factor
     par = {k: v for k, v in dict(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, micro_batch_size=mbs,
                                   global_batch_size=gbs, sequence_length=seq, precision=precision,
                                   sequence_parallel=sequence_parallel).items() if v is not None}
@@ -248,6 +250,9 @@ def job_options(f):
         click.option("--feature", "features", multiple=True, metavar="NAME[:key=value,...]",
                      help="Enable a feature plugin with options (repeatable)."),
         click.option("--tokens", type=float, help="Tokens to train on (end-to-end time)."),
+        click.option("--moe-load-factor", type=float, metavar="F",
+                     help="MoE routing imbalance: the busiest EP rank's token-expert pairs over the mean "
+                          "(default 1, balanced; the model's moe_load_factor)."),
     ]
     for o in reversed(opts):
         f = o(f)

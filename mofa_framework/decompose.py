@@ -200,10 +200,23 @@ ROUTER_KERNELS = 8.0
 PERMUTE_KERNELS = 6.0
 
 
+def moe_load(model: ModelSpec, g: Geometry):
+    """The busiest expert-parallel rank's share of the token-expert pairs over the mean
+    (``model.moe_load_factor`` where EP > 1; 1 without EP, where every rank holds every expert)."""
+    return np.where(g.e > 1, model.moe_load_factor, 1.0)
+
+
+def routed_pairs(model: ModelSpec, g: Geometry):
+    """Token-expert pairs one GPU computes per micro-batch after dispatch: its sequence-parallel
+    share of the tokens × top-k × the expert-TP group that gathers them, on the busiest EP rank."""
+    return g.tokens / g.sp_div * model.experts_per_token * g.etp * moe_load(model, g)
+
+
 def moe_mlp_operators(model: ModelSpec, g: Geometry) -> list[Op]:
     h, E, k, fe = model.hidden_size, model.num_experts, model.experts_per_token, model.moe_ffn_hidden_size
     tok = g.tokens / g.sp_div  # tokens this GPU routes (sequence-parallel shard)
-    routed = tok * k * g.etp  # token-expert pairs computed here after dispatch (balanced routing)
+    load = moe_load(model, g)
+    routed = routed_pairs(model, g)  # on the busiest EP rank (balanced routing: load = 1)
     local_experts = E / g.e
     per_expert = routed / local_experts
     width = 2.0 if model.activation is Activation.swiglu else 1.0
@@ -214,7 +227,7 @@ def moe_mlp_operators(model: ModelSpec, g: Geometry) -> list[Op]:
         _elementwise("router_topk", 4.0 * 4.0 * tok * E, "router", kernels=ROUTER_KERNELS),
         # permute: read tok·h, write tok·k·h; un-permute: read tok·k·h (+ probabilities), write tok·h.
         # With EP the received tokens are sorted by local expert once more each way.
-        _elementwise("permute", (4.0 + 4.0 * ep_on) * tok * k * h * g.dt, "expert",
+        _elementwise("permute", (4.0 + 4.0 * ep_on * load) * tok * k * h * g.dt, "expert",
                      kernels=PERMUTE_KERNELS + 2.0 * ep_on),
     ]
     for name, nn, kk in (("expert_fc1", width * fe / g.etp, h), ("expert_fc2", h, fe / g.etp)):
@@ -283,12 +296,14 @@ def layer_collectives(model: ModelSpec, g: Geometry, kind: str) -> list[Coll]:
         k = model.experts_per_token
         tok = T / g.sp_div
         ep_on = np.where(g.e > 1, 2.0, 0.0)  # dispatch + combine
-        out.append(Coll(name="ep_a2a", parallel="ep", kind=ALL_TO_ALL, bytes=tok * k * h * dt, group_size=g.e,
-                        stride=g.etp, count=ep_on))
+        # the busiest EP rank receives (dispatch) and returns (combine) `load` times the mean
+        load = moe_load(model, g)
+        out.append(Coll(name="ep_a2a", parallel="ep", kind=ALL_TO_ALL, bytes=tok * k * h * dt * load,
+                        group_size=g.e, stride=g.etp, count=ep_on))
         etp_on = np.where(g.etp > 1, 1.0, 0.0)
         for label, ck in (("etp_ag", ALL_GATHER), ("etp_rs", REDUCE_SCATTER)):
-            out.append(Coll(name=label, parallel="ep", kind=ck, bytes=tok * k * g.etp * h * dt, group_size=g.etp,
-                            stride=one, count=etp_on))
+            out.append(Coll(name=label, parallel="ep", kind=ck, bytes=tok * k * g.etp * h * dt * load,
+                            group_size=g.etp, stride=one, count=etp_on))
     return out
 
 
@@ -349,7 +364,7 @@ def saved_activation_bytes(model: ModelSpec, g: Geometry, kind: str) -> SavedAct
     core = np.where(g.flash, fused, unfused)
     if kind == "moe":
         k, fe = model.experts_per_token, model.moe_ffn_hidden_size
-        routed = T / spd * k * g.etp
+        routed = routed_pairs(model, g)
         swiglu = model.activation is Activation.swiglu
         expert = dt * routed * h + dt * routed * (3.0 if swiglu else 2.0) * fe / g.etp
         router = 4.0 * T / spd * model.num_experts  # fp32 routing probabilities
@@ -483,7 +498,7 @@ def module_saved_bytes(model: ModelSpec, g: Geometry, kind: str, module: str) ->
         if module in RECOMPUTE_MODULES:
             return z
         raise ValueError(f"unknown recompute module {module!r}")
-    routed = T / spd * model.experts_per_token * g.etp
+    routed = routed_pairs(model, g)
     shared = dt * T * _mlp_factor(model) * model.num_shared_experts * fe / t
     if module == "moe":
         expert = dt * routed * h + dt * routed * _mlp_factor(model) * fe / g.etp

@@ -91,6 +91,11 @@ class ModelSpec:
     moe_router_num_groups: int = attrs.field(default=0, validator=_nonneg_int)
     moe_router_group_topk: int = attrs.field(default=0, validator=_nonneg_int)
     moe_layer_frequency: int = attrs.field(default=1, validator=_pos_int)
+    #: routing load imbalance: token-expert pairs on the busiest expert-parallel rank over the mean
+    #: (1 = balanced, as NVIDIA's benchmarks force it; dropless routing in training is above 1; with
+    #: token dropping and padding to capacity it is the capacity factor). The busiest rank sets the
+    #: pace of every EP rank: its expert compute, all-to-all volume and expert activations scale by it
+    moe_load_factor: float = attrs.field(default=1.0, converter=float, validator=v.ge(1.0))
     q_lora_rank: int = attrs.field(default=0, validator=_nonneg_int)
     kv_lora_rank: int = attrs.field(default=0, validator=_nonneg_int)
     qk_nope_head_dim: int = attrs.field(default=0, validator=_nonneg_int)

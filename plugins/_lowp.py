@@ -10,7 +10,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from mofa_framework.decompose import GEMM, layer_operators, layer_params
+from mofa_framework.decompose import GEMM, layer_operators, layer_params, routed_pairs
 from mofa_framework.engine import price_operators, stage_layout
 from mofa_framework.types import ConstraintResult
 
@@ -26,7 +26,7 @@ def gemm_input_bytes(model, g, kind) -> np.ndarray:
     o_in = dt * T * model.num_attention_heads * model.v_dim / t
     out = dt * T * h / spd * 2.0 + o_in  # QKV input, MLP (FC1) input, O-proj input
     if kind == "moe":
-        routed = T / spd * model.experts_per_token * g.etp
+        routed = routed_pairs(model, g)
         out = out + dt * routed * h + dt * routed * model.moe_ffn_hidden_size / g.etp
         if model.num_shared_experts:
             out = out + dt * T * model.num_shared_experts * model.moe_ffn_hidden_size / t

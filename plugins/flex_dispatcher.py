@@ -36,7 +36,7 @@ import attrs
 import numpy as np
 
 from mofa_framework import hookimpl
-from mofa_framework.decompose import ALL_TO_ALL, Coll
+from mofa_framework.decompose import ALL_TO_ALL, Coll, moe_load
 from mofa_framework.engine import nodes_spanned, price_collectives
 from mofa_framework.types import CostTransform, option
 
@@ -88,7 +88,8 @@ def _a2a_seconds(ctx, moe_model, g) -> tuple[np.ndarray, np.ndarray]:
     """One dispatch (or combine) all-to-all: (alltoall dispatcher, flex dispatcher) seconds."""
     h, k = moe_model.hidden_size, moe_model.experts_per_token
     tok = g.tokens / g.sp_div
-    copies = tok * k * h * g.dt  # S: the k copies the alltoall dispatcher sends
+    load = moe_load(moe_model, g)  # the busiest EP rank receives `load` times the mean
+    copies = tok * k * h * g.dt * load  # S: the k copies the alltoall dispatcher sends
     d = nodes_spanned(g.e, g.etp, ctx.hardware.scaleup_domain_gpus)
     local = np.maximum(g.e / d, 1.0)
     r = remote_domains(moe_model.num_experts, k, d, moe_model.moe_router_num_groups, moe_model.moe_router_group_topk)
@@ -98,7 +99,7 @@ def _a2a_seconds(ctx, moe_model, g) -> tuple[np.ndarray, np.ndarray]:
         Coll(name="ep_a2a_intra", parallel="ep", kind=ALL_TO_ALL, bytes=copies, group_size=local, stride=g.etp),
         # one rank per domain: (D−1)/D of the bytes leave the domain, = R·tok·h·dt
         Coll(name="ep_a2a_inter", parallel="ep", kind=ALL_TO_ALL,
-             bytes=r * tok * h * g.dt * d / np.maximum(d - 1.0, 1.0), group_size=d,
+             bytes=r * tok * h * g.dt * load * d / np.maximum(d - 1.0, 1.0), group_size=d,
              stride=np.maximum(ctx.hardware.scaleup_domain_gpus * one, local * g.etp)),
     ]
     plain, intra, inter = price_collectives(ctx, colls)

@@ -26,7 +26,7 @@ import attrs
 import numpy as np
 
 from mofa_framework import hookimpl
-from mofa_framework.decompose import layer_operators
+from mofa_framework.decompose import layer_operators, routed_pairs
 from mofa_framework.types import Activation, MemoryOptimizer, option
 
 
@@ -40,7 +40,7 @@ class MemFineOptions:
 
 def expert_activation_bytes(model, g) -> np.ndarray:
     """S_exp: the routed experts' saved tensors per MoE layer and micro-batch."""
-    routed = g.tokens / g.sp_div * model.experts_per_token * g.etp
+    routed = routed_pairs(model, g)
     width = 3.0 if model.activation is Activation.swiglu else 2.0
     return g.dt * routed * model.hidden_size + g.dt * routed * width * model.moe_ffn_hidden_size / g.etp
 

@@ -43,8 +43,9 @@ def build_request(state, job_files, flags, *, tp, pp, vpp, cp, ep, etp, mbs_list
         raise ConfigError("give a job file, or --model, --hardware, --gpus, --gbs and --seq")
     tokens = flags.pop("tokens", None)
     if job_files:
-        if any(flags.get(k) for k in ("model", "hardware", "gpus", "gbs", "seq", "precision")):
-            raise ConfigError("give either a job file or --model/--hardware/--gpus/--gbs/--seq, not both")
+        if any(flags.get(k) for k in ("model", "hardware", "gpus", "gbs", "seq", "precision", "moe_load_factor")):
+            raise ConfigError("give either a job file or --model/--hardware/--gpus/--gbs/--seq, not both "
+                              "(a job file sets moe_load_factor under [model])")
         flags = {k: None if not isinstance(v, tuple) else () for k, v in flags.items()}
     job = load_jobs(state, job_files, {**flags, "tokens": None if job_files else tokens})[0]
     if tokens:
@@ -150,6 +151,8 @@ def _print_table(result, req, reg) -> None:
 @click.option("--seq", type=int, help="Sequence length.")
 @click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8", "fp4"]))
 @click.option("--tokens", type=float, help="Tokens to train on (needed by the e2e_time and gpu_hours objectives).")
+@click.option("--moe-load-factor", type=float, metavar="F",
+              help="MoE routing imbalance: the busiest EP rank's token-expert pairs over the mean (default 1).")
 @click.option("--tp-values", "tp", help="TP sizes to try, e.g. 1,2,4,8 (default: powers of two in a scale-up domain).")
 @click.option("--pp-values", "pp")
 @click.option("--vpp-values", "vpp")
@@ -166,15 +169,16 @@ def _print_table(result, req, reg) -> None:
               show_default=True)
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
 @pass_state
-def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, tokens, tp, pp, vpp, cp, ep, etp,
-             mbs_list, schedules, features, objective, top, pareto, fmt, progress):
+def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, tokens, moe_load_factor, tp, pp, vpp,
+             cp, ep, etp, mbs_list, schedules, features, objective, top, pareto, fmt, progress):
     """Find the best parallel strategy and features for a model, GPUs and global batch.
 
     Searches TP × PP × VPP × CP × EP × ETP × micro-batch × schedule × every feature's
     options, prunes with every plugin's constraints and the paper's rules, and prints the
     top configurations with the paper's Table 6 columns (or Megatron-LM arguments).
     """
-    flags = dict(model=model, hardware=hardware, gpus=gpus, gbs=gbs, seq=seq, precision=precision, tokens=tokens)
+    flags = dict(model=model, hardware=hardware, gpus=gpus, gbs=gbs, seq=seq, precision=precision, tokens=tokens,
+                 moe_load_factor=moe_load_factor)
     if len(job_files) > 1:
         raise ConfigError("mofa tune takes one job file")
     req, job = build_request(state, list(job_files), {k: v for k, v in flags.items()},
