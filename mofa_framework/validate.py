@@ -1027,6 +1027,34 @@ def rank_stats(rows: Sequence[RowResult], min_size: int = 3) -> RankStats:
     return RankStats(groups=len(regret), spearman=rho, regret=regret)
 
 
+#: what ``group_errors`` can group predicted rows by
+GROUP_KEYS = ("source", "reference", "model", "hardware", "num_gpus")
+
+
+@attrs.frozen(kw_only=True)
+class GroupErrors:
+    """The step-time error of the predicted rows sharing `key` (values of the grouping fields)."""
+
+    key: tuple
+    step_time: ErrorStats
+    #: this group's share of the summed |error| of all rows: where the error is
+    share_of_error: float
+
+
+def group_errors(rows: Sequence[RowResult], by: Sequence[str]) -> list[GroupErrors]:
+    """Rows grouped by the fields `by` (of :data:`GROUP_KEYS`), largest summed |error| first."""
+    bad = [k for k in by if k not in GROUP_KEYS]
+    if bad or not by:
+        raise ConfigError(f"--by {','.join(by) or '(nothing)'}: group by one or more of {', '.join(GROUP_KEYS)}")
+    groups: dict[tuple, list[float]] = defaultdict(list)
+    for r in rows:
+        groups[tuple(getattr(r, k) for k in by)].append(r.error)
+    total = sum(abs(e) for errs in groups.values() for e in errs) or 1.0
+    out = [GroupErrors(key=k, step_time=ErrorStats.of(v), share_of_error=sum(map(abs, v)) / total)
+           for k, v in groups.items()]
+    return sorted(out, key=lambda g: -g.share_of_error)
+
+
 def summarize(source: str, rows: Sequence[RowResult], skipped: Sequence[SkippedRow]) -> SourceSummary:
     mem = [r.predicted_memory_gib / r.measured_memory_gib - 1.0 for r in rows if r.measured_memory_gib]
     targets: dict[str, int] = defaultdict(int)

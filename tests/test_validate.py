@@ -122,6 +122,28 @@ def test_csv_and_table_formats(cli):
 
 
 @needs_data
+def test_errors_grouped_by_reference_model_or_hardware(cli):
+    from mofa_framework.validate import group_errors, validate
+
+    path = DATA / "megatron_selene_a100.csv"
+    result = validate([path])
+    groups = group_errors(result.rows, ["reference"])
+    assert {g.key[0]: g.step_time.n for g in groups} == {"Narayanan et al. 2021": 16, "Korthikanti et al. 2022": 12}
+    assert sum(g.share_of_error for g in groups) == pytest.approx(1.0)
+    assert groups[0].share_of_error >= groups[1].share_of_error
+    for g in groups:
+        errs = [r.error for r in result.rows if r.reference == g.key[0]]
+        assert g.step_time.mape == pytest.approx(np.mean(np.abs(errs)))
+    res = CliRunner().invoke(cli, ["validate", str(path), "--format", "json", "--by", "reference,hardware"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)["groups"]
+    assert out["by"] == ["reference", "hardware"] and len(out["groups"]) == 2
+    assert out["groups"][0]["key"][1] == "a100-sxm4-80gb"
+    res = CliRunner().invoke(cli, ["validate", str(path), "--by", "gpu"])
+    assert res.exit_code == 2 and "num_gpus" in res.output and res.output.strip().count("\n") == 0
+
+
+@needs_data
 def test_parity_plot(cli, tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     path = str(DATA / "megatron_selene_a100.csv")

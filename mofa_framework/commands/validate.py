@@ -11,6 +11,7 @@ import shlex
 import sys
 from pathlib import Path
 
+import attrs
 import click
 
 from ..calibrate import DEFAULT_PARAMETERS, PARAMETERS
@@ -98,22 +99,32 @@ def parity_plot(result, path: Path) -> None:
 @click.option("--plot", "plot", type=click.Path(dir_okay=False, path_type=Path),
               help="Also draw predicted against measured step time, per source, into FILE.png "
                    "(needs matplotlib).")
+@click.option("--by", "by", metavar="KEY[,KEY]",
+              help="Also tabulate the error per group of rows, largest share of the error first; keys: "
+                   "source, reference, model, hardware, num_gpus (e.g. --by model,hardware).")
 @pass_state
-def validate_cmd(state, files, fmt, sources, show_rows, hardware, plot):
+def validate_cmd(state, files, fmt, sources, show_rows, hardware, plot, by):
     """Predict every row of published-measurement CSV FILES and report the error.
 
     Reads the dense, NVIDIA and vTrain schemas of /work/shared/data (see docs/validation.md).
     Step time is compared with measured_iter_time_s, else step_time_s, else the derived column
     (the `target column` says which). Unmappable and infeasible rows are listed with the reason.
     """
-    from ..validate import validate
+    from ..validate import group_errors, validate
 
+    keys = [k.strip() for k in by.split(",") if k.strip()] if by is not None else None
+    if keys is not None:
+        group_errors([], keys)  # a bad key is an error before the predictions are made
     result = validate(files, state.predictor(), sources=sources or None, hardware=hardware)
+    groups = group_errors(result.rows, keys) if keys is not None else None
     if plot is not None:
         parity_plot(result, plot)
         click.echo(f"plot written to {plot}", err=True)
     if fmt == "json":
-        click.echo(json.dumps(_json_safe(result.to_dict()), indent=2, default=str))
+        out = result.to_dict()
+        if groups is not None:
+            out["groups"] = {"by": keys, "groups": [attrs.asdict(g) for g in groups]}
+        click.echo(json.dumps(_json_safe(out), indent=2, default=str))
         return
     if fmt == "csv":
         buf = io.StringIO()
@@ -142,6 +153,10 @@ def validate_cmd(state, files, fmt, sources, show_rows, hardware, plot):
                ["source", "row", "model", "hardware", "GPUs", "strategy", "measured s", "predicted s", "error",
                 "memory GiB meas / pred"], title="rows")
     _table(summary_rows(result), SUMMARY_HEADERS, title="step time: predicted vs measured")
+    if groups is not None:
+        _table([[*map(str, g.key), str(g.step_time.n), _pct(g.step_time.mape), f"{100 * g.step_time.bias:+.1f} %",
+                 _pct(g.step_time.max), _pct(g.share_of_error)] for g in groups],
+               [*keys, "rows", "MAPE", "bias", "max", "share of |error|"], title=f"step time by {', '.join(keys)}")
     if result.skipped:
         counts: dict[tuple[str, str, str], int] = {}
         for s in result.skipped:
