@@ -16,7 +16,8 @@ forwards the copies to the domain's other ranks over the scale-up links. Per rou
 The two run concurrently: ``t = max(t_up, t_out)``, each priced by the
 ``mofa_collective_latency`` provider (an all-to-all inside one domain over n/D ranks, and one
 across the D domains with one rank in each), so a third-party collective model applies to it.
-Balanced routing is assumed (NVIDIA's MoE benchmarks force it). Group-limited routing
+The busiest EP rank's volume is the model's ``moe_load_factor`` times the mean (1, balanced
+routing, unless the job says otherwise; NVIDIA's MoE benchmarks force balance). Group-limited routing
 (``moe_router_num_groups`` / ``moe_router_group_topk``: DeepSeek-V3 picks a token's experts from
 its best 4 of 8 groups) whose groups tile the domains caps the domains a token reaches: j of the
 chosen groups fall in a given domain with hypergeometric probability, and the k experts are drawn

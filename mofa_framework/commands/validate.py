@@ -217,8 +217,10 @@ def calibrate_cmd(state, files, hardware, params, folds, seed, sources, hold_out
     if fmt == "json":
         click.echo(json.dumps(_json_safe(result.to_dict()), indent=2, default=str))
         return
+    left = ("not constrained by the fitted rows: library default" if result.held_back_rows
+            else "left at start (rows insensitive)")
     _table([[k, f"{result.start[k]:.4g}", f"{result.fitted[k]:.4g}",
-             "left at start (rows insensitive)" if k in result.not_identifiable else "fitted"]
+             left if k in result.not_identifiable else "fitted"]
             for k in result.fitted], ["coefficient", "start", "fitted", ""],
            title=f"{result.hardware}: {result.rows} rows, {result.method}")
     rows = [["all (in-sample)", str(result.rows), _pct(result.before.mape), _pct(result.after.mape),
