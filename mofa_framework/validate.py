@@ -359,6 +359,15 @@ _MODEL_FLOPS = re.compile(r"eq\.?\s*7|72\s*\*\s*b|12\s*\*?\s*[·.]?\s*l|attentio
 _SIX_N = re.compile(r"\b6\s*[*·]?\s*n\s*[*·]?\s*d?\b", re.I)
 
 
+def vpp_variants(num_layers: int, pp: int, lowest: int = 1) -> tuple[dict, ...]:
+    """``MappedRow.variants`` for an unstated interleaving: every factor from `lowest` that splits
+    the layers over ``pp`` stages (evenly, or with the end stages a layer short)."""
+    return tuple({"vpp": v, "first_stage_layers": None, "last_stage_layers": None,
+                  **_uneven_pipeline(num_layers, pp, v)}
+                 for v in range(lowest, (num_layers + 2) // pp + 1)
+                 if num_layers % (pp * v) == 0 or _uneven_pipeline(num_layers, pp, v))
+
+
 def megatron_eq3_flops(model: ModelSpec, global_batch_size: int, sequence_length: int, vocab_size: int) -> float:
     """Narayanan et al. 2021 eq. 3, ``96·B·s·l·h²·(1 + s/6h + V/16lh)``: model FLOPs plus the
     recompute forward (hardware-FLOPs-like); Megatron 2021, Megatron-DeepSpeed (BLOOM, MT-NLG)."""
@@ -521,10 +530,7 @@ def _dense_job(r: dict, registry, source: str, hw=None) -> MappedRow | SkippedRo
         # the factor is not stated, and the schedule says interleaved, or says nothing while plain
         # 1F1B would idle a fifth of the step or more (a tuned run interleaves): every factor that
         # splits the layers, resolved by `resolve_unstated` to the fastest
-        variants = tuple({"vpp": v, "first_stage_layers": None, "last_stage_layers": None,
-                          **_uneven_pipeline(spec.num_layers, pp, v)}
-                         for v in range(2 if says_interleaved else 1, (spec.num_layers + 2) // pp + 1)
-                         if spec.num_layers % (pp * v) == 0 or _uneven_pipeline(spec.num_layers, pp, v))
+        variants = vpp_variants(spec.num_layers, pp, 2 if says_interleaved else 1)
         ignore = _ZB_IGNORED
     rec = r.get("recompute", "").lower()
     if rec.startswith("full"):
@@ -777,6 +783,14 @@ def _nvidia_job(r: dict, registry, source: str, hw=None) -> MappedRow | SkippedR
     if pp > 1 and L % (pp * vpp):
         par.update(_uneven_pipeline(L, pp, vpp))
         ignore = _ZB_IGNORED
+    variants: tuple[dict, ...] = ()
+    dp = num_gpus // (tp * pp * cp)
+    if (pp > 1 and r.get("vp", "").strip().lower() in ("", "n/a") and dp
+            and 0 < gbs // (dp * mbs) < UNSTATED_VPP_MIN_RATIO * (pp - 1)):
+        # the interleaving is not given and plain 1F1B would idle a fifth of the step or more: the
+        # dense schema's rule (a tuned run interleaves), resolved by `resolve_unstated`
+        variants = vpp_variants(L, pp)
+        ignore = _ZB_IGNORED
     feats = _megatron_core_recipe(tp, pp, cp, full_shard)
     if lowp:
         feats[lowp] = dict(lowp_options)
@@ -813,8 +827,7 @@ def _nvidia_job(r: dict, registry, source: str, hw=None) -> MappedRow | SkippedR
     return MappedRow(source=source, reference=ref, row_id=rid, job=job, measured_s=measured, target=target,
                      group=group, measured_tflops=_num(r.get("model_tflops_per_gpu")),
                      tflops_convention="model FLOPs (NVIDIA)", measured_memory_gib=mem, notes=notes[:200],
-                     assumptions=layout_note,
-                     ignore_constraints=ignore)
+                     assumptions=layout_note, ignore_constraints=ignore, variants=variants)
 
 
 #: Megatron-DeepSpeed's GPT-2 vocabulary (50,257) padded to a multiple of 128

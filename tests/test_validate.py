@@ -21,7 +21,7 @@ needs_data = pytest.mark.skipif(not (DATA / "megatron_selene_a100.csv").exists()
 
 # Gates: set just above what the shipped profiles achieve, so they only tighten over time
 # (docs/validation.md has the figures; benchmarks/validation_report.py regenerates them).
-OVERALL_MAPE = 0.0670  # achieved 6.68 % over 1,850 rows (13.01 % before the host-dispatch floor)
+OVERALL_MAPE = 0.0670  # achieved 6.66 % over 1,850 rows (13.01 % before the host-dispatch floor)
 OVERALL_MAX = 0.61  # achieved 60.3 % (the Megatron-Core model-zoo FSDP row; see docs/validation.md)
 # Megatron PTD-P rows (Narayanan 2021 Table 1 + Korthikanti 2022); the issue's target is 5 %,
 # Calculon reaches 3.65 % mean / 8.87 % max. One A100 profile serves three software stacks
@@ -525,6 +525,23 @@ def test_unstated_interleaving_is_resolved_to_the_fastest_factor(mofa_predictor)
     # DeepSpeed's pipeline engine cannot interleave (BLOOM's ramp-up: one micro-batch per pipeline)
     ds = _dense_job(_dense_row(**{**llama, "framework": "Megatron-DeepSpeed"}), reg, "t")
     assert not ds.variants and ds.job["parallel"]["vpp"] == 1
+
+
+def test_nvidia_rows_with_no_interleaving_given_follow_the_same_rule(mofa_predictor):
+    """An NVIDIA-schema row whose VP is blank or "n/a" with a pipeline too shallow in micro-batches
+    for plain 1F1B (Megatron-Bridge 26.02.01's Llama 3 70B on GB300: PP 4, 8 micro-batches) gets
+    the interleaving factors to resolve; a deep pipeline or a stated VP keeps its value."""
+    from mofa_framework.validate import _nvidia_job
+
+    reg = mofa_predictor.registry
+    row = {"source_id": "t", "framework": "Megatron-Bridge", "release": "26.02.01", "task": "pretrain",
+           "model": "LLAMA3_70B", "gpu_type": "GB300", "num_gpus": "64", "precision": "MXFP8", "gbs": "256",
+           "mbs": "2", "seq_len": "8192", "tp": "1", "pp": "4", "cp": "1", "vp": "n/a", "ep": "", "etp": "",
+           "step_time_s_derived": "6.83", "notes": ""}
+    m = _nvidia_job(row, reg, "test")
+    assert [v["vpp"] for v in m.variants] == [1, 2, 4, 5, 10, 20]  # 80 layers on 4 stages
+    assert not _nvidia_job({**row, "vp": "5"}, reg, "test").variants
+    assert not _nvidia_job({**row, "gbs": "1024"}, reg, "test").variants  # 32 micro-batches ≥ 4·3
 
 
 def test_fsdp_rows_without_a_micro_batch_run_the_ranks_batch_at_once(mofa_predictor):
