@@ -35,7 +35,7 @@ import numpy as np
 from .config import HARDWARE_PATH, read_toml, user_toml_files
 from .errors import ConfigError
 from .types import EfficiencySpec
-from .validate import ErrorStats, MappedRow, map_rows, predict_prepared, prepare, resolve_unstated
+from .validate import ErrorStats, MappedRow, from_sources, map_rows, predict_prepared, prepare, resolve_unstated
 
 #: name → (lower, upper, log-scaled?)
 PARAMETERS: dict[str, tuple[float, float, bool]] = {
@@ -281,8 +281,7 @@ def calibrate(paths: Iterable[str | Path], hardware: str, predictor=None, *,
     feasible = np.isfinite(problem.log_error(base))
     if not feasible.any():
         raise ConfigError(f"none of the {len(mine)} rows on {hw.name!r} is feasible (see `mofa validate`)")
-    keys = [k.lower() for k in hold_out]
-    back = np.array([any(k in m.source.lower() or k in m.reference.lower() for k in keys) for m in mine], bool)
+    back = np.array([from_sources(m, hold_out) for m in mine], bool)
     back &= feasible
     ok = feasible & ~back  # the rows fitted
     if not ok.any():

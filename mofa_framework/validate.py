@@ -1040,8 +1040,23 @@ def rank_stats(rows: Sequence[RowResult], min_size: int = 3) -> RankStats:
     return RankStats(groups=len(regret), spearman=rho, regret=regret)
 
 
+def from_sources(row, texts: Iterable[str]) -> bool:
+    """Whether the row's source (file stem) or reference contains one of `texts` (case-insensitive):
+    the ``--source`` filter and the ``--hold-out`` split."""
+    keys = [t.lower() for t in texts]
+    return any(k in row.source.lower() or k in row.reference.lower() for k in keys)
+
+
 #: what ``group_errors`` can group predicted rows by
 GROUP_KEYS = ("source", "reference", "model", "hardware", "num_gpus")
+
+
+def group_keys(text: str) -> list[str]:
+    """``--by`` text ("model,hardware") as grouping keys; ConfigError naming the valid ones."""
+    keys = [k.strip() for k in text.split(",") if k.strip()]
+    if not keys or any(k not in GROUP_KEYS for k in keys):
+        raise ConfigError(f"--by {text or '(nothing)'}: group by one or more of {', '.join(GROUP_KEYS)}")
+    return keys
 
 
 @attrs.frozen(kw_only=True)
@@ -1056,9 +1071,7 @@ class GroupErrors:
 
 def group_errors(rows: Sequence[RowResult], by: Sequence[str]) -> list[GroupErrors]:
     """Rows grouped by the fields `by` (of :data:`GROUP_KEYS`), largest summed |error| first."""
-    bad = [k for k in by if k not in GROUP_KEYS]
-    if bad or not by:
-        raise ConfigError(f"--by {','.join(by) or '(nothing)'}: group by one or more of {', '.join(GROUP_KEYS)}")
+    by = group_keys(",".join(by))
     groups: dict[tuple, list[float]] = defaultdict(list)
     for r in rows:
         groups[tuple(getattr(r, k) for k in by)].append(r.error)
@@ -1124,10 +1137,8 @@ def validate(paths: Iterable[str | Path], predictor=None, sources: Iterable[str]
     predictor = predictor or Predictor()
     mapped, skipped = map_rows(paths, predictor.registry, hardware)
     if sources:
-        keys = [s.lower() for s in sources]
-        want = lambda x: any(k in x.source.lower() or k in x.reference.lower() for k in keys)  # noqa: E731
-        mapped = [m for m in mapped if want(m)]
-        skipped = [s for s in skipped if want(s)]
+        mapped = [m for m in mapped if from_sources(m, sources)]
+        skipped = [s for s in skipped if from_sources(s, sources)]
     mapped = resolve_unstated(mapped, predictor)
     groups, infeasible = prepare(mapped, predictor)
     skipped = skipped + infeasible

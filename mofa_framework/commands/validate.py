@@ -6,7 +6,6 @@ import csv
 import io
 import json
 import math
-import re
 import shlex
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import click
 from ..calibrate import DEFAULT_PARAMETERS, PARAMETERS
 from ..cli import _table, pass_state
 from ..errors import ConfigError
+from ..types import KEBAB
 from ._figure import figure
 
 
@@ -110,11 +110,9 @@ def validate_cmd(state, files, fmt, sources, show_rows, hardware, plot, by):
     Step time is compared with measured_iter_time_s, else step_time_s, else the derived column
     (the `target column` says which). Unmappable and infeasible rows are listed with the reason.
     """
-    from ..validate import group_errors, validate
+    from ..validate import group_errors, group_keys, validate
 
-    keys = [k.strip() for k in by.split(",") if k.strip()] if by is not None else None
-    if keys is not None:
-        group_errors([], keys)  # a bad key is an error before the predictions are made
+    keys = group_keys(by) if by is not None else None  # a bad key fails before any prediction
     result = validate(files, state.predictor(), sources=sources or None, hardware=hardware)
     groups = group_errors(result.rows, keys) if keys is not None else None
     if plot is not None:
@@ -192,19 +190,18 @@ def validate_cmd(state, files, fmt, sources, show_rows, hardware, plot, by):
 def calibrate_cmd(state, files, hardware, params, folds, seed, sources, hold_out, write, all_rows, new_name, fmt):
     """Fit a hardware profile's [efficiency] coefficients to the step times in FILES."""
     from ..calibrate import DEFAULT_PARAMETERS, calibrate, write_profile
-    from ..validate import map_rows
+    from ..validate import from_sources, map_rows
 
     if folds < 0 or folds == 1:
         raise ConfigError(f"--folds must be 0 (none) or ≥ 2, got {folds}")
     if new_name is not None and not write:
         raise ConfigError("--name names the profile --write writes: give --write PATH.toml too")
-    if new_name is not None and not re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", new_name):
-        raise ConfigError(f"--name {new_name!r}: use lower-case letters, digits and hyphens (e.g. my-h100)")
+    if new_name is not None and not KEBAB.match(new_name):
+        raise ConfigError(f"--name {new_name!r}: use lower-case letters, digits, dots and hyphens (e.g. my-h100)")
     predictor = state.predictor()
     mapped, _ = map_rows(files, predictor.registry, hardware if all_rows else None)
     if sources:
-        keys = [s.lower() for s in sources]
-        mapped = [m for m in mapped if any(k in m.source.lower() or k in m.reference.lower() for k in keys)]
+        mapped = [m for m in mapped if from_sources(m, sources)]
     result = calibrate(files, hardware, predictor, parameters=params or DEFAULT_PARAMETERS, folds=folds, seed=seed,
                        mapped=mapped, hold_out=hold_out)
     if write:
