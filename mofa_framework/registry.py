@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+import re
 from collections.abc import Mapping
 
 import attrs
@@ -36,8 +38,35 @@ def _check_options(rec) -> str:
     return ""
 
 
-def _norm(name: str) -> str:
-    return " ".join(name.strip().lower().replace("_", "-").split())
+#: an organisation prefix as HuggingFace writes it ("meta-llama/", "nvidia/"): no spaces before the "/"
+_ORG_PREFIX = re.compile(r"^[\w.-]+/(?=.)")
+#: the tokens of a name: runs of letters, and numbers (a dot only inside a number: "3.1")
+_TOKEN = re.compile(r"[a-z]+|\d+(?:\.\d+)*")
+#: trailing words a published name may add to a registered one without changing what it names
+#: (the instruction-tuned or base release of a pretrained architecture); dropped only as a fallback
+_VARIANT_SUFFIXES = ("instruct", "base", "chat", "hf")
+
+
+def normalize_name(name: str) -> str:
+    """The key every registered name and alias is looked up by.
+
+    Case, spaces, dots, dashes and underscores do not matter, nor where a number meets a word
+    ("Llama3.1 405b" = "llama-3.1-405B" = "LLAMA3.1_405B"), nor an organisation prefix
+    ("meta-llama/Llama-3.1-70B"): the name becomes its letter runs and numbers (a dot inside a
+    number is kept: "3.1" ≠ "31"), joined by "-". One rule for every kind of record.
+    """
+    text = _ORG_PREFIX.sub("", name.strip().lower())
+    return "-".join(_TOKEN.findall(text))
+
+
+_norm = normalize_name
+
+
+def _without_variant(key: str) -> str:
+    parts = key.split("-")
+    while len(parts) > 1 and parts[-1] in _VARIANT_SUFFIXES:
+        parts.pop()
+    return "-".join(parts)
 
 
 @attrs.frozen(kw_only=True)
@@ -122,14 +151,28 @@ class Registry:
 
     # ------------------------------------------------------------------ look-ups
     def _lookup(self, kind: str, table: Mapping, name: str, field: str, listing: str):
-        key = self.aliases.get((kind, _norm(name)))
+        norm = _norm(name)
+        key = self.aliases.get((kind, norm)) or self.aliases.get((kind, _without_variant(norm)))
         if key is None:
-            known = ", ".join(sorted(table)[:12]) + (" ..." if len(table) > 12 else "")
+            close = self.closest(kind, name)
+            hint = f"closest: {', '.join(close)}; " if close else ""
+            known = "" if close else " (" + (", ".join(sorted(table)[:12]) + (" ..." if len(table) > 12 else "")
+                                           or "none installed") + ")"
             raise UnknownRecordError(
-                f"{field}: unknown {_SINGULAR[kind]} {name!r}; run `mofa {listing}` to see the installed ones "
-                f"({known or 'none installed'})"
+                f"{field}: unknown {_SINGULAR[kind]} {name!r}; {hint}run `mofa {listing}` to see the installed "
+                f"ones{known}"
             )
         return table[key]
+
+    def closest(self, kind: str, name: str, n: int = 3) -> list[str]:
+        """Up to `n` registered names of `kind` whose names or aliases are most like `name`
+        (difflib's ratio on the normalised keys; nothing below 0.5)."""
+        keys = {k: rec for (knd, k), rec in self.aliases.items() if knd == kind}
+        out: list[str] = []
+        for k in difflib.get_close_matches(_norm(name), list(keys), n=4 * n, cutoff=0.5):
+            if keys[k] not in out:
+                out.append(keys[k])
+        return out[:n]
 
     def hardware_profile(self, name: str, field: str = "hardware.name") -> HardwareProfile:
         return self._lookup("hardware", self.hardware, name, field, "list-hardware")
