@@ -214,7 +214,7 @@ def parse_feature_flag(text: str) -> tuple[str, dict]:
 
 
 def job_dict_from_flags(model, hardware, gpus, tp, pp, vpp, cp, ep, etp, mbs, gbs, seq, precision, schedule,
-                        sequence_parallel, features, tokens, moe_load_factor=None) -> dict:
+                        sequence_parallel, features, tokens, moe_load_factor=None, flash_attention=None) -> dict:
     if not (model and hardware and gpus and gbs and seq):
         raise ConfigError("give a job file, or --model, --hardware, --gpus, --gbs and --seq")
     model_section = {"config": model} if model.endswith(".json") else {"name": model}
@@ -222,7 +222,8 @@ def job_dict_from_flags(model, hardware, gpus, tp, pp, vpp, cp, ep, etp, mbs, gb
         model_section["moe_load_factor"] = moe_load_factor
     par = {k: v for k, v in dict(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, micro_batch_size=mbs,
                                   global_batch_size=gbs, sequence_length=seq, precision=precision,
-                                  sequence_parallel=sequence_parallel).items() if v is not None}
+                                  sequence_parallel=sequence_parallel, flash_attention=flash_attention).items()
+           if v is not None}
     data = {"name": "cli", "model": model_section, "hardware": {"name": hardware, "num_gpus": gpus}, "parallel": par}
     if schedule:
         data["pipeline"] = {"schedule": schedule}
@@ -247,6 +248,10 @@ def job_options(f):
         click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8", "fp4"])),
         click.option("--schedule", help="Pipeline schedule (see `mofa list-plugins`)."),
         click.option("--sequence-parallel/--no-sequence-parallel", default=None),
+        click.option("--flash-attention/--no-flash-attention", default=None,
+                     help="Fused (flash) attention kernels, the default; --no-flash-attention prices the unfused "
+                          "core attention of Megatron 2021-22 runs, keeping the s×s scores ([parallel] "
+                          "flash_attention)."),
         click.option("--feature", "features", multiple=True, metavar="NAME[:key=value,...]",
                      help="Enable a feature plugin with options (repeatable)."),
         click.option("--tokens", type=float, help="Tokens to train on (end-to-end time)."),

@@ -158,3 +158,29 @@ def test_broken_plugin_warns_once_and_predict_still_works(mofa_fake_distribution
     warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
     assert len(warnings) == 1 and "broken_warn" in warnings[0]
     assert json.loads(r.stdout)["step_time_s"] > 0
+
+
+def test_no_flash_attention_flag_reproduces_the_job_file(run, tmp_path):
+    """Issue 18: a flag-only run can now price the unfused attention of Megatron 2021-22 runs (Korthikanti
+    et al.'s GPT 22B, TP 8, selective recompute) exactly as the job file with flash_attention = false does."""
+    flags = ["--model", "gpt-22b", "--hardware", "a100-sxm4-80gb", "--gpus", "8", "--tp", "8", "--mbs", "4",
+             "--gbs", "4", "--seq", "2048", "--precision", "fp16", "--feature", "recompute:granularity=selective"]
+    job = tmp_path / "j.toml"
+    job.write_text('[model]\nname = "gpt-22b"\n[hardware]\nname = "a100-sxm4-80gb"\nnum_gpus = 8\n'
+                   '[parallel]\ntp = 8\nmicro_batch_size = 4\nglobal_batch_size = 4\nsequence_length = 2048\n'
+                   'precision = "fp16"\nflash_attention = false\n[features.recompute]\ngranularity = "selective"\n')
+    out = {name: json.loads(r.output) for name, r in [
+        ("file", run("predict", str(job), "--format", "json")),
+        ("off", run("predict", *flags, "--no-flash-attention", "--format", "json")),
+        ("on", run("predict", *flags, "--flash-attention", "--format", "json")),
+        ("default", run("predict", *flags, "--format", "json"))]}
+    assert out["off"]["step_time_s"] == out["file"]["step_time_s"]
+    assert out["off"]["peak_memory_gib"] == out["file"]["peak_memory_gib"]
+    assert out["default"]["step_time_s"] == out["on"]["step_time_s"] != out["off"]["step_time_s"]
+    for cmd in ("e2e", "tune"):
+        assert "--no-flash-attention" in run(cmd, "--help").output
+    tune = ["tune", "--model", "gpt-22b", "--hardware", "a100-sxm4-80gb", "--gpus", "8", "--gbs", "4", "--seq", "2048",
+            "--precision", "fp16", "--tp-values", "8", "--pp-values", "1", "--mbs-values", "4", "--features", "recompute",
+            "--top", "1", "--format", "json", "--no-progress"]
+    best = {f: json.loads(run(*tune, f).output)["best"][0] for f in ("--flash-attention", "--no-flash-attention")}
+    assert best["--no-flash-attention"]["step_time_s"] > best["--flash-attention"]["step_time_s"]

@@ -42,6 +42,7 @@ def build_request(state, job_files, flags, *, tp, pp, vpp, cp, ep, etp, mbs_list
     if not job_files and not all(flags.get(k) for k in ("model", "hardware", "gpus", "gbs", "seq")):
         raise ConfigError("give a job file, or --model, --hardware, --gpus, --gbs and --seq")
     tokens = flags.pop("tokens", None)
+    flash = flags.get("flash_attention")
     if job_files:
         if any(flags.get(k) for k in ("model", "hardware", "gpus", "gbs", "seq", "precision", "moe_load_factor")):
             raise ConfigError("give either a job file or --model/--hardware/--gpus/--gbs/--seq, not both "
@@ -50,6 +51,8 @@ def build_request(state, job_files, flags, *, tp, pp, vpp, cp, ep, etp, mbs_list
     job = load_jobs(state, job_files, {**flags, "tokens": None if job_files else tokens})[0]
     if tokens:
         job = attrs.evolve(job, training=attrs.evolve(job.training, tokens=tokens))
+    if flash is not None:  # the flag also overrides a job file's [parallel] flash_attention
+        job = attrs.evolve(job, parallel=attrs.evolve(job.parallel, flash_attention=flash))
     reg = state.pm.registry
     srch = job.search
     feats = _names(features) or srch.features
@@ -151,6 +154,8 @@ def _print_table(result, req, reg) -> None:
 @click.option("--seq", type=int, help="Sequence length.")
 @click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8", "fp4"]))
 @click.option("--tokens", type=float, help="Tokens to train on (needed by the e2e_time and gpu_hours objectives).")
+@click.option("--flash-attention/--no-flash-attention", "flash_attention", default=None,
+              help="Fused (flash) attention, the default; --no-flash-attention: unfused (Megatron 2021-22).")
 @click.option("--moe-load-factor", type=float, metavar="F",
               help="MoE routing imbalance: the busiest EP rank's token-expert pairs over the mean (default 1).")
 @click.option("--tp-values", "tp", help="TP sizes to try, e.g. 1,2,4,8 (default: powers of two in a scale-up domain).")
@@ -169,8 +174,8 @@ def _print_table(result, req, reg) -> None:
               show_default=True)
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
 @pass_state
-def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, tokens, moe_load_factor, tp, pp, vpp,
-             cp, ep, etp, mbs_list, schedules, features, objective, top, pareto, fmt, progress):
+def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, tokens, flash_attention, moe_load_factor, tp,
+             pp, vpp, cp, ep, etp, mbs_list, schedules, features, objective, top, pareto, fmt, progress):
     """Find the best parallel strategy and features for a model, GPUs and global batch.
 
     Searches TP × PP × VPP × CP × EP × ETP × micro-batch × schedule × every feature's
@@ -178,7 +183,7 @@ def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, token
     top configurations with the paper's Table 6 columns (or Megatron-LM arguments).
     """
     flags = dict(model=model, hardware=hardware, gpus=gpus, gbs=gbs, seq=seq, precision=precision, tokens=tokens,
-                 moe_load_factor=moe_load_factor)
+                 moe_load_factor=moe_load_factor, flash_attention=flash_attention)
     if len(job_files) > 1:
         raise ConfigError("mofa tune takes one job file")
     req, job = build_request(state, list(job_files), {k: v for k, v in flags.items()},
