@@ -99,26 +99,39 @@ def layer_shards(state, kind: str):
     return dense, expert
 
 
-def layer_comm(state, rows, kind: str):
-    """(forward, backward) seconds of one layer's gathers and scatters per micro-batch."""
-    ctx, batch = state.ctx, state.batch
-    (d_size, d_stride), (e_size, e_stride) = _dp_groups(ctx, batch)
-    gb = grad_bytes(batch, rows)
-    reshard = opt(rows, "reshard_after_forward", 1.0) > 0.5
-    fwd = np.zeros(len(batch))
-    bwd = np.zeros(len(batch))
+def layer_groups(state, kind: str):
+    """(label, parameters, group size, stride) of one layer's dense and expert parameters on one GPU
+    and the data-parallel group each is sharded over."""
+    (d_size, d_stride), (e_size, e_stride) = _dp_groups(state.ctx, state.batch)
+    n = len(state.batch)
     for label, params, size, stride in zip(("dense", "expert"), layer_shards(state, kind),
                                            (d_size, e_size), (d_stride, e_stride)):
-        params = np.broadcast_to(np.asarray(params, dtype=np.float64), (len(batch),))
-        ag = Coll(name=f"fsdp_{kind}_{label}_ag", parallel="dp", kind=ALL_GATHER, bytes=params * PARAM_BYTES,
-                  group_size=size, stride=stride)
+        yield label, np.broadcast_to(np.asarray(params, dtype=np.float64), (n,)), size, stride
+
+
+def layer_gather_s(state, kind: str, prefix: str = "fsdp", pieces=None) -> np.ndarray:
+    """Seconds to all-gather one layer's bf16 parameters over their DP groups (dense and expert),
+    in one collective, or in `pieces` equal ones per group (an array over the batch: one per module)."""
+    t = np.zeros(len(state.batch))
+    k = 1.0 if pieces is None else np.asarray(pieces, dtype=np.float64)
+    for label, params, size, stride in layer_groups(state, kind):
+        ag = Coll(name=f"{prefix}_{kind}_{label}_ag", parallel="dp", kind=ALL_GATHER,
+                  bytes=params * PARAM_BYTES / k, group_size=size, stride=stride)
+        t = t + np.where(params > 0, k * state.ctx.collective_s(ag, per_structure=pieces is None), 0.0)
+    return t
+
+
+def layer_comm(state, rows, kind: str):
+    """(forward, backward) seconds of one layer's gathers and scatters per micro-batch."""
+    gb = grad_bytes(state.batch, rows)
+    reshard = opt(rows, "reshard_after_forward", 1.0) > 0.5
+    fwd = layer_gather_s(state, kind)
+    bwd = np.where(reshard, fwd, 0.0)
+    for label, params, size, stride in layer_groups(state, kind):
         rs = Coll(name=f"fsdp_{kind}_{label}_rs", parallel="dp", kind=REDUCE_SCATTER, bytes=params * gb,
                   group_size=size, stride=stride)
-        t_ag = np.where(params > 0, ctx.collective_s(ag, per_structure=True), 0.0)
         # the gradient bytes depend on an option: priced per row
-        t_rs = np.where(params > 0, ctx.collective_s(rs), 0.0)
-        fwd = fwd + t_ag
-        bwd = bwd + np.where(reshard, t_ag, 0.0) + t_rs
+        bwd = bwd + np.where(params > 0, state.ctx.collective_s(rs), 0.0)
     return fwd, bwd
 
 
