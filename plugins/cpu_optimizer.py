@@ -91,16 +91,22 @@ def memory(state, rows):
                                                 host_bytes=host))
 
 
-def host_bytes_per_gpu(batch, model) -> np.ndarray:
-    """The CPU optimizer's host bytes per GPU on the worst stage (as in [27])."""
+def params_per_rank(batch, model):
+    """(P, P/D) per stage, arrays (3, N), from the batch alone (constraints see no engine state): the
+    parameters each GPU holds, and its 1/D share (dense over DP×CP, experts over expert-DP)."""
     g = Geometry.of(batch)
     (d_size, _), (e_size, _) = _dp_groups(types.SimpleNamespace(geometry=g), batch)
     dense, expert = _params_on_stages(model, batch, stage_layout(model, batch))
-    gb = _grad_bytes_per_param(batch)
+    return dense + expert, dense / d_size + expert / e_size
+
+
+def host_bytes_per_gpu(batch, model) -> np.ndarray:
+    """The CPU optimizer's host bytes per GPU on the worst stage (as in [27])."""
+    full, sharded = params_per_rank(batch, model)
     rows = batch.feature("cpu_optimizer")
     shard = rows.options.get("shard", np.ones(len(batch))) > 0.5
-    per_rank = np.where(shard[None, :], dense / d_size + expert / e_size, dense + expert)
-    return per_rank.max(axis=0) * (STATE_BYTES + gb)
+    per_rank = np.where(shard[None, :], sharded, full)
+    return per_rank.max(axis=0) * (STATE_BYTES + _grad_bytes_per_param(batch))
 
 
 @hookimpl

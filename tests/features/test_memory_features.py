@@ -344,6 +344,8 @@ _MEMORY_FEATURES = st.sampled_from([
     {"activation_offload": {"fraction": 0.5, "resident_layers": 1}},
     {"memfine": {"chunks": 2}},
     {"memfine": {"chunks": 8}},
+    {"weight_offload": {}},
+    {"weight_offload": {"optimizer": "gpu", "prefetch": 2}},
 ])
 
 
