@@ -23,7 +23,7 @@ NEW_PARTS = {
     "a100-pcie-40gb": ("a100-sxm4-80gb", ["A100-PCIE-40GB", "A100 PCIe 40GB"]),
     "a100-pcie-80gb": ("a100-sxm4-80gb", ["A100 80GB PCIe", "A100-PCIE-80GB", "A100 PCIe"]),
     "h20-96gb": ("h100-sxm5-80gb", ["H20 96GB", "H20", "NVIDIA H20"]),
-    "h100-nvl-94gb": ("h100-sxm5-80gb", ["H100 NVL", "H100-NVL-94GB"]),
+    "h100-nvl-pcie-94gb": ("h100-sxm5-80gb", ["H100 NVL", "H100-NVL-94GB"]),
     "l40s-48gb": ("h100-sxm5-80gb", ["L40S", "l40s_48GB"]),
     "gh200-96gb": ("h100-sxm5-80gb", ["GH200", "GH200 96GB", "Grace Hopper"]),
 }
@@ -93,8 +93,8 @@ def test_datasheet_values_of_the_new_parts(mofa_predictor):
     assert (hw["h20-96gb"].compute.peak_tflops["bf16"], hw["h20-96gb"].memory.hbm_gib) == (148.0, 96.0)
     assert hw["h20-96gb"].interconnect.scaleup_bandwidth_gbps == 450.0
     # H100 NVL: dense = half the datasheet's sparse 1,671 / 3,341; NVLink-bridged pairs
-    assert hw["h100-nvl-94gb"].compute.peak_tflops["fp8"] == 3341.0 / 2
-    assert hw["h100-nvl-94gb"].interconnect.scaleup_domain_gpus == 2
+    assert hw["h100-nvl-pcie-94gb"].compute.peak_tflops["fp8"] == 3341.0 / 2
+    assert hw["h100-nvl-pcie-94gb"].interconnect.scaleup_domain_gpus == 2
     # L40S: no NVLink; peers over PCIe Gen4 x16 (64 GB/s bidirectional)
     assert hw["l40s-48gb"].interconnect.scaleup_bandwidth_gbps == 31.0
     assert hw["l40s-48gb"].memory.hbm_bandwidth_gbps == 864.0

@@ -425,7 +425,7 @@ def test_gpu_descriptions_resolve_to_profiles(mofa_predictor):
              "H100 SXM 80GB": "h100-sxm5-80gb", "H100 PCIe": "h100-pcie-80gb",
              "H100 SXM 96GB HBM2e @500W (Grand Teton)": "h100-sxm-96gb-grandteton",
              "DGX A100": "a100-sxm4-80gb", "A100 40GB": "a100-sxm4-40gb", "GB200 NVL72": "gb200-nvl72",
-             "B200": "b200-sxm-180gb", "Ampere GPUs": None, "A800": None, "TPU v5p": None}
+             "B200": "b200-sxm-180gb", "Ampere GPUs": None, "A800": "a800-sxm4-80gb", "TPU v5p": None}
     for text, want in cases.items():
         got = _lookup_hw(reg, text)
         assert (got.name if got else None) == want, text
