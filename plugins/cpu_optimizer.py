@@ -109,19 +109,23 @@ def host_bytes_per_gpu(batch, model) -> np.ndarray:
     return per_rank.max(axis=0) * (STATE_BYTES + _grad_bytes_per_param(batch))
 
 
+def host_memory_check(feature: str, rows, need, hardware, what: str, fix: str) -> ConstraintResult:
+    """Rows where `feature` is on must fit `need` host bytes per GPU in the node's memory per GPU."""
+    have = hardware.host.cpu_memory_gib * GIB / hardware.gpus_per_node
+    worst = float(np.max(np.where(rows.enabled, need, 0.0))) / GIB
+    return ConstraintResult(
+        name=f"{feature}_host_memory", feasible=~rows.enabled | (need <= have),
+        reason=(f"features.{feature} needs up to {worst:.1f} GiB of host memory per GPU ({what}) but {hardware.name} "
+                f"has {have:.1f} GiB per GPU (host.cpu_memory_gib / gpus_per_node): {fix}"))
+
+
 @hookimpl
 def mofa_candidate_constraints(batch, model, hardware):
     rows = batch.feature("cpu_optimizer")
-    if not rows.enabled.any():
-        return
-    need = host_bytes_per_gpu(batch, model)
-    have = hardware.host.cpu_memory_gib * GIB / hardware.gpus_per_node
-    worst = float(np.max(np.where(rows.enabled, need, 0.0))) / GIB
-    yield ConstraintResult(
-        name="cpu_optimizer_host_memory", feasible=~rows.enabled | (need <= have),
-        reason=(f"features.cpu_optimizer needs up to {worst:.1f} GiB of host memory per GPU (fp32 master weights, "
-                f"Adam states and gradients) but {hardware.name} has {have:.1f} GiB per GPU "
-                f"(host.cpu_memory_gib / gpus_per_node): use more GPUs, shard = true, or the distributed optimizer"))
+    if rows.enabled.any():
+        yield host_memory_check("cpu_optimizer", rows, host_bytes_per_gpu(batch, model), hardware,
+                                "fp32 master weights, Adam states and gradients",
+                                "use more GPUs, shard = true, or the distributed optimizer")
 
 
 def megatron_args(options) -> list[str]:

@@ -61,11 +61,10 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.engine import _grad_bytes_per_param, stage_layout
-from mofa_framework.types import ConstraintResult, MemoryOptimizer, option
-from mofa_framework.units import GIB
+from mofa_framework.types import MemoryOptimizer, option
 from mofa_plugins._overlap import ContentionOptions, contention, opt
 from mofa_plugins.activation_offload import offloaded_share
-from mofa_plugins.cpu_optimizer import params_per_rank
+from mofa_plugins.cpu_optimizer import host_memory_check, params_per_rank
 from mofa_plugins.deepspeed_zero import busiest_stage
 from mofa_plugins.distributed_optimizer import STATE_BYTES, dp_sizes, local_params, shard_fraction, sharded_dp_comm_s
 from mofa_plugins.fsdp import PARAM_BYTES, _nonneg_int, _rest_params, layer_shards
@@ -182,16 +181,10 @@ def host_bytes_per_gpu(batch, model) -> np.ndarray:
 @hookimpl
 def mofa_candidate_constraints(batch, model, hardware):
     rows = batch.feature("weight_offload")
-    if not rows.enabled.any():
-        return
-    need = host_bytes_per_gpu(batch, model)
-    have = hardware.host.cpu_memory_gib * GIB / hardware.gpus_per_node
-    worst = float(np.max(np.where(rows.enabled, need, 0.0))) / GIB
-    yield ConstraintResult(
-        name="weight_offload_host_memory", feasible=~rows.enabled | (need <= have),
-        reason=(f"features.weight_offload needs up to {worst:.1f} GiB of host memory per GPU (weights, gradients and "
-                f"the 1/D share of the fp32 master weights and Adam states) but {hardware.name} has {have:.1f} GiB "
-                f"per GPU (host.cpu_memory_gib / gpus_per_node): use more GPUs or more data parallelism"))
+    if rows.enabled.any():
+        yield host_memory_check("weight_offload", rows, host_bytes_per_gpu(batch, model), hardware,
+                                "weights, gradients and the 1/D share of the fp32 master weights and Adam states",
+                                "use more GPUs or more data parallelism")
 
 
 def applies(batch, model, hardware):

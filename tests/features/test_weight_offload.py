@@ -136,14 +136,13 @@ def test_shares_the_link_with_activation_offload(mofa_predictor):
     r = evaluate(mofa_predictor, DP_JOB, [{"weight_offload": {"prefetch": 0}, "activation_offload": {}},
                                           {"weight_offload": {"prefetch": 0}}])
     hw = r.hardware
-    both, alone = r.state.layers["dense"], r.state.layers["dense"]
-    lay = r.state.layout
-    q = 1.0 - min(1.0, 2 / lay.total[0, 0])  # activation_offload's share, resident_layers = 2, v = 1
-    s = both.act_saved_bytes[0]
-    w_in = alone.offload_exposed_fwd_s[1]  # weights' H2D alone (prefetch 0: all exposed)
-    close(both.offload_exposed_fwd_s[0], max(w_in, q * s / hw.d2h_bandwidth_bytes_per_s))
-    grads_out = alone.offload_exposed_bwd_s[1]  # = max(w_in, g·p/d2h) = g·p/d2h (g = 4 > 2)
-    close(both.offload_exposed_bwd_s[0], max(w_in + q * s / hw.h2d_bandwidth_bytes_per_s, grads_out))
+    d = r.state.layers["dense"]  # row 0: both features, row 1: weight_offload alone
+    q = 1.0 - min(1.0, 2 / r.state.layout.total[0, 0])  # activation_offload's share, resident_layers = 2, v = 1
+    s = d.act_saved_bytes[0]
+    w_in = d.offload_exposed_fwd_s[1]  # the weights' H2D alone (prefetch 0: all exposed)
+    close(d.offload_exposed_fwd_s[0], max(w_in, q * s / hw.d2h_bandwidth_bytes_per_s))
+    grads_out = d.offload_exposed_bwd_s[1]  # = max(w_in, g·p/d2h) = g·p/d2h (g = 4 > 2)
+    close(d.offload_exposed_bwd_s[0], max(w_in + q * s / hw.h2d_bandwidth_bytes_per_s, grads_out))
 
 
 # ------------------------------------------------------------------ contracts
