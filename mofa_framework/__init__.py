@@ -8,6 +8,7 @@ Python API::
     print(result.step_time_s, result.mfu, result.breakdown)
 
     predictor = mofa.Predictor(disabled=["tp_overlap"])   # assemble from chosen plugins
+    timeline = predictor.trace(job)       # Chrome trace-event JSON (mofa_framework.trace)
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import numpy as np
 
 from .batch import CandidateBatch
 from .config import TrainingJob, job_from_dict, jobs_to_batch, load_job as _load_job
-from .engine import Prediction, evaluate
+from .engine import STAGES, Prediction, evaluate
 from .errors import ConfigError, PluginError
 from .manager import MofaPluginManager, get_plugin_manager
 from .types import ConstraintResult, HardwareProfile, ModelSpec
@@ -44,6 +44,12 @@ class PredictionResult:
     #: seconds per pipeline phase on the critical stage
     pipeline_phases: Mapping[str, float]
     provenance: Mapping[str, str]
+    #: GiB per GPU (incl. reserved) on the first, the worst middle and the last pipeline stage
+    #: (only the stages that exist: ``first`` alone when pp = 1, no ``mid`` when pp = 2);
+    #: ``peak_memory_gib`` is the largest
+    stage_memory_gib: Mapping[str, float] = attrs.field(factory=dict)
+    #: the stage whose times set the pipeline (``first``, ``mid`` or ``last``)
+    critical_stage: str = "first"
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -115,15 +121,29 @@ class Predictor:
         for idx in groups.values():
             group = [jobs[i] for i in idx]
             model, hw = group[0].model, group[0].hardware
-            batch = jobs_to_batch(group, self.registry)
-            for r in self.constraints(batch, model, hw):
-                bad = np.flatnonzero(~np.asarray(r.feasible, bool))
-                if len(bad):
-                    raise ConfigError(f"{group[bad[0]].name}: {r.reason}")
-            pred = self.evaluate(batch, model, hw)
+            pred = self._evaluate_jobs(group)
             for k, i in enumerate(idx):
                 results[i] = _result(jobs[i], pred, k)
         return results  # type: ignore[return-value]
+
+    def _evaluate_jobs(self, group: list[TrainingJob]) -> Prediction:
+        """The engine's prediction for jobs sharing a model and hardware, after every constraint."""
+        model, hw = group[0].model, group[0].hardware
+        batch = jobs_to_batch(group, self.registry)
+        for r in self.constraints(batch, model, hw):
+            bad = np.flatnonzero(~np.asarray(r.feasible, bool))
+            if len(bad):
+                raise ConfigError(f"{group[bad[0]].name}: {r.reason}")
+        return self.evaluate(batch, model, hw)
+
+    def trace(self, job, *, all_stages: bool = False) -> dict:
+        """The predicted step of `job` as a Chrome trace-event JSON object (open it in
+        ui.perfetto.dev; see :mod:`mofa_framework.trace`): the first, a middle and the last
+        pipeline stage, or every stage with ``all_stages``."""
+        from .trace import build
+
+        job = _as_job(job, self)
+        return build(self._evaluate_jobs([job]), 0, registry=self.registry, all_stages=all_stages, name=job.name)
 
 
 def _result(job: TrainingJob, pred: Prediction, k: int) -> PredictionResult:
@@ -140,6 +160,9 @@ def _result(job: TrainingJob, pred: Prediction, k: int) -> PredictionResult:
         memory_breakdown={name: f(a) / GIB for name, a in pred.memory_breakdown.items()},
         pipeline_phases={name: f(a) for name, a in pred.phases.items()},
         provenance=dict(pred.provenance),
+        stage_memory_gib={name: float(pred.stage_memory_bytes[i, k]) / GIB for i, name in enumerate(STAGES)
+                          if np.isfinite(pred.stage_memory_bytes[i, k])},
+        critical_stage=STAGES[int(pred.critical_stage[k])],
     )
 
 

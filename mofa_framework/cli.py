@@ -20,7 +20,9 @@ from . import __version__
 from .errors import ConfigError, MofaError
 from .manager import ENV_DISABLED, MofaPluginManager, get_plugin_manager
 
-FORMATS = ("table", "json")
+FORMATS = ("table", "json", "csv", "markdown")
+#: console width when the output is not a terminal: wide enough that no table wraps a cell
+PIPE_WIDTH = 10_000
 
 
 class MofaGroup(click.Group):
@@ -90,8 +92,44 @@ def _emit_json(obj) -> None:
     click.echo(json.dumps(obj, indent=2, default=str))
 
 
-def _table(rows: list[list[str]], headers: list[str], title: str | None = None) -> None:
+def console(min_width: int = 120):
+    """A rich console: the terminal's width on a terminal, unbounded when piped (nothing wraps)."""
     from rich.console import Console
+
+    if not sys.stdout.isatty():
+        return Console(width=PIPE_WIDTH, soft_wrap=True)
+    return Console(width=max(min_width, shutil.get_terminal_size((min_width, 24)).columns))
+
+
+def markdown_table(rows: list[list], headers: list[str], title: str | None = None) -> str:
+    """A GitHub-flavoured Markdown table (cells' ``|`` escaped, line breaks as ``<br>``)."""
+    cell = lambda x: str(x).replace("|", "\\|").replace("\n", "<br>")  # noqa: E731
+    lines = [f"**{title}**", ""] if title else []
+    lines.append("| " + " | ".join(cell(h) for h in headers) + " |")
+    lines.append("|" + "|".join("---" for _ in headers) + "|")
+    lines += ["| " + " | ".join(cell(x) for x in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def csv_table(rows: list[list], headers: list[str]) -> str:
+    import csv
+    import io
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(headers)
+    w.writerows([[str(x).replace("\n", "; ") for x in r] for r in rows])
+    return buf.getvalue()
+
+
+def _table(rows: list[list[str]], headers: list[str], title: str | None = None, fmt: str = "table") -> None:
+    """Print a table as a rich table (``table``), ``csv`` or ``markdown``."""
+    if fmt == "csv":
+        click.echo(csv_table(rows, headers), nl=False)
+        return
+    if fmt == "markdown":
+        click.echo(markdown_table(rows, headers, title))
+        return
     from rich.table import Table
 
     t = Table(title=title, show_lines=False, header_style="bold")
@@ -99,7 +137,7 @@ def _table(rows: list[list[str]], headers: list[str], title: str | None = None) 
         t.add_column(h, overflow="fold")
     for r in rows:
         t.add_row(*[str(x) for x in r])
-    Console(width=max(120, shutil.get_terminal_size((120, 24)).columns)).print(t)
+    console().print(t)
 
 
 # ---------------------------------------------------------------------- list-*
@@ -132,7 +170,8 @@ def list_plugins(state: State, fmt):
         _table([[r["name"], r["distribution"], r["version"], r["status"], ", ".join(r["hooks"]) or "—",
                  "; ".join(f"{k}: {', '.join(v) if len(v) <= 4 else f'{len(v)} records'}"
                            for k, v in r["provides"].items()) or "—"] for r in rows],
-               ["name", "distribution", "version", "status", "hooks", "provides"])
+               ["name", "distribution", "version", "status", "hooks", "provides"], fmt=fmt)
+    if fmt in ("table", "markdown"):
         click.echo("* wrapper   † tryfirst   ‡ trylast")
         failed = [r for r in rows if r["status"] == "failed"]
         for r in failed:
@@ -167,7 +206,7 @@ def list_hardware(state: State, fmt):
                  r["hbm_bandwidth_gbps"], r["scaleup_domain_gpus"], r["scaleup_bandwidth_gbps"],
                  r["scaleout_bandwidth_gbps"], r["plugin"]] for r in rows],
                ["name", "bf16 TFLOPS", "fp8 TFLOPS", "HBM GiB", "HBM GB/s", "scale-up GPUs", "scale-up GB/s",
-                "scale-out GB/s", "plugin"])
+                "scale-out GB/s", "plugin"], fmt=fmt)
 
 
 @cli.command("list-models")
@@ -192,7 +231,8 @@ def list_models(state: State, fmt):
         _table([[r["name"], r["params_b"], r["active_params_b"], r["num_layers"], r["hidden_size"],
                  f"{r['num_attention_heads']}/{r['num_kv_heads']}", r["num_experts"] or "—", r["vocab_size"],
                  r["plugin"]] for r in rows],
-               ["name", "params (B)", "active (B)", "layers", "hidden", "heads/kv", "experts", "vocab", "plugin"])
+               ["name", "params (B)", "active (B)", "layers", "hidden", "heads/kv", "experts", "vocab", "plugin"],
+               fmt=fmt)
 
 
 # ---------------------------------------------------------------------- predict
@@ -278,63 +318,143 @@ def _fmt_s(x: float) -> str:
     return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.3f} s"
 
 
-def print_prediction(r) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def _prediction_tables(r) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, headers, rows) of the breakdown, the memory per stage and the memory breakdown."""
+    bd = [[k, _fmt_s(v), f"{v / r.step_time_s:.1%}", r.provenance.get(k, "")]
+          for k, v in r.breakdown.items() if abs(v) > 0]
+    bd.append(["step", _fmt_s(r.step_time_s), "100%", ""])
+    stages = [[name, f"{gib:.2f}", "worst" if abs(gib - r.peak_memory_gib) < 1e-9 else ""]
+              for name, gib in r.stage_memory_gib.items()]
+    mem = [[k, f"{v:.2f}"] for k, v in r.memory_breakdown.items() if abs(v) > 0 and k != "host"]
+    mem.append(["peak", f"{r.peak_memory_gib:.2f}"])
+    if r.memory_breakdown.get("host"):
+        mem.append(["host (CPU, not in peak)", f"{r.memory_breakdown['host']:.2f}"])
+    return [(f"step time breakdown (critical pipeline stage: {r.critical_stage})", ["component", "time", "share",
+                                                                                   "from"], bd),
+            ("memory per GPU by pipeline stage (incl. reserved)", ["stage", "GiB", ""], stages),
+            ("memory per GPU (worst stage)", ["component", "GiB"], mem)]
 
-    con = Console(width=110)
+
+def _prediction_head(r) -> tuple[str, str]:
     p = r.parallel
-    head = (f"[bold]{r.job}[/]: {r.model} on {r.num_gpus} × {r.hardware} — TP{p['tp']} PP{p['pp']} VPP{p['vpp']} "
+    head = (f"{r.job}: {r.model} on {r.num_gpus} × {r.hardware} — TP{p['tp']} PP{p['pp']} VPP{p['vpp']} "
             f"CP{p['cp']} EP{p['ep']} DP{p['dp']}, mbs {p['micro_batch_size']}, gbs {p['global_batch_size']}, "
             f"seq {p['sequence_length']}, {p['precision']}, schedule {r.schedule}, "
             f"features: {', '.join(r.features) or 'none'}")
-    con.print(head)
-    fit = "[green]fits[/]" if r.fits_in_memory else "[red]does NOT fit[/]"
-    con.print(f"step {_fmt_s(r.step_time_s)} · {r.tokens_per_s_per_gpu:,.0f} tokens/s/GPU · "
-              f"{r.model_tflops_per_gpu:.0f} model TFLOPS/GPU · MFU {r.mfu:.1%} · HFU {r.hfu:.1%} · "
-              f"peak memory {r.peak_memory_gib:.1f} / {r.hbm_gib:.0f} GiB ({fit})")
-    t = Table(title="step time breakdown (critical pipeline stage)", header_style="bold")
-    t.add_column("component")
-    t.add_column("time", justify="right")
-    t.add_column("share", justify="right")
-    t.add_column("from")
-    for k, v in r.breakdown.items():
-        if abs(v) > 0:
-            t.add_row(k, _fmt_s(v), f"{v / r.step_time_s:.1%}", r.provenance.get(k, ""))
-    t.add_row("[bold]step[/]", f"[bold]{_fmt_s(r.step_time_s)}[/]", "100%", "")
-    m = Table(title="memory per GPU (worst stage)", header_style="bold")
-    m.add_column("component")
-    m.add_column("GiB", justify="right")
-    for k, v in r.memory_breakdown.items():
-        if abs(v) > 0 and k != "host":
-            m.add_row(k, f"{v:.2f}")
-    m.add_row("[bold]peak[/]", f"[bold]{r.peak_memory_gib:.2f}[/]")
-    if r.memory_breakdown.get("host"):
-        m.add_row("host (CPU, not in peak)", f"{r.memory_breakdown['host']:.2f}")
-    con.print(t)
-    con.print(m)
+    fit = "fits" if r.fits_in_memory else "does NOT fit"
+    line = (f"step {_fmt_s(r.step_time_s)} · {r.tokens_per_s_per_gpu:,.0f} tokens/s/GPU · "
+            f"{r.model_tflops_per_gpu:.0f} model TFLOPS/GPU · MFU {r.mfu:.1%} · HFU {r.hfu:.1%} · "
+            f"peak memory {r.peak_memory_gib:.1f} / {r.hbm_gib:.0f} GiB ({fit})")
+    return head, line
+
+
+def print_prediction(r, fmt: str = "table") -> None:
+    head, line = _prediction_head(r)
     ph = r.pipeline_phases
-    con.print(f"pipeline phases: warmup {_fmt_s(ph['warmup'])}, steady {_fmt_s(ph['steady'])}, "
+    phases = (f"pipeline phases: warmup {_fmt_s(ph['warmup'])}, steady {_fmt_s(ph['steady'])}, "
               f"cooldown {_fmt_s(ph['cooldown'])}")
+    if fmt == "markdown":
+        click.echo(f"### {head}\n\n{line}\n")
+        for title, headers, rows in _prediction_tables(r):
+            click.echo(markdown_table(rows, headers, title))
+        click.echo(phases)
+        return
+    from rich.table import Table
+
+    con = console(110)
+    bold = lambda x: x.replace(f"{r.job}:", f"[bold]{r.job}[/]:", 1)  # noqa: E731
+    con.print(bold(head), markup=True, highlight=False)
+    con.print(line.replace("(fits)", "([green]fits[/])").replace("(does NOT fit)", "([red]does NOT fit[/])"))
+    for title, headers, rows in _prediction_tables(r):
+        t = Table(title=title, header_style="bold")
+        for h in headers:
+            t.add_column(h, justify="left" if h in ("component", "stage", "from", "") else "right")
+        for row in rows:
+            t.add_row(*[f"[bold]{x}[/]" if row[0] in ("step", "peak") else x for x in row])
+        con.print(t)
+    con.print(phases)
+
+
+def prediction_csv(results) -> str:
+    """One row per job: the headline numbers, every breakdown component and the memory per stage."""
+    comps = list(dict.fromkeys(k for r in results for k in r.breakdown))
+    mems = list(dict.fromkeys(k for r in results for k in r.memory_breakdown))
+    head = ["job", "model", "hardware", "num_gpus", "tp", "pp", "vpp", "cp", "ep", "dp", "micro_batch_size",
+            "global_batch_size", "sequence_length", "precision", "schedule", "features", "step_time_s",
+            "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu", "hfu", "peak_memory_gib", "fits_in_memory",
+            "critical_stage", "memory_first_gib", "memory_mid_gib", "memory_last_gib",
+            *(f"{k}_s" for k in comps), *(f"memory_{k}_gib" for k in mems)]
+    rows = []
+    for r in results:
+        p = r.parallel
+        rows.append([r.job, r.model, r.hardware, r.num_gpus, p["tp"], p["pp"], p["vpp"], p["cp"], p["ep"], p["dp"],
+                     p["micro_batch_size"], p["global_batch_size"], p["sequence_length"], p["precision"],
+                     r.schedule, ";".join(r.features), f"{r.step_time_s:.6g}", f"{r.tokens_per_s_per_gpu:.6g}",
+                     f"{r.model_tflops_per_gpu:.6g}", f"{r.mfu:.6g}", f"{r.hfu:.6g}", f"{r.peak_memory_gib:.6g}",
+                     r.fits_in_memory, r.critical_stage,
+                     *(f"{r.stage_memory_gib[k]:.6g}" if k in r.stage_memory_gib else "" for k in ("first", "mid",
+                                                                                                     "last")),
+                     *(f"{r.breakdown.get(k, 0.0):.6g}" for k in comps),
+                     *(f"{r.memory_breakdown.get(k, 0.0):.6g}" for k in mems)])
+    return csv_table(rows, head)
+
+
+def write_trace_outputs(predictor, job, trace_path: Path | None, plot_path: Path | None, all_stages: bool) -> None:
+    """``--trace FILE.json`` and ``--plot-timeline FILE.png`` of one job."""
+    from .trace import build, timeline_events, write
+
+    pred = predictor._evaluate_jobs([job])
+    tr = build(pred, 0, registry=predictor.registry, all_stages=all_stages, name=job.name)
+    if trace_path is not None:
+        write(tr, trace_path)
+        click.echo(f"trace written to {trace_path} (open it in https://ui.perfetto.dev or chrome://tracing)",
+                   err=True)
+    if plot_path is not None:
+        from .commands._figure import written_path
+        from .simulate import draw_timeline
+
+        out = written_path(plot_path)
+        try:
+            draw_timeline(timeline_events(tr), out, title=f"{job.name}: {job.schedule}, pp {job.parallel.pp}, "
+                                                          f"vpp {job.parallel.vpp} (F blue, B green, W red)")
+        except ImportError:
+            raise ConfigError("--plot-timeline needs matplotlib: pip install 'mofa[plot]'") from None
+        except OSError as exc:
+            raise ConfigError(f"--plot-timeline {plot_path}: cannot write: {exc}") from None
+        click.echo(f"timeline written to {out}", err=True)
 
 
 @cli.command()
 @click.argument("job_files", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
 @job_options
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "jsonl"]), default="table", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "jsonl", "csv", "markdown"]), default="table",
+              show_default=True)
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE.json",
+              help="Also write the step as a Chrome trace-event timeline (open in ui.perfetto.dev).")
+@click.option("--all-stages", is_flag=True, help="With --trace/--plot-timeline: every pipeline stage, not only "
+                                                 "the first, a middle and the last.")
+@click.option("--plot-timeline", "plot_timeline", type=click.Path(dir_okay=False, path_type=Path),
+              metavar="FILE.png", help="Also draw the pipeline timeline (needs matplotlib).")
 @pass_state
-def predict(state: State, job_files, fmt, **flags):
+def predict(state: State, job_files, fmt, trace_path, all_stages, plot_timeline, **flags):
     """Predict step time, throughput, MFU and memory for JOB_FILES (or a job given by flags)."""
     jobs = load_jobs(state, job_files, flags)
-    results = state.predictor().predict(jobs)
+    if (trace_path or plot_timeline) and len(jobs) != 1:
+        raise ConfigError("--trace and --plot-timeline draw one job: give a single job")
+    predictor = state.predictor()
+    results = predictor.predict(jobs)
+    if trace_path or plot_timeline:
+        write_trace_outputs(predictor, jobs[0], trace_path, plot_timeline, all_stages)
     if fmt == "json":
         _emit_json([r.to_dict() for r in results] if len(results) > 1 else results[0].to_dict())
     elif fmt == "jsonl":
         for r in results:
             click.echo(json.dumps(r.to_dict(), default=str))
+    elif fmt == "csv":
+        click.echo(prediction_csv(results), nl=False)
     else:
         for r in results:
-            print_prediction(r)
+            print_prediction(r, fmt)
 
 
 def assemble() -> click.Group:

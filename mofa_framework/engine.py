@@ -454,6 +454,15 @@ class Prediction:
     #: which plugin produced each breakdown component
     provenance: Mapping[str, str]
     state: CostState
+    #: (3, N) seconds per micro-batch of each component per pass (``compute_fwd``, ``tp_fwd``,
+    #: ``tp_bwd``, …) on the first / worst middle / last stage, before the fwd and bwd merge
+    stage_parts: Mapping[str, np.ndarray] = attrs.field(factory=dict)
+    #: (3, N) communication overlap features hid, per micro-batch (``tp_fwd``, ``cp_bwd``, …)
+    stage_hidden_comm: Mapping[str, np.ndarray] = attrs.field(factory=dict)
+    #: (N,) the stage row (0 first, 1 middle, 2 last) whose times the schedule was given
+    critical_stage: np.ndarray | None = None
+    #: (3, N) GPU bytes (incl. reserved) per stage; NaN where the stage does not exist
+    stage_memory_bytes: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.step_time_s)
@@ -580,6 +589,15 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
         "ep_fwd": lambda c: c.ep_exposed_fwd_s, "ep_bwd": lambda c: c.ep_exposed_bwd_s,
         "offload_fwd": lambda c: c.offload_exposed_fwd_s, "offload_bwd": lambda c: c.offload_exposed_bwd_s,
         "dp_layer_fwd": lambda c: c.dp_exposed_fwd_s, "dp_layer_bwd": lambda c: c.dp_exposed_bwd_s,
+        # what overlap features hid (total − exposed): not paid by the step, drawn by the trace
+        "hidden_tp_fwd": lambda c: c.tp_fwd_s - c.tp_exposed_fwd_s,
+        "hidden_tp_bwd": lambda c: c.tp_bwd_s - c.tp_exposed_bwd_s,
+        "hidden_cp_fwd": lambda c: c.cp_fwd_s - c.cp_exposed_fwd_s,
+        "hidden_cp_bwd": lambda c: c.cp_bwd_s - c.cp_exposed_bwd_s,
+        "hidden_ep_fwd": lambda c: c.ep_fwd_s - c.ep_exposed_fwd_s,
+        "hidden_ep_bwd": lambda c: c.ep_bwd_s - c.ep_exposed_bwd_s,
+        "hidden_dp_layer_fwd": lambda c: c.dp_fwd_s - c.dp_exposed_fwd_s,
+        "hidden_dp_layer_bwd": lambda c: c.dp_bwd_s - c.dp_exposed_bwd_s,
     }
     # (3, N) per-micro-batch time of each component on the first / worst middle / last stage
     comp = {k: lay.dense * get(L["dense"]) + (lay.moe * get(L["moe"]) if "moe" in L else 0.0)
@@ -602,6 +620,8 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
     # the training loop's host time per micro-batch, once per model chunk, on every stage
     comp["microbatch_overhead"] = np.broadcast_to(
         hardware.efficiency.microbatch_overhead_s * batch.vpp.astype(np.float64), (3, n)).copy()
+    hidden = {k.removeprefix("hidden_"): comp.pop(k) for k in [k for k in comp if k.startswith("hidden_")]}
+    stage_parts = dict(comp)  # per pass, before fwd and bwd merge: what the trace lays out
     F = (comp["compute_fwd"] + comp["tp_fwd"] + comp["cp_fwd"] + comp["ep_fwd"] + comp["offload_fwd"]
          + comp["dp_layer_fwd"] + comp["microbatch_overhead"])
     B = (comp["compute_bwd_input"] + comp["recompute"] + comp["tp_bwd"] + comp["cp_bwd"] + comp["ep_bwd"]
@@ -661,6 +681,7 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
         "buffers": wpick(mem.buffers_bytes), "reserved": np.full(n, hardware.reserved_memory_bytes),
     }
     peak = sum(mem_bd.values(), z)
+    stage_memory = np.where(exists, mem.gpu_bytes + hardware.reserved_memory_bytes, np.nan)
     mem_bd["host"] = wpick(mem.host_bytes)
 
     tokens = batch.global_batch_size * batch.sequence_length
@@ -687,7 +708,8 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
         peak_memory_bytes=peak, fits_in_memory=peak <= hardware.hbm_bytes,
         breakdown=breakdown, memory_breakdown=mem_bd,
         phases={"warmup": times.warmup_s, "steady": times.steady_s, "cooldown": times.cooldown_s},
-        provenance=prov, state=state,
+        provenance=prov, state=state, stage_parts=stage_parts, stage_hidden_comm=hidden, critical_stage=crit,
+        stage_memory_bytes=stage_memory,
     )
 
 

@@ -74,7 +74,8 @@ SCHEDULE = PipelineSchedule(
     name="dualpipe",
     description="DualPipe (DeepSeek-V3): bidirectional, bubble (p/2-1)(F&B+B-3W), 2x parameters, p+1 activations",
     time=time, inflight=inflight, supports_vpp=False, parameter_copies=2, equation="DualPipe (DeepSeek-V3 Table 2)",
-    min_microbatches=lambda p: 2 * p, order=op_order, feasible=feasible,
+    min_microbatches=lambda p: 2 * p, order=op_order, route=lambda p, v, m: route(p, m),
+    feasible=feasible,
     megatron_args=("# DualPipe: DeepSeek's schedule (github.com/deepseek-ai/DualPipe), not in Megatron-LM mainline",),
 )
 

@@ -39,7 +39,7 @@ import numpy as np
 from mofa_framework import hookimpl
 from mofa_framework.engine import Inflight, PipelineTimes
 from mofa_framework.simulate import greedy_order
-from mofa_framework.types import PipelineSchedule
+from mofa_framework.types import ConstraintResult, PipelineSchedule
 
 
 def _zb_times(x, n_w, chunks, w_credit) -> PipelineTimes:
@@ -139,6 +139,12 @@ def op_order_v(p: int, v: int, m: int, F=1.0, B=1.0, W=1.0) -> list[list[tuple[s
     return greedy_order(p=p, v=2, m=m, limit=lambda s: 2 * p, route=v_route(p), F=F, B=B, W=W)
 
 
+def feasible_v(batch, rows):
+    """ZB-V's V shape is exactly two chunks per stage."""
+    return ConstraintResult(name="zb_v_two_chunks", feasible=batch.vpp == 2,
+                            reason="pipeline.schedule zb-v runs exactly two chunks per stage: set parallel.vpp = 2")
+
+
 ZB_H1 = PipelineSchedule(
     name="zb-h1", aliases=("zb-1p", "zb1p"),
     description="ZeroBubble ZB-H1: 1F1B with split backward, bubble (p-1)(F+B-W) at 1F1B's memory",
@@ -157,7 +163,7 @@ ZB_V = PipelineSchedule(
     name="zb-v", aliases=("zbv",),
     description="ZeroBubble ZB-V: V-shaped 2 chunks per stage, bubble (p-1)(F+B-2W)+ per chunk at 1F1B's memory",
     time=time_v, inflight=inflight_v, supports_vpp=True, requires_vpp=True, equation="ZB-V (Qi et al. 2023, §6)",
-    min_microbatches=lambda p: p, order=op_order_v, route=v_route,
+    min_microbatches=lambda p: p, order=op_order_v, route=lambda p, v, m: v_route(p), feasible=feasible_v,
     megatron_args=("# sail-sg/zero-bubble-pipeline-parallelism fork: --enable-zero-bubble --zero-bubble-v-schedule",),
 )
 

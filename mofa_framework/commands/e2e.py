@@ -13,7 +13,7 @@ import numpy as np
 from ..cli import _emit_json, _table, job_options, load_jobs, pass_state
 from ..e2e import E2EInputs, E2EResult, e2e_inputs, e2e_time
 from ..errors import ConfigError
-from ._figure import figure
+from ._figure import figure, written_path
 
 #: --sweep factor → (e2e_time keyword, parser, minimum, strict, label)
 SWEEP_FACTORS = {
@@ -165,7 +165,8 @@ def _plot(path: Path, factor: str, values: list, r: E2EResult, title: str) -> No
               help=f"Vary one factor: {', '.join(SWEEP_FACTORS)} (others held constant).")
 @click.option("--plot", "plot", type=click.Path(dir_okay=False, path_type=Path),
               help="With --sweep: draw ETTR against the factor into FILE.png (needs matplotlib).")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "markdown"]), default="table",
+              show_default=True)
 @pass_state
 def e2e(state, job_files, interval, failure_rate, save_s, init_s, policy, async_checkpoint, fault_options, step_s,
         sweep, plot, fmt, **flags):
@@ -209,9 +210,9 @@ def e2e(state, job_files, interval, failure_rate, save_s, init_s, policy, async_
                     for v, row in zip(values, rows)],
                    [SWEEP_FACTORS[factor][4], *(["interval (steps)"] if show_interval else []), "failures", "ETTR",
                     "total days", "GPU-hours"],
-                   title=f"{job.name}: sweep of {factor} (step {st:.3f} s, others held constant)")
-            if plot is not None:
-                click.echo(f"plot written to {plot}")
+                   title=f"{job.name}: sweep of {factor} (step {st:.3f} s, others held constant)", fmt=fmt)
+        if plot is not None:
+            click.echo(f"plot written to {written_path(plot)}", err=fmt in ("json", "csv"))
         return
 
     results = [e2e_time(st, **inp.model_kwargs()) for st, inp in zip(steps, inputs)]
@@ -224,4 +225,5 @@ def e2e(state, job_files, interval, failure_rate, save_s, init_s, policy, async_
         return
     for j, inp, r, fit in zip(jobs, inputs, results, fits):
         _table(_summary_rows(inp, r, fit), ["quantity", "value"],
-               title=f"{j.name}: {j.model.name} on {j.num_gpus} × {j.hardware.name}, {j.training.tokens:.4g} tokens")
+               title=f"{j.name}: {j.model.name} on {j.num_gpus} × {j.hardware.name}, {j.training.tokens:.4g} tokens",
+               fmt=fmt)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import sys
+from pathlib import Path
 
 import attrs
 import click
@@ -92,6 +93,16 @@ def build_request(state, job_files, flags, *, tp, pp, vpp, cp, ep, etp, mbs_list
     return req, job
 
 
+def candidate_job(job, cand, reg):
+    """`job` run as the tuner's candidate `cand`: its parallel layout, schedule and features."""
+    from ..config import ParallelConfig
+
+    names = {f.name for f in attrs.fields(ParallelConfig)}
+    parallel = attrs.evolve(job.parallel, **{k: v for k, v in cand.parallel.items() if k in names})
+    feats = {n: reg.features[n].options_type(**o) for n, o in cand.features.items()}
+    return attrs.evolve(job, parallel=parallel, schedule=cand.schedule, features=feats)
+
+
 def _row(c, reg) -> dict:
     p = c.parallel
     return {"rank": c.rank, "step_time_s": round(c.step_time_s, 4), "objective": c.objective_value,
@@ -111,11 +122,13 @@ def _feature_label(name: str, opts: dict, reg) -> str:
     return f"{name}({','.join(f'{a}={b}' for a, b in opts.items())})" if opts else name
 
 
-def _print_table(result, req, reg) -> None:
-    from rich.console import Console
+def _print_table(result, req, reg, fmt: str = "table") -> None:
     from rich.table import Table
 
-    con = Console(width=160)
+    from ..cli import console, markdown_table
+
+    con = console(160)
+    rows = []
     con.print(f"[bold]{req.model.name}[/] on {req.num_gpus} × {req.hardware.name}, global batch "
               f"{req.global_batch_size}, sequence {req.sequence_length}, objective {req.objective}: "
               f"{result.evaluated:,} candidates evaluated of {result.space_size:,} in the space "
@@ -126,8 +139,9 @@ def _print_table(result, req, reg) -> None:
             "schedule", "TP comm", "PP comm", "DP comm", "optimizer", "features"]
     if req.objective != "step_time":
         cols.insert(2, "total" if req.objective == "e2e_time" else "GPU-hours")
+    longest = max((len(x) for c in result.best for x in _row(c, reg)["features"].split(";")), default=8)
     for c in cols:
-        t.add_column(c, overflow="fold")
+        t.add_column(c, overflow="fold", min_width=min(longest, 48) if c == "features" else None)
     for c in result.best:
         r = _row(c, reg)
         cells = [r["rank"], _fmt_s(c.step_time_s), f"{r['memory_gib']:.1f}", f"{r['tflops_per_gpu']:.0f}",
@@ -138,8 +152,12 @@ def _print_table(result, req, reg) -> None:
             cells.insert(2, f"{c.objective_value / 86400:.2f} d")
         elif req.objective == "gpu_hours":
             cells.insert(2, f"{c.objective_value:,.0f}")
-        t.add_row(*[str(x) for x in cells])
-    con.print(t)
+        rows.append([str(x) for x in cells])
+        t.add_row(*rows[-1])
+    if fmt == "markdown":
+        click.echo(markdown_table(rows, cols))
+    else:
+        con.print(t)
     if result.pareto:
         con.print("Pareto front (step time vs peak memory): " + ", ".join(
             f"{_fmt_s(c.step_time_s)} @ {c.peak_memory_gib:.1f} GiB" for c in result.pareto))
@@ -170,12 +188,14 @@ def _print_table(result, req, reg) -> None:
 @click.option("--objective", type=click.Choice(OBJECTIVES), default="step_time", show_default=True)
 @click.option("--top", type=click.IntRange(1, 1000), default=10, show_default=True)
 @click.option("--pareto", is_flag=True, help="Also report the Pareto front of step time vs peak memory.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "megatron"]), default="table",
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "markdown", "megatron"]), default="table",
               show_default=True)
+@click.option("--trace-best", "trace_best", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE.json",
+              help="Also write the best configuration's step as a Chrome trace-event timeline (ui.perfetto.dev).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
 @pass_state
 def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, tokens, flash_attention, moe_load_factor, tp,
-             pp, vpp, cp, ep, etp, mbs_list, schedules, features, objective, top, pareto, fmt, progress):
+             pp, vpp, cp, ep, etp, mbs_list, schedules, features, objective, top, pareto, fmt, trace_best, progress):
     """Find the best parallel strategy and features for a model, GPUs and global batch.
 
     Searches TP × PP × VPP × CP × EP × ETP × micro-batch × schedule × every feature's
@@ -202,6 +222,10 @@ def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, token
     if not result.best:
         raise ConfigError(result.why_empty())
     reg = state.pm.registry
+    if trace_best is not None:
+        from ..cli import write_trace_outputs
+
+        write_trace_outputs(state.predictor(), candidate_job(job, result.best[0], reg), trace_best, None, False)
     if fmt == "json":
         _emit_json({"model": req.model.name, "hardware": req.hardware.name, "num_gpus": req.num_gpus,
                     "objective": req.objective, "evaluated": result.evaluated, "feasible": result.feasible,
@@ -223,6 +247,6 @@ def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, token
             click.echo(f"# {n}")
         click.echo(" \\\n".join(args))
     else:
-        _print_table(result, req, reg)
+        _print_table(result, req, reg, fmt)
         args, notes = megatron_arguments(req.model, result.best[0], reg)
         click.echo("Megatron-LM: " + " ".join(args) + "".join(f"\n  note: {n}" for n in notes))

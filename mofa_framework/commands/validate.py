@@ -17,7 +17,7 @@ from ..calibrate import DEFAULT_PARAMETERS, PARAMETERS
 from ..cli import _table, pass_state
 from ..errors import ConfigError
 from ..types import KEBAB
-from ._figure import figure
+from ._figure import figure, written_path
 
 
 def _pct(x: float | None) -> str:
@@ -89,7 +89,8 @@ def parity_plot(result, path: Path) -> None:
 
 @click.command("validate")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "markdown"]), default="table",
+              show_default=True)
 @click.option("--source", "sources", multiple=True, metavar="TEXT",
               help="Keep rows whose source (file stem) or reference contains TEXT (repeatable).")
 @click.option("--rows", "show_rows", is_flag=True, help="Also list every row (table format).")
@@ -117,7 +118,7 @@ def validate_cmd(state, files, fmt, sources, show_rows, hardware, plot, by):
     groups = group_errors(result.rows, keys) if keys is not None else None
     if plot is not None:
         parity_plot(result, plot)
-        click.echo(f"plot written to {plot}", err=True)
+        click.echo(f"plot written to {written_path(plot)}", err=True)
     if fmt == "json":
         out = result.to_dict()
         if groups is not None:
@@ -149,19 +150,20 @@ def validate_cmd(state, files, fmt, sources, show_rows, hardware, plot, by):
                  _num(r.measured_memory_gib, ".1f") + " / " + f"{r.predicted_memory_gib:.1f}"
                  if r.measured_memory_gib else "—"] for r in result.rows],
                ["source", "row", "model", "hardware", "GPUs", "strategy", "measured s", "predicted s", "error",
-                "memory GiB meas / pred"], title="rows")
-    _table(summary_rows(result), SUMMARY_HEADERS, title="step time: predicted vs measured")
+                "memory GiB meas / pred"], title="rows", fmt=fmt)
+    _table(summary_rows(result), SUMMARY_HEADERS, title="step time: predicted vs measured", fmt=fmt)
     if groups is not None:
         _table([[*map(str, g.key), str(g.step_time.n), _pct(g.step_time.mape), f"{100 * g.step_time.bias:+.1f} %",
                  _pct(g.step_time.max), _pct(g.share_of_error)] for g in groups],
-               [*keys, "rows", "MAPE", "bias", "max", "share of |error|"], title=f"step time by {', '.join(keys)}")
+               [*keys, "rows", "MAPE", "bias", "max", "share of |error|"], title=f"step time by {', '.join(keys)}",
+               fmt=fmt)
     if result.skipped:
         counts: dict[tuple[str, str, str], int] = {}
         for s in result.skipped:
             key = (s.source, s.kind, s.reason)
             counts[key] = counts.get(key, 0) + 1
         _table([[src, kind, str(n), reason] for (src, kind, reason), n in counts.items()],
-               ["source", "kind", "rows", "reason"], title="rows not predicted")
+               ["source", "kind", "rows", "reason"], title="rows not predicted", fmt=fmt)
 
 
 @click.command("calibrate")
@@ -185,7 +187,8 @@ def validate_cmd(state, files, fmt, sources, show_rows, hardware, plot, by):
 @click.option("--name", "new_name", metavar="NAME",
               help="With --write: write it as a new profile NAME (kebab-case; its aliases dropped), e.g. into "
                    "a directory of MOFA_HARDWARE_PATH.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "markdown"]), default="table",
+              show_default=True)
 @pass_state
 def calibrate_cmd(state, files, hardware, params, folds, seed, sources, hold_out, write, all_rows, new_name, fmt):
     """Fit a hardware profile's [efficiency] coefficients to the step times in FILES."""
@@ -219,7 +222,7 @@ def calibrate_cmd(state, files, hardware, params, folds, seed, sources, hold_out
     _table([[k, f"{result.start[k]:.4g}", f"{result.fitted[k]:.4g}",
              left if k in result.not_identifiable else "fitted"]
             for k in result.fitted], ["coefficient", "start", "fitted", ""],
-           title=f"{result.hardware}: {result.rows} rows, {result.method}")
+           title=f"{result.hardware}: {result.rows} rows, {result.method}", fmt=fmt)
     rows = [["all (in-sample)", str(result.rows), _pct(result.before.mape), _pct(result.after.mape),
              _pct(result.after.p90), _pct(result.after.max),
              _pct(result.cross_validated.mape) if result.cross_validated else "—",
@@ -235,6 +238,7 @@ def calibrate_cmd(state, files, hardware, params, folds, seed, sources, hold_out
         for s, st in result.held_back_by_source.items():
             rows.append([f"  {s} (held back)", str(st.n), "", _pct(st.mape), _pct(st.p90), _pct(st.max), "—", "—"])
     _table(rows, ["rows", "n", "MAPE before", "MAPE after", "p90", "max", "held-out MAPE", "held-out max"],
-           title=f"step-time error ({len(result.folds)}-fold cross-validation)" if result.folds else "step-time error")
+           title=f"step-time error ({len(result.folds)}-fold cross-validation)" if result.folds else "step-time error",
+           fmt=fmt)
     if write:
-        click.echo(f"wrote {write}")
+        click.echo(f"wrote {write}", err=fmt == "csv")

@@ -27,7 +27,15 @@ def inflight(x):
     return Inflight(first=x.m, mid=x.m, last=x.m)
 
 
+def op_order(p, v, m):
+    """Per stage: the forwards of every micro-batch chunk by chunk, then the backwards in reverse
+    (for the simulator and ``mofa predict --trace``; Megatron's interleaved placement)."""
+    fwd = [("F", mb, c) for c in range(v) for mb in range(m)]
+    bwd = [("BW", mb, c) for c in reversed(range(v)) for mb in range(m)]
+    return [fwd + bwd for _ in range(p)]
+
+
 @hookimpl
 def mofa_register_pipeline_schedules():
     return [PipelineSchedule(name="breadth-first", description="breadth-first pipeline (Lamy-Poirier 2022)",
-                             time=time, inflight=inflight, supports_vpp=True)]
+                             time=time, inflight=inflight, supports_vpp=True, order=op_order)]
