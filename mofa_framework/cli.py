@@ -399,6 +399,58 @@ def prediction_csv(results) -> str:
     return csv_table(rows, head)
 
 
+def source_text(source: str) -> tuple[str, str]:
+    """(text, where): the file `source` names, standard input for ``-``, else `source` itself
+    (arguments or a config given on the command line)."""
+    if source == "-":
+        return sys.stdin.read(), "standard input"
+    path = Path(source)
+    try:
+        is_file = "\n" not in source and path.is_file()
+    except OSError:  # e.g. a whole argument list is too long a file name
+        is_file = False
+    if is_file:
+        try:
+            return path.read_text(), str(path)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: cannot read: {exc}") from None
+    if not source.lstrip().startswith("-") and "=" not in source and "\n" not in source:
+        raise ConfigError(f"{source}: no such file (give a launch script or config file, '-' for standard input, "
+                          "or the arguments themselves in quotes)")
+    return source, "the command line"
+
+
+def _megatron_job(state: State, source: str, flags: dict):
+    """A job from ``--megatron-args`` (an argument string, or the path of a launch script)."""
+    from .megatron import read_source
+
+    others = [k for k, v in flags.items() if k not in ("model", "hardware", "gpus") and v not in (None, (), False)]
+    if others:
+        raise ConfigError(f"--megatron-args gives the job; only --hardware, --gpus and --model go with it "
+                          f"(got --{others[0].replace('_', '-')})")
+    text, _ = source_text(source)
+    predictor = state.predictor()
+    res = read_source(text, predictor.registry, kind="megatron", hardware=flags.get("hardware"),
+                      num_gpus=flags.get("gpus"), model=flags.get("model"), name="megatron")
+    report_import(res)
+    return predictor.job(res.job, name=res.job["name"])
+
+
+def report_import(res) -> None:
+    """What became of the Megatron arguments, on stderr."""
+    model = res.job["model"].get("name", "?")
+    kind = "the zoo model" if res.model_match else ("an inline model" if "num_layers" in res.job["model"]
+                                                     else "the model")
+    click.echo(f"megatron: {kind} {model}; {len(res.used)} flags used, {len(res.ignored)} ignored "
+               f"(change nothing MoFa models)", err=True)
+    if res.ignored:
+        click.echo(f"  ignored: {' '.join(res.ignored)}", err=True)
+    if res.unknown:
+        click.echo(f"  unknown (not read): {' '.join(res.unknown)}", err=True)
+    for n in res.notes:
+        click.echo(f"  note: {n}", err=True)
+
+
 def write_trace_outputs(predictor, job, trace_path: Path | None, plot_path: Path | None, all_stages: bool) -> None:
     """``--trace FILE.json`` and ``--plot-timeline FILE.png`` of one job."""
     from .trace import build, timeline_events, write
@@ -427,6 +479,9 @@ def write_trace_outputs(predictor, job, trace_path: Path | None, plot_path: Path
 @cli.command()
 @click.argument("job_files", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
 @job_options
+@click.option("--megatron-args", "megatron_args", metavar="ARGS|SCRIPT",
+              help="Read the job from Megatron-LM arguments (quoted) or a launch script's path; with --hardware "
+                   "and --gpus (unless its torchrun line says), optionally --model.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "jsonl", "csv", "markdown"]), default="table",
               show_default=True)
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE.json",
@@ -436,9 +491,14 @@ def write_trace_outputs(predictor, job, trace_path: Path | None, plot_path: Path
 @click.option("--plot-timeline", "plot_timeline", type=click.Path(dir_okay=False, path_type=Path),
               metavar="FILE.png", help="Also draw the pipeline timeline (needs matplotlib).")
 @pass_state
-def predict(state: State, job_files, fmt, trace_path, all_stages, plot_timeline, **flags):
+def predict(state: State, job_files, fmt, megatron_args, trace_path, all_stages, plot_timeline, **flags):
     """Predict step time, throughput, MFU and memory for JOB_FILES (or a job given by flags)."""
-    jobs = load_jobs(state, job_files, flags)
+    if megatron_args is not None:
+        if job_files:
+            raise ConfigError("give either job files or --megatron-args, not both")
+        jobs = [_megatron_job(state, megatron_args, flags)]
+    else:
+        jobs = load_jobs(state, job_files, flags)
     if (trace_path or plot_timeline) and len(jobs) != 1:
         raise ConfigError("--trace and --plot-timeline draw one job: give a single job")
     predictor = state.predictor()

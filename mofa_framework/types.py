@@ -423,6 +423,11 @@ class Feature:
     feasible: Callable | None = None
     #: optional ``(options) -> list[str]``: the Megatron-LM arguments that turn it on
     megatron_args: Callable | None = None
+    #: optional ``(args: MegatronArgs) -> dict | None``, the inverse of ``megatron_args``: given a
+    #: launch's parsed Megatron-LM arguments (:class:`mofa_framework.megatron.MegatronArgs`), the
+    #: feature's options (a ``[features.<name>]`` table, ``{}`` for the defaults) when they turn it
+    #: on, else None. Every flag it reads counts as understood by ``mofa import megatron``
+    from_megatron: Callable | None = None
     #: optional ``(batch, model, hardware) -> BoolArray``: rows where turning the feature on
     #: can change anything (the tuner skips it elsewhere, as on ≡ off there); None = all rows
     applies: Callable | None = None
@@ -475,11 +480,18 @@ class PipelineSchedule:
     equation: str = ""
     #: the Megatron-LM arguments selecting it (beyond the parallel sizes)
     megatron_args: tuple[str, ...] = ()
+    #: optional ``(args: MegatronArgs) -> bool``: whether parsed Megatron-LM arguments select it
+    #: (``mofa import megatron``); without one, Megatron's own choice (1F1B, interleaved when
+    #: vpp > 1) stands
+    from_megatron: Callable | None = None
     #: other names it is known by (e.g. the ZeroBubble paper's "ZB-1p")
     aliases: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
-    #: optional ``(p, v, m) -> per-stage op lists`` for :mod:`mofa_framework.simulate`
+    #: optional ``(p, v, m) -> per-stage op lists`` for :mod:`mofa_framework.simulate` and the
+    #: trace (:mod:`mofa_framework.trace`); it may also take keywords ``F``, ``B``, ``W`` (the
+    #: critical stage's per-chunk times) to adapt a heuristic order to them
     order: Callable | None = None
-    #: optional ``(mb) -> stage of each virtual stage`` placement for the simulator (V shapes)
+    #: optional ``(p, v, m) -> (mb -> [(stage, chunk), ...])``: the hops each micro-batch's forward
+    #: takes (V shapes, bidirectional pipelines); None = Megatron's interleaved placement
     route: Callable | None = None
     #: optional ``(batch, rows: BoolArray) -> ConstraintResult`` for rows using this schedule
     feasible: Callable | None = None

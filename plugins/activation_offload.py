@@ -92,12 +92,24 @@ def megatron_args(options) -> list[str]:
     return ["--cpu-offloading"]  # Megatron-Core/TE; set --cpu-offloading-num-layers from `fraction`
 
 
+def from_megatron(args):
+    """``--cpu-offloading``; ``--cpu-offloading-num-layers N`` offloads N of the layers each model
+    chunk holds (read as that fraction of the layers)."""
+    if not args.has("--cpu-offloading"):
+        return None
+    n = args.number("--cpu-offloading-num-layers", 0)
+    layers, par = args.number("--num-layers", 0), args.parallel
+    per_chunk = layers / max(par.get("pp", 1) * par.get("vpp", 1), 1)
+    return {"fraction": min(1.0, n / per_chunk)} if n and per_chunk else {}
+
+
 FEATURE = MemoryOptimizer(
     name="activation_offload",
     description="asynchronously offload each layer's activations to host memory during the next layer's "
                 "forward and prefetch them during backward",
     equation="[33]-[35]",
     megatron_args=megatron_args,
+    from_megatron=from_megatron,
     options_type=ActivationOffloadOptions,
     layer=layer,
     memory=memory,

@@ -46,6 +46,12 @@ def layer(state, rows):
                           lambda attn, comm: ring(attn, comm, c, alpha, beta))
 
 
+def from_megatron(args):
+    """On for context parallelism with the p2p (ring) communication, Megatron's default ``--cp-comm-type``."""
+    kind = (args.values("--cp-comm-type") or ("p2p",))[0]
+    return {} if args.parallel.get("cp", 1) > 1 and kind == "p2p" else None
+
+
 FEATURE = OverlapStrategy(
     name="cp_overlap",
     description="ring attention: each step's attention hides the next K/V p2p transfer",
@@ -53,6 +59,7 @@ FEATURE = OverlapStrategy(
     options_type=CpOverlapOptions,
     layer=layer,
     applies=lambda batch, model, hardware: batch.cp > 1,
+    from_megatron=from_megatron,
     megatron_args=lambda o: ["--cp-comm-type", "p2p"],  # TE ring attention overlaps each step's K/V transfer
 )
 

@@ -135,12 +135,23 @@ def megatron_args(options) -> list[str]:
     return out + (["--overlap-cpu-optimizer-d2h-h2d"] if options.overlap else [])
 
 
+def from_megatron(args):
+    """``--optimizer-cpu-offload`` (sharded when the distributed optimizer is on; overlapped with
+    ``--overlap-cpu-optimizer-d2h-h2d``). MoFa offloads the whole update: a fraction below 1
+    (``--optimizer-offload-fraction``) is read as 1."""
+    if not args.has("--optimizer-cpu-offload"):
+        return None
+    args.number("--optimizer-offload-fraction", 1.0, float)
+    return {"shard": args.has("--use-distributed-optimizer"), "overlap": args.has("--overlap-cpu-optimizer-d2h-h2d")}
+
+
 FEATURE = MemoryOptimizer(
     name="cpu_optimizer",
     description="keep fp32 master weights and Adam states in host memory and run the update on the CPU "
                 "(ZeRO-Offload / --optimizer-cpu-offload): D2H gradients, CPU Adam, H2D parameters",
     equation="[27],[28]",
     megatron_args=megatron_args,
+    from_megatron=from_megatron,
     options_type=CpuOptimizerOptions,
     optimizer=optimizer,
     memory=memory,

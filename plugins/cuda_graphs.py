@@ -89,12 +89,27 @@ def megatron_args(options) -> list[str]:
     return ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", *[m for m in MODULES if getattr(o, m)]]
 
 
+def from_megatron(args):
+    """``--cuda-graph-impl local`` or scope ``full_iteration``: the whole iteration; ``transformer_engine``:
+    per module (``--cuda-graph-scope``; none given = every module). ``--enable-cuda-graph`` /
+    ``--external-cuda-graph`` are the older spellings of local / per module."""
+    impl = args.value("--cuda-graph-impl", "none")
+    scope = args.values("--cuda-graph-scope")
+    local, external = args.has("--enable-cuda-graph"), args.has("--external-cuda-graph")
+    if impl == "none" and not (local or external):
+        return None
+    if impl in ("local", "full_iteration") or local or "full_iteration" in scope:
+        return {"scope": "full_iteration"}
+    return {"scope": "per_module", **({m: m in scope for m in MODULES} if scope else {})}
+
+
 FEATURE = CostTransform(
     name="cuda_graphs",
     description="CUDA graphs: captured layer operators are replayed without the host's per-kernel dispatch "
                 "(the profile's host_dispatch_s floor)",
     equation="Δt_op = t_op(host_dispatch_s = 0) − t_op for the operators in scope",
     megatron_args=megatron_args,
+    from_megatron=from_megatron,
     options_type=CudaGraphsOptions,
     layer=layer,
     after=("fp8", "nvfp4"),

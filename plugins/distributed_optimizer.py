@@ -134,6 +134,22 @@ def megatron_args(options) -> list[str]:
     return ["--use-distributed-optimizer", *bf16]
 
 
+def from_megatron(args):
+    """``--use-distributed-optimizer`` (ZeRO-1), or Megatron-FSDP with ``--data-parallel-sharding-strategy
+    optim_grads`` (ZeRO-2: ``shard_gradients``); not with FSDP's ``optim_grads_params`` (the ``fsdp``
+    feature) or the CPU optimizer (the ``cpu_optimizer`` feature, which shards by itself)."""
+    dist = args.has("--use-distributed-optimizer")
+    fsdp = args.has("--use-custom-fsdp") | args.has("--use-megatron-fsdp")
+    strategy = args.value("--data-parallel-sharding-strategy", "optim_grads_params")
+    dtype = "bf16" if args.has("--grad-reduce-in-bf16") else "fp32"
+    if args.has("--optimizer-cpu-offload"):
+        return None
+    if fsdp:
+        return {"shard_gradients": strategy == "optim_grads", "grad_reduce_dtype": dtype} if strategy in (
+            "optim", "optim_grads") else None
+    return {"grad_reduce_dtype": dtype} if dist else None
+
+
 FEATURE = MemoryOptimizer(
     name="distributed_optimizer",
     description="shard fp32 master weights and Adam states over the data-parallel group (Megatron "
@@ -141,6 +157,7 @@ FEATURE = MemoryOptimizer(
                 "reduce-scattered and bf16 parameters all-gathered",
     equation="[25],[26]",
     megatron_args=megatron_args,
+    from_megatron=from_megatron,
     options_type=DistributedOptimizerOptions,
     optimizer=optimizer,
     memory=memory,

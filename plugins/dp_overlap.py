@@ -97,6 +97,12 @@ def optimizer(state, rows):
     return attrs.evolve(state, opt=attrs.evolve(o, dp_exposed_s=exposed))
 
 
+def from_megatron(args):
+    """On with ``--overlap-grad-reduce`` or ``--overlap-param-gather`` (Megatron's DDP overlaps)."""
+    grad, param = args.has("--overlap-grad-reduce"), args.has("--overlap-param-gather")
+    return {} if grad or param else None
+
+
 FEATURE = OverlapStrategy(
     name="dp_overlap",
     description="hide gradient reduce-scatters behind cooldown backwards and parameter all-gathers behind "
@@ -108,6 +114,7 @@ FEATURE = OverlapStrategy(
     applies=lambda batch, model, hardware: (batch.dp * batch.cp > 1) | (
         (batch.tp * batch.cp * batch.dp > batch.ep * batch.etp) if model.is_moe else False),
     megatron_args=lambda o: ["--overlap-grad-reduce", "--overlap-param-gather"],
+    from_megatron=from_megatron,
 )
 
 

@@ -63,6 +63,11 @@ def layer(state, rows):
     return attrs.evolve(state, layers={**state.layers, "moe": new})
 
 
+def from_megatron(args):
+    """On with ``--overlap-moe-expert-parallel-comm``."""
+    return {} if args.has("--overlap-moe-expert-parallel-comm") else None
+
+
 FEATURE = OverlapStrategy(
     name="ep_overlap",
     description="forward compute of one micro-batch hides another's backward all-to-all, and vice versa",
@@ -71,6 +76,7 @@ FEATURE = OverlapStrategy(
     layer=layer,
     applies=lambda batch, model, hardware: (batch.ep > 1) & model.is_moe,
     megatron_args=lambda o: ["--overlap-moe-expert-parallel-comm"],
+    from_megatron=from_megatron,
 )
 
 

@@ -132,6 +132,18 @@ def megatron_args(options) -> list[str]:
     return ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", options.backend]
 
 
+def from_megatron(args):
+    """``--moe-token-dispatcher-type flex`` with ``--moe-flex-dispatcher-backend`` (Megatron's
+    default: deepep; backends MoFa does not know are read as deepep); ``--moe-enable-deepep`` is
+    the older spelling."""
+    flex = args.value("--moe-token-dispatcher-type") == "flex"
+    legacy = args.has("--moe-enable-deepep")
+    backend = args.value("--moe-flex-dispatcher-backend", "deepep")
+    if not (flex or legacy):
+        return None
+    return {"backend": backend if backend in BACKENDS and not legacy else "deepep"}
+
+
 FEATURE = CostTransform(
     name="flex_dispatcher",
     description="DeepEP / HybridEP token dispatch: each token crosses the scale-out network once per "
@@ -140,6 +152,7 @@ FEATURE = CostTransform(
     options_type=FlexDispatcherOptions,
     layer=layer,
     megatron_args=megatron_args,
+    from_megatron=from_megatron,
     applies=_applies,
     before=("kernel_scaling", "ep_overlap", "recompute", "memfine", "activation_offload"),
 )

@@ -116,12 +116,23 @@ def megatron_args(options) -> list[str]:
     return ["--fp8-format", "hybrid", "--fp8-recipe", options.recipe if options is not None else "delayed"]
 
 
+def from_megatron(args):
+    """``--fp8-format`` (hybrid or e4m3) turns it on; ``--fp8-recipe`` is the scaling recipe
+    (Megatron's default: delayed)."""
+    fmt = args.value("--fp8-format")
+    recipe = args.value("--fp8-recipe", "delayed")
+    if fmt is None:
+        return None
+    return {"recipe": recipe} if recipe in RECIPES else {}
+
+
 FEATURE = CostTransform(
     name="fp8",
     description="FP8 GEMMs with Transformer Engine: GEMMs at the fp8 peak (attention stays bf16), cast "
                 "kernels, fp8 weight (+ transpose) caches, fp8-saved GEMM inputs",
     equation="Δt = Σ_GEMM t(fp8)/η − t(row precision) + casts; M_w += P_gemm·(1+1)",
     megatron_args=megatron_args,
+    from_megatron=from_megatron,
     options_type=Fp8Options,
     layer=layer,
     memory=memory,

@@ -217,6 +217,19 @@ def megatron_args(options) -> list[str]:
     return out
 
 
+def from_megatron(args):
+    """Megatron-FSDP (``--use-megatron-fsdp``, formerly ``--use-custom-fsdp``) sharding parameters,
+    gradients and optimizer states (``--data-parallel-sharding-strategy optim_grads_params``, the
+    default), or PyTorch FSDP2 (``--use-torch-fsdp2``)."""
+    mfsdp = args.has("--use-custom-fsdp") | args.has("--use-megatron-fsdp")
+    torch_fsdp = args.has("--use-torch-fsdp2")
+    strategy = args.value("--data-parallel-sharding-strategy", "optim_grads_params")
+    bf16 = args.has("--grad-reduce-in-bf16") | (args.value("--megatron-fsdp-grad-comm-dtype") == "bf16")
+    if torch_fsdp or (mfsdp and strategy == "optim_grads_params"):
+        return {"grad_reduce_dtype": "bf16" if bf16 else "fp32"}
+    return None
+
+
 FEATURE = MemoryOptimizer(
     name="fsdp",
     description="fully shard parameters, gradients and optimizer states over data parallelism (ZeRO-3 / FSDP / "
@@ -229,6 +242,7 @@ FEATURE = MemoryOptimizer(
     optimizer=optimizer,
     memory=memory,
     megatron_args=megatron_args,
+    from_megatron=from_megatron,
     before=("dp_overlap",),
     after=("fp8", "kernel_scaling", "memfine", "recompute"),
     conflicts=("distributed_optimizer", "cpu_optimizer"),

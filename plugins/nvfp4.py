@@ -84,12 +84,24 @@ def megatron_args(options) -> list[str]:
     return out
 
 
+def from_megatron(args):
+    """``--fp4-format`` turns it on; ``--first-last-layers-bf16 --num-layers-at-end-in-bf16 N`` keeps
+    the last N layers in bf16."""
+    if args.value("--fp4-format") is None:
+        return None
+    args.value("--fp4-recipe")
+    keep = args.has("--first-last-layers-bf16")
+    n = args.number("--num-layers-at-end-in-bf16", 0)
+    return {"bf16_layers_at_end": n} if keep and n else {}
+
+
 FEATURE = CostTransform(
     name="nvfp4",
     description="NVFP4 GEMMs with Transformer Engine (NVIDIA's recipe): GEMMs at the fp4 peak, attention "
                 "and norms bf16, row- and column-wise block-scaled casts, NVFP4 weight copies and saved inputs",
     equation="Δt = Σ_GEMM t(fp4)/η − t(row precision) + casts (3.125 B/element); M_w += P_gemm·1.125",
     megatron_args=megatron_args,
+    from_megatron=from_megatron,
     options_type=Nvfp4Options,
     layer=layer,
     memory=memory,

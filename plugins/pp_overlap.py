@@ -42,6 +42,15 @@ def pipeline(state, rows):
     return attrs.evolve(state, pipe=attrs.evolve(p, steady_p2p_s=np.where(applies, exposed, p.steady_p2p_s)))
 
 
+def from_megatron(args):
+    """Megatron-LM overlaps p2p with compute in the interleaved schedule unless
+    ``--no-overlap-p2p-communication`` (older releases: ``--overlap-p2p-communication``), and
+    turns it off for the non-interleaved one whatever the flags say."""
+    off, on = args.has("--no-overlap-p2p-communication"), args.has("--overlap-p2p-communication")
+    interleaved = args.parallel.get("pp", 1) > 1 and args.parallel.get("vpp", 1) > 1
+    return {} if interleaved and (on or not off) else None
+
+
 FEATURE = OverlapStrategy(
     name="pp_overlap",
     description="steady-phase p2p of one micro-batch hidden behind the next chunk's compute",
@@ -50,6 +59,7 @@ FEATURE = OverlapStrategy(
     pipeline=pipeline,
     applies=lambda batch, model, hardware: batch.pp > 1,
     megatron_args=lambda o: ["--overlap-p2p-communication"],
+    from_megatron=from_megatron,
 )
 
 

@@ -190,12 +190,31 @@ def megatron_args(options) -> list[str]:
     return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
 
 
+def from_megatron(args):
+    """``--recompute-granularity selective`` (with ``--recompute-modules``; ``--recompute-activations``
+    is the old spelling) or ``full`` (``--recompute-method block --recompute-num-layers N`` recomputes
+    N layers per chunk; ``uniform`` recomputes them all)."""
+    gran = args.value("--recompute-granularity")
+    method = args.value("--recompute-method")
+    n = args.number("--recompute-num-layers", 0)
+    modules = args.values("--recompute-modules")
+    if args.has("--recompute-activations"):
+        gran = gran or "selective"
+    if gran == "selective":
+        chosen = [m for m in modules if m in RECOMPUTE_MODULES]
+        return {} if chosen in ([], ["core_attn"]) else {m: True for m in chosen}
+    if gran == "full":
+        return {"granularity": "full", "num_layers": n} if method == "block" and n else {"granularity": "full"}
+    return None
+
+
 FEATURE = MemoryOptimizer(
     name="recompute",
     description="activation recomputation: selective (attention core) or full (whole layers, Megatron "
                 "--recompute-granularity/--recompute-num-layers)",
     equation="[29]-[32]",
     megatron_args=megatron_args,
+    from_megatron=from_megatron,
     options_type=RecomputeOptions,
     layer=layer,
     after=("fp8", "kernel_scaling", "tp_overlap", "cp_overlap", "ep_overlap"),

@@ -54,6 +54,11 @@ def layer(state, rows):
                           lambda gemm, comm: pipelined(gemm, comm, n, alpha, beta))
 
 
+def from_megatron(args):
+    """On with ``--tp-comm-overlap`` (Transformer Engine's userbuffers GEMM/collective overlap)."""
+    return {} if args.has("--tp-comm-overlap") else None
+
+
 FEATURE = OverlapStrategy(
     name="tp_overlap",
     description="pipeline each TP collective with its adjacent GEMM in n chunks (Megatron --tp-comm-overlap)",
@@ -62,6 +67,7 @@ FEATURE = OverlapStrategy(
     layer=layer,
     applies=lambda batch, model, hardware: (batch.tp > 1) & batch.sequence_parallel,
     megatron_args=lambda o: ["--tp-comm-overlap"],
+    from_megatron=from_megatron,
 )
 
 

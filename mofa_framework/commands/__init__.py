@@ -12,6 +12,7 @@ _COMMANDS: tuple[tuple[str, str], ...] = (
     ("tune", "tune_cmd"),
     ("validate", "validate_cmd"),
     ("validate", "calibrate_cmd"),
+    ("importer", "import_cmd"),
 )
 
 

@@ -1,0 +1,82 @@
+"""``mofa import megatron|nemo``: a job file from the arguments a training run was launched with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..cli import pass_state, report_import, source_text
+from ..errors import ConfigError
+from ..megatron import read_source, to_toml
+
+
+def _import(state, kind: str, source: str, hardware, gpus, model, name, output, fmt) -> None:
+    text, where = source_text(source)
+    predictor = state.predictor()
+    res = read_source(text, predictor.registry, kind=kind, hardware=hardware, num_gpus=gpus, model=model,
+                      name=name or (Path(source).stem if where not in ("standard input", "the command line")
+                                    else kind))
+    predictor.job(res.job, name=f"{where} (as imported)")  # the job must load, or nothing is written
+    report_import(res)
+    origin = Path(where).name if where not in ("standard input", "the command line") else where
+    header = [f"imported by `mofa import {kind}` from {origin}", *(f"note: {n}" for n in res.notes)]
+    if res.unknown:
+        header.append(f"unknown flags (not read): {' '.join(res.unknown)}")
+    if fmt == "json":
+        import json
+
+        body = json.dumps(res.job, indent=2) + "\n"
+    else:
+        body = to_toml(res.job, header)
+    if output is None:
+        click.echo(body, nl=False)
+        return
+    try:
+        Path(output).write_text(body)
+    except OSError as exc:
+        raise ConfigError(f"-o {output}: cannot write: {exc}") from None
+    click.echo(f"wrote {output}", err=True)
+
+
+def _common(f):
+    for opt in reversed([
+        click.argument("source"),
+        click.option("--hardware", help="Hardware profile (the arguments do not say; see mofa list-hardware)."),
+        click.option("--gpus", type=click.IntRange(min=1), help="GPUs (default: the launcher's nproc × nodes)."),
+        click.option("--model", help="Zoo model or HuggingFace config.json, instead of matching the shape."),
+        click.option("--name", help="The job's name (default: the file's stem)."),
+        click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), metavar="JOB.toml",
+                     help="Write the job file here (default: standard output)."),
+        click.option("--format", "fmt", type=click.Choice(["toml", "json"]), default="toml", show_default=True),
+    ]):
+        f = opt(f)
+    return f
+
+
+@click.group("import")
+def import_cmd():
+    """Write a MoFa job from a Megatron-LM launch or a NeMo / Megatron-Bridge config."""
+
+
+@import_cmd.command("megatron")
+@_common
+@pass_state
+def import_megatron(state, source, hardware, gpus, model, name, output, fmt):
+    """A job from a Megatron-LM launch script or argument list (SOURCE: a file, '-', or the
+    arguments in quotes).
+
+    Variables, arrays, defaults and line continuations of the script are evaluated; the
+    torchrun line gives the GPU count. The model's shape is matched against the zoo. Unknown
+    flags are listed, not fatal; flags that change nothing MoFa models are named as ignored.
+    """
+    _import(state, "megatron", source, hardware, gpus, model, name, output, fmt)
+
+
+@import_cmd.command("nemo")
+@_common
+@pass_state
+def import_nemo(state, source, hardware, gpus, model, name, output, fmt):
+    """A job from a NeMo / Megatron-Bridge config: YAML (NeMo 1 or a dumped ConfigContainer),
+    a printed NeMo 2.0 recipe (``key=value`` trees) or ``model.key=value`` overrides."""
+    _import(state, "nemo", source, hardware, gpus, model, name, output, fmt)
