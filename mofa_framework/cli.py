@@ -467,8 +467,9 @@ def write_trace_outputs(predictor, job, trace_path: Path | None, plot_path: Path
 
         out = written_path(plot_path)
         try:
-            draw_timeline(timeline_events(tr), out, title=f"{job.name}: {job.schedule}, pp {job.parallel.pp}, "
-                                                          f"vpp {job.parallel.vpp} (F blue, B green, W red)")
+            draw_timeline(timeline_events(tr), out, stages=tr["otherData"]["stages_shown"],
+                          title=f"{job.name}: {job.schedule}, pp {job.parallel.pp}, vpp {job.parallel.vpp} "
+                                "(F blue, B green, W red)")
         except ImportError:
             raise ConfigError("--plot-timeline needs matplotlib: pip install 'mofa[plot]'") from None
         except OSError as exc:

@@ -209,8 +209,9 @@ def peak_inflight(timeline: Sequence[Event], p: int | None = None) -> np.ndarray
 _COLORS = {"F": "#4c72b0", "B": "#55a868", "W": "#c44e52", "BW": "#8172b2"}
 
 
-def draw_timeline(timeline: Sequence[Event], path, title: str = "") -> None:
-    """Draw `timeline` as one row per stage (a Gantt chart) into the image file `path`."""
+def draw_timeline(timeline: Sequence[Event], path, title: str = "", stages: Sequence[int] | None = None) -> None:
+    """Draw `timeline` as one row per stage (a Gantt chart) into the image file `path`;
+    `stages` lists the stages to draw (default: 0 to the last one in the timeline)."""
     try:
         import matplotlib
 
@@ -218,16 +219,20 @@ def draw_timeline(timeline: Sequence[Event], path, title: str = "") -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise ImportError("draw_timeline needs matplotlib: pip install 'mofa[plot]'") from None
-    p = max(e[0] for e in timeline) + 1 if timeline else 1
+    stages = list(stages) if stages is not None else list(range(max(e[0] for e in timeline) + 1 if timeline else 1))
+    row = {s: k for k, s in enumerate(stages)}
+    p = len(stages)
     end = max((e[5] for e in timeline), default=1.0)
     fig, ax = plt.subplots(figsize=(max(6.0, min(24.0, len(timeline) / (2.0 * p))), 0.45 * p + 1.2))
     for s, kind, mb, c, t0, t1 in timeline:
-        ax.barh(s, t1 - t0, left=t0, height=0.8, color=_COLORS[kind], alpha=0.55 + 0.45 * (c % 2 == 0),
+        if s not in row:
+            continue
+        ax.barh(row[s], t1 - t0, left=t0, height=0.8, color=_COLORS[kind], alpha=0.55 + 0.45 * (c % 2 == 0),
                 edgecolor="black", linewidth=0.3)
         if t1 - t0 > end / 150:
-            ax.text((t0 + t1) / 2, s, str(mb), ha="center", va="center", fontsize=6)
+            ax.text((t0 + t1) / 2, row[s], str(mb), ha="center", va="center", fontsize=6)
     ax.set_yticks(range(p))
-    ax.set_yticklabels([f"stage {s}" for s in range(p)])
+    ax.set_yticklabels([f"stage {s}" for s in stages])
     ax.invert_yaxis()
     ax.set_xlabel("time (s)")
     ax.set_title(title or "pipeline timeline (F blue, B green, W red, BW purple; numbers: micro-batch)")

@@ -247,38 +247,39 @@ def _draw_stage(lanes, s, evs, k_s, shrink, dur, parts, hidden, r, visits, hops,
     return counter
 
 
+#: per pass drawn on the compute thread: its category, the stage_parts keys of its compute and
+#: the suffix of its communication keys
+_PASSES = {"F": ("forward", ("compute_fwd", "microbatch_overhead"), "fwd"),
+           "B": ("backward-input", ("compute_bwd_input", "recompute"), "bwd")}
+
+
 def _draw_op(lanes: _Lanes, s: int, kind: str, mb: int, c: int, t: float, parts, hidden, r: int,
              visits: float) -> float:
     """Slices of one op starting at `t`: compute, then each exposed communication; returns its end."""
     per = lambda key: float(parts[key][r]) / visits  # noqa: E731
-    args = {"micro_batch": mb, "chunk": c}
-    if kind == "F":
-        dur = per("compute_fwd") + per("microbatch_overhead")
-        start = t
-        lanes.add(s, "compute", f"F mb{mb} c{c}", t, dur, "forward",
-                  {**args, "compute_s": per("compute_fwd"), "host_s": per("microbatch_overhead")})
-        t += dur
-        for stream, key in _PASS_COMM:
-            d = per(f"{key}_fwd")
-            lanes.add(s, stream, f"{stream.upper()} F mb{mb}", t, d, "exposed", args)
-            t += d
-        _hidden(lanes, s, "F", mb, start, hidden, r, visits, "fwd")
-        return t
-    if kind in ("B", "BW"):
-        dur = per("compute_bwd_input") + per("recompute")
-        start = t
-        lanes.add(s, "compute", f"B mb{mb} c{c}", t, dur, "backward-input",
-                  {**args, "compute_s": per("compute_bwd_input"), "recompute_s": per("recompute")})
-        t += dur
-        for stream, key in _PASS_COMM:
-            d = per(f"{key}_bwd")
-            lanes.add(s, stream, f"{stream.upper()} B mb{mb}", t, d, "exposed", args)
-            t += d
-        _hidden(lanes, s, "B", mb, start, hidden, r, visits, "bwd")
+    if kind in ("F", "B", "BW"):
+        t = _draw_pass(lanes, s, "F" if kind == "F" else "B", mb, c, t, per, hidden, r, visits)
     if kind in ("W", "BW"):
         d = per("compute_bwd_weight")
-        lanes.add(s, "compute", f"W mb{mb} c{c}", t, d, "backward-weight", args)
+        lanes.add(s, "compute", f"W mb{mb} c{c}", t, d, "backward-weight", {"micro_batch": mb, "chunk": c})
         t += d
+    return t
+
+
+def _draw_pass(lanes: _Lanes, s: int, name: str, mb: int, c: int, t: float, per, hidden, r: int,
+               visits: float) -> float:
+    """A forward or an input-gradient backward: its compute slice (arguments: the seconds of each
+    part), the exposed communication after it, the overlapped communication under it."""
+    cat, keys, direction = _PASSES[name]
+    args = {"micro_batch": mb, "chunk": c}
+    dur = sum(per(k) for k in keys)
+    lanes.add(s, "compute", f"{name} mb{mb} c{c}", t, dur, cat, {**args, **{f"{k}_s": per(k) for k in keys}})
+    start, t = t, t + dur
+    for stream, key in _PASS_COMM:
+        d = per(f"{key}_{direction}")
+        lanes.add(s, stream, f"{stream.upper()} {name} mb{mb}", t, d, "exposed", args)
+        t += d
+    _hidden(lanes, s, name, mb, start, hidden, r, visits, direction)
     return t
 
 

@@ -69,3 +69,10 @@ def test_third_party_distribution_adds_gpu_and_schedule(wheel_env):
                            "--schedule", "breadth-first", "--format", "json", cwd=tmp).stdout)
     assert pred["hardware"] == "example-h100-nvl16" and pred["schedule"] == "breadth-first"
     assert pred["parallel"]["tp"] == 16  # TP 16 stays inside the 16-GPU NVLink domain
+    # the installed third-party schedule gets a Perfetto trace in its own op order, with no extra code
+    _run(mofa, "predict", "--model", "gpt3-175b", "--hardware", "example-h100-nvl16", "--gpus", "64", "--tp", "16",
+         "--pp", "4", "--vpp", "2", "--gbs", "64", "--seq", "4096", "--schedule", "breadth-first",
+         "--trace", tmp / "step.json", cwd=tmp)
+    trace = json.loads((tmp / "step.json").read_text())
+    assert trace["otherData"]["order"] == "schedule 'breadth-first'"
+    assert trace["otherData"]["step_time_s"] == pytest.approx(pred["step_time_s"])
