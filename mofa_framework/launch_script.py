@@ -417,7 +417,7 @@ def read_script(text: str, environ: dict[str, str] | None = None) -> LaunchComma
                 launch = attrs.evolve(found, launcher=(*outer, *found.launcher), notes=(*sh.notes, *found.notes))
             continue
         prog = next((k for k, w in enumerate(words) if w.endswith(".py")), None)
-        if prog is not None:
+        if prog is not None and (launch is None or _is_training(words[prog]) or not _is_training(launch.program)):
             launch = LaunchCommand(launcher=tuple(words[:prog]), program=words[prog],
                                    arguments=tuple(words[prog + 1:]), notes=tuple(sh.notes),
                                    variables=tuple(_flat_vars({**sh.environ, **prefix, **sh.vars})))
@@ -437,6 +437,12 @@ def read_script(text: str, environ: dict[str, str] | None = None) -> LaunchComma
         launch = LaunchCommand(launcher=(), program="", arguments=tuple(words[first:]), notes=tuple(sh.notes),
                                variables=tuple(_flat_vars({**sh.environ, **sh.vars})))
     return launch
+
+
+def _is_training(program: str) -> bool:
+    """A training entry point (``pretrain_gpt.py``, ``train.py``): preferred over other programs
+    a script runs (data preprocessing, checkpoint conversion), whichever comes last."""
+    return bool(re.search(r"(^|/)(pre)?train[^/]*\.py$", program))
 
 
 def _simple_command(words: list[str]) -> list[str]:

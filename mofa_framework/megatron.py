@@ -417,13 +417,20 @@ def _parallel(a: MegatronArgs, num_layers: int | None, notes: list[str]) -> dict
     vpp = a.number("--num-virtual-stages-per-pipeline-rank", None)
     per_chunk = a.number("--num-layers-per-virtual-pipeline-stage", None)
     if vpp is None and per_chunk:
-        if num_layers is None or num_layers % pp or (num_layers // pp) % per_chunk:
+        counted = (num_layers or 0) + a.has("--account-for-embedding-in-pipeline-split") + a.has(
+            "--account-for-loss-in-pipeline-split")
+        if num_layers is None or counted % pp or (counted // pp) % per_chunk:
             raise ConfigError(f"--num-layers-per-virtual-pipeline-stage {per_chunk}: the layers per stage "
-                              f"({num_layers} / {pp}) must be a multiple of it")
-        vpp = num_layers // pp // per_chunk
+                              f"({counted} / {pp}) must be a multiple of it")
+        vpp = counted // pp // per_chunk
     if a.has("--pipeline-model-parallel-layout"):
         notes.append("--pipeline-model-parallel-layout is not read: give first_stage_layers / last_stage_layers "
                      "and vpp in the job if the layout is uneven")
+    # the embedding / the loss counted as a layer of the first / last stage's share
+    emb, loss = a.has("--account-for-embedding-in-pipeline-split"), a.has("--account-for-loss-in-pipeline-split")
+    if (emb or loss) and pp > 1 and num_layers is not None and not (first or last):
+        per_stage = (num_layers + emb + loss) // pp
+        first, last = per_stage - emb, per_stage - loss
     par = {"tp": tp, "pp": pp, "vpp": vpp or 1, "cp": a.number("--context-parallel-size", 1),
            "ep": a.number("--expert-model-parallel-size", 1), "etp": a.number("--expert-tensor-parallel-size", 0)}
     if first:

@@ -196,6 +196,25 @@ def test_model_flag_and_missing_inputs(registry):
                   registry, hardware=H100, num_gpus=8)
 
 
+def test_uneven_stages_from_accounting_flags(registry):
+    """Megatron counts the embedding (loss) as a layer of the first (last) stage: 80 layers + 2 on
+    PP 4 are 20.5 — not divisible; 78 + 2 = 80 are 20 per stage, so 19 + 20 + 20 + 19."""
+    words = ["--pipeline-model-parallel-size", "4", "--seq-length", "1024", "--global-batch-size", "8",
+             "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+             "--num-layers", "78", "--hidden-size", "1024", "--num-attention-heads", "8", "--vocab-size", "32000"]
+    r = from_args(words, registry, hardware=H100, num_gpus=8)
+    assert (r.job["parallel"]["first_stage_layers"], r.job["parallel"]["last_stage_layers"]) == (19, 19)
+    r = from_args(words + ["--num-layers-per-virtual-pipeline-stage", "5"], registry, hardware=H100, num_gpus=8)
+    assert r.job["parallel"]["vpp"] == 4
+
+
+def test_the_training_program_is_the_launch_line():
+    text = "python tools/preprocess_data.py --input x\ntorchrun pretrain_gpt.py --num-layers 2\n" \
+           "python tools/checkpoint/convert.py --model-type GPT\n"
+    r = read_script(text)
+    assert r.program == "pretrain_gpt.py" and r.arguments == ("--num-layers", "2")
+
+
 def test_match_model_compares_the_shape(registry):
     llama = registry.model("llama3-8b")
     fields = {k: getattr(llama, k) for k in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
