@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from .errors import ConfigError
+from .errors import ConfigError, UnknownRecordError
 
 #: Megatron-LM flags that change nothing MoFa models (exact names)
 IGNORED_FLAGS = frozenset("""
@@ -568,10 +568,12 @@ def read_source(text: str, registry, *, kind: str, hardware: str | None, num_gpu
         flags, gpus, notes = flags_from_config(text)
         if model is None and "--num-layers" not in flags:
             for cand in config_model_names(text):
-                if registry.aliases.get(("models", " ".join(cand.lower().replace("_", "-").split()))):
+                try:
                     model = registry.model(cand).name
-                    notes.append(f"the model is the zoo's {model}, after the recipe's config class")
-                    break
+                except UnknownRecordError:
+                    continue
+                notes.append(f"the model is the zoo's {model}, after the recipe's config class")
+                break
         return from_args(flags, registry, hardware=hardware, num_gpus=num_gpus or gpus, model=model, name=name,
                          notes=notes)
     from .launch_script import launcher_gpus, read_script

@@ -339,6 +339,13 @@ def megatron_args(options) -> list[str]:
             + f"; Megatron-DeepSpeed: --zero-stage {o.stage}"]
 
 
+def from_megatron(args):
+    """Megatron-DeepSpeed's ``--zero-stage N`` (its launch scripts pass the stage of their DeepSpeed
+    config this way): ZeRO stage N; 0 is off."""
+    stage = args.number("--zero-stage", 0)
+    args.has("--deepspeed")
+    return {"stage": stage} if stage in STAGES else None
+
 FEATURE = MemoryOptimizer(
     name="deepspeed_zero",
     description="DeepSpeed ZeRO stage 1/2/3 with DeepSpeed's communication: bucketed gradient all-reduce "
@@ -354,6 +361,7 @@ FEATURE = MemoryOptimizer(
     feasible=feasible,
     applies=applies,
     megatron_args=megatron_args,
+    from_megatron=from_megatron,
     after=("fp8", "kernel_scaling", "memfine", "recompute"),
     conflicts=("distributed_optimizer", "fsdp", "cpu_optimizer", "dp_overlap"),
 )

@@ -275,6 +275,14 @@ class _ClaimingSchedule:
                              from_megatron=lambda a: a.has("--enable-fork-schedule"))]
 
 
+def test_megatron_deepspeed_zero_stage(registry):
+    words = ["--deepspeed", "--zero-stage", "2", "--seq-length", "1024", "--global-batch-size", "16", "--bf16"]
+    r = from_args(words, registry, hardware=H100, num_gpus=8, model="llama3-8b")
+    assert r.job["features"]["deepspeed_zero"] == {"stage": 2} and {"--deepspeed", "--zero-stage"} <= set(r.used)
+    r = from_args(words[:2] + ["0"] + words[3:], registry, hardware=H100, num_gpus=8, model="llama3-8b")
+    assert "deepspeed_zero" not in r.job.get("features", {})
+
+
 def test_a_schedule_can_claim_its_flags():
     pr = Predictor(plugins={"claiming_schedule": _ClaimingSchedule()})
     words = ["--pipeline-model-parallel-size", "2", "--seq-length", "1024", "--global-batch-size", "8",
