@@ -9,6 +9,7 @@ problem is a :class:`~mofa_framework.errors.ConfigError` whose one-line message 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import tomllib
@@ -23,23 +24,33 @@ from attrs import validators as v
 
 from .batch import PRECISIONS, CandidateBatch, FeatureRows
 from .errors import ConfigError, UnknownRecordError
+from .limits import INT64_MAX, limit, optional, short
 from .types import ModelSpec
 
-_pos = [v.instance_of(int), v.ge(1)]
 
 
 def _converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=True)
-    # TOML gives ints where floats are meant; accept them, reject strings and booleans
+    # TOML gives ints where floats are meant; accept them, reject strings, booleans, NaN and ±inf
     def float_hook(x, _):
         if isinstance(x, bool) or not isinstance(x, (int, float)):
-            raise ValueError(f"expected a number, got {x!r}")
-        return float(x)
+            raise ValueError(f"expected a number, got {short(x)}")
+        try:
+            out = float(x)
+        except OverflowError:
+            raise ValueError(f"expected a number below 1e308, got {short(x)}") from None
+        if not math.isfinite(out):
+            raise ValueError(f"expected a finite number, got {x!r}")
+        return out
 
+    # a count is an integer: `tp = 2.0` is refused rather than silently truncated or accepted
     def int_hook(x, _):
-        if isinstance(x, bool) or not (isinstance(x, int) or (isinstance(x, float) and x.is_integer())):
-            raise ValueError(f"expected an integer, got {x!r}")
-        return int(x)
+        if isinstance(x, bool) or not isinstance(x, int):
+            hint = f" (write {int(x)})" if isinstance(x, float) and x.is_integer() and abs(x) < 1e15 else ""
+            raise ValueError(f"expected an integer, got {short(x)}{hint}")
+        if abs(x) > INT64_MAX:
+            raise ValueError(f"integer {short(x)} is too large (see docs/bad-inputs.md for each field's bound)")
+        return x
 
     def bool_hook(x, _):
         if not isinstance(x, bool):
@@ -48,7 +59,7 @@ def _converter() -> cattrs.Converter:
 
     def str_hook(x, _):
         if not isinstance(x, str):
-            raise ValueError(f"expected a string, got {x!r}")
+            raise ValueError(f"expected a string, got {short(x)}")
         return x
 
     conv.register_structure_hook(float, float_hook)
@@ -73,11 +84,28 @@ def _format(exc: BaseException, type_) -> str:
     if isinstance(exc, KeyError):
         return "required key is missing"
     if isinstance(exc, cattrs.ForbiddenExtraKeysError):
-        return f"unknown key(s) {', '.join(sorted(exc.extra_fields))} (check the spelling; see docs/job-file.md)"
+        return f"unknown key(s) {listing(sorted(map(str, exc.extra_fields)))} (check the spelling; see docs/job-file.md)"
     return _text(exc)
 
 
+def listing(names, limit: int = 8) -> str:
+    """``a, b, c`` — at most `limit` names, then how many more (an error line stays short)."""
+    names = [short(n, 40) if not isinstance(n, str) else (n if len(n) <= 40 else n[:39] + "…") for n in names]
+    if len(names) <= limit:
+        return ", ".join(names)
+    return f"{', '.join(names[:limit])}, … and {len(names) - limit:,} more"
+
+
 def _one_line(exc: Exception, where: str) -> str:
+    """`where` is ``<file>`` or ``<file>: <section path>``; a problem's own key path extends it."""
+    head, _, base = where.partition(": ")
+    if not re.fullmatch(r"[\w.\-]+", base):
+        head, base = where, ""
+
+    def at(path: str, text: str) -> str:
+        full = ".".join(x for x in (base, path) if x)
+        return f"{full}: {text}" if full else text
+
     if isinstance(exc, cattrs.BaseValidationError):
         msgs = cattrs.transform_error(exc, path="$", format_exception=_format)
         out = []
@@ -85,9 +113,15 @@ def _one_line(exc: Exception, where: str) -> str:
             text, _, path = m.rpartition(" @ ")
             path = path.removeprefix("$").lstrip(".")
             path = re.sub(r"\['([^']+)'\]", r".\1", path).lstrip(".")
-            out.append(f"{path}: {text}" if path else text)
-        return f"{where}: " + "; ".join(out)
-    return f"{where}: {_text(exc)}"
+            attr = re.match(r"^'(\w+)':? (.*)$", text)  # an attrs validator names its attribute
+            if attr:
+                path, text = f"{path}.{attr.group(1)}".lstrip("."), attr.group(2)
+            out.append(at(path, text))
+        more = f"; … and {len(out) - 3} more problems" if len(out) > 3 else ""
+        return f"{head}: " + "; ".join(out[:3]) + more
+    text = _text(exc)
+    attr = re.match(r"^'(\w+)':? (.*)$", text)
+    return f"{head}: " + (at(attr.group(1), attr.group(2)) if attr else at("", text))
 
 
 def structure(data: Any, cls, where: str):
@@ -127,15 +161,32 @@ def user_toml_files(variable: str) -> list[Path]:
     return [p for d in user_directories(variable) for p in sorted(d.glob("*.toml"))]
 
 
+def shown_path(path) -> str:
+    """A path as an error line shows it: at most 120 characters (a 5,000-character path is elided)."""
+    text = str(path)
+    return text if len(text) <= 120 else f"{text[:50]}…{text[-60:]} ({len(text):,} characters)"
+
+
 def read_toml(path: str | Path) -> dict:
+    """A TOML file as a dict; ConfigError (one line naming the file) for anything unreadable."""
     p = Path(path)
+    shown = shown_path(p)
     try:
         with p.open("rb") as fh:
             return tomllib.load(fh)
     except FileNotFoundError:
-        raise ConfigError(f"{p}: no such file") from None
+        raise ConfigError(f"{shown}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{shown}: is a directory, not a job file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{shown}: not UTF-8 text (byte {exc.start}): TOML files must be UTF-8; "
+                          "re-save it as UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{p}: malformed TOML: {exc}") from None
+        raise ConfigError(f"{shown}: malformed TOML: {str(exc)[:200]}") from None
+    except RecursionError:
+        raise ConfigError(f"{shown}: malformed TOML: nested too deeply") from None
+    except OSError as exc:  # a symlink loop, a name too long, no permission, a device
+        raise ConfigError(f"{shown}: cannot read: {exc.strerror or type(exc).__name__}") from None
 
 
 # ====================================================================== sections
@@ -144,28 +195,28 @@ def read_toml(path: str | Path) -> dict:
 @attrs.frozen(kw_only=True)
 class HardwareSection:
     name: str
-    num_gpus: int = attrs.field(validator=_pos)
+    num_gpus: int = attrs.field(validator=limit("hardware.num_gpus"))
 
 
 @attrs.frozen(kw_only=True)
 class ParallelConfig:
     """Parallel sizes and batch shape (Megatron's argument meanings)."""
 
-    tp: int = attrs.field(default=1, validator=_pos)
-    pp: int = attrs.field(default=1, validator=_pos)
-    vpp: int = attrs.field(default=1, validator=_pos)
-    cp: int = attrs.field(default=1, validator=_pos)
-    ep: int = attrs.field(default=1, validator=_pos)
+    tp: int = attrs.field(default=1, validator=limit("parallel.tp"))
+    pp: int = attrs.field(default=1, validator=limit("parallel.pp"))
+    vpp: int = attrs.field(default=1, validator=limit("parallel.vpp"))
+    cp: int = attrs.field(default=1, validator=limit("parallel.cp"))
+    ep: int = attrs.field(default=1, validator=limit("parallel.ep"))
     #: expert tensor parallel size; 0 = Megatron-Core's default (= tp)
-    etp: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])
-    micro_batch_size: int = attrs.field(default=1, validator=_pos)
-    global_batch_size: int = attrs.field(validator=_pos)
-    sequence_length: int = attrs.field(validator=_pos)
+    etp: int = attrs.field(default=0, validator=limit("parallel.etp"))
+    micro_batch_size: int = attrs.field(default=1, validator=limit("parallel.micro_batch_size"))
+    global_batch_size: int = attrs.field(validator=limit("parallel.global_batch_size"))
+    sequence_length: int = attrs.field(validator=limit("parallel.sequence_length"))
     #: None = on whenever tp > 1 (Megatron-Core's recommendation)
     sequence_parallel: bool | None = None
     precision: str = attrs.field(default="bf16", validator=v.in_(PRECISIONS))
-    first_stage_layers: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])
-    last_stage_layers: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])
+    first_stage_layers: int = attrs.field(default=0, validator=limit("parallel.first_stage_layers"))
+    last_stage_layers: int = attrs.field(default=0, validator=limit("parallel.last_stage_layers"))
     flash_attention: bool = True
 
 
@@ -178,7 +229,7 @@ class PipelineSection:
 @attrs.frozen(kw_only=True)
 class TrainingSection:
     #: tokens to train on (for end-to-end time); 0 = not given
-    tokens: float = attrs.field(default=0.0, validator=v.ge(0.0))
+    tokens: float = attrs.field(default=0.0, validator=limit("training.tokens"))
 
 
 @attrs.frozen(kw_only=True)
@@ -187,42 +238,55 @@ class FaultSettings:
 
     policy: str = "three-level"
     #: λ: failures per node per day
-    node_failures_per_day: float = attrs.field(default=0.005, validator=v.ge(0.0))
+    node_failures_per_day: float = attrs.field(default=0.005, validator=limit("fault.node_failures_per_day"))
     #: checkpoint interval in steps; 0 = the optimal interval of eq. [44]
-    checkpoint_interval_steps: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])
+    checkpoint_interval_steps: int = attrs.field(default=0, validator=limit("fault.checkpoint_interval_steps"))
     #: seconds one checkpoint save stalls training; None = derived from size and storage bandwidth
-    checkpoint_save_s: float | None = attrs.field(default=None, validator=v.optional(v.ge(0.0)))
+    checkpoint_save_s: float | None = attrs.field(default=None, validator=optional("fault.checkpoint_save_s"))
     #: job initialisation time, seconds; None = derived (checkpoint load + start-up)
-    init_s: float | None = attrs.field(default=None, validator=v.optional(v.ge(0.0)))
+    init_s: float | None = attrs.field(default=None, validator=optional("fault.init_s"))
     #: asynchronous checkpointing: only the GPU→host snapshot stalls training
     async_checkpoint: bool = False
     #: bytes one parameter occupies in a checkpoint (bf16 weights + fp32 master + Adam m, v)
-    checkpoint_bytes_per_param: float = attrs.field(default=14.0, validator=v.gt(0.0))
+    checkpoint_bytes_per_param: float = attrs.field(default=14.0, validator=limit("fault.checkpoint_bytes_per_param"))
     #: job start-up, seconds, and its growth per node (fit to paper Table 5's T_init)
-    startup_s: float = attrs.field(default=121.09, validator=v.ge(0.0))
-    startup_per_node_s: float = attrs.field(default=0.832, validator=v.ge(0.0))
+    startup_s: float = attrs.field(default=121.09, validator=limit("fault.startup_s"))
+    startup_per_node_s: float = attrs.field(default=0.832, validator=limit("fault.startup_per_node_s"))
     #: options of the chosen policy (read into the policy's options type)
     options: dict[str, Any] = attrs.field(factory=dict)
 
 
-def _int_list(x):
-    return None if x is None else tuple(x)
+def _search_values(key: str | None):
+    """A `[search]` list: None (the default range) or a non-empty list, each value within `key`'s bound."""
+
+    def validate(inst, attribute, value):
+        if value is None:
+            return
+        if not value:
+            raise ValueError(f"'{attribute.name}': an empty list searches nothing: give at least one value, or "
+                             "remove the key for the default range")
+        if key is not None:
+            for x in value:
+                limit(key)(inst, attribute, x)
+
+    return validate
 
 
 @attrs.frozen(kw_only=True)
 class SearchSection:
     """`[search]`: the ranges `mofa tune` explores (unset = the default space)."""
 
-    tp: tuple[int, ...] | None = None
-    pp: tuple[int, ...] | None = None
-    vpp: tuple[int, ...] | None = None
-    cp: tuple[int, ...] | None = None
-    ep: tuple[int, ...] | None = None
-    etp: tuple[int, ...] | None = None
-    micro_batch_size: tuple[int, ...] | None = None
-    schedules: tuple[str, ...] | None = None
+    tp: tuple[int, ...] | None = attrs.field(default=None, validator=_search_values("parallel.tp"))
+    pp: tuple[int, ...] | None = attrs.field(default=None, validator=_search_values("parallel.pp"))
+    vpp: tuple[int, ...] | None = attrs.field(default=None, validator=_search_values("parallel.vpp"))
+    cp: tuple[int, ...] | None = attrs.field(default=None, validator=_search_values("parallel.cp"))
+    ep: tuple[int, ...] | None = attrs.field(default=None, validator=_search_values("parallel.ep"))
+    etp: tuple[int, ...] | None = attrs.field(default=None, validator=_search_values("parallel.etp"))
+    micro_batch_size: tuple[int, ...] | None = attrs.field(default=None,
+                                                          validator=_search_values("parallel.micro_batch_size"))
+    schedules: tuple[str, ...] | None = attrs.field(default=None, validator=_search_values(None))
     #: features to search (each off or on with its options' search values); None = all tunable
-    features: tuple[str, ...] | None = None
+    features: tuple[str, ...] | None = attrs.field(default=None, validator=_search_values(None))
 
 
 @attrs.frozen(kw_only=True)
@@ -310,11 +374,14 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
 def resolve_model(section: Mapping[str, Any], registry, where: str) -> ModelSpec:
     data = dict(section)
     name = data.get("name")
+    for key in ("name", "config"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise ConfigError(f"{where}: model.{key}: expected a string, got {short(data[key])}")
     if "config" in data:  # [model] config = "path/to/config.json"
         base = model_from_hf_config(data.pop("config"))
         data.pop("name", None)
         merged = {**converter.unstructure(base), **data}
-        return structure(merged, ModelSpec, f"{where} [model]")
+        return structure(merged, ModelSpec, f"{where}: model")
     if name is not None and len(data) == 1:
         return registry.model(name, field=f"{where}: model.name")
     if name is not None:
@@ -325,7 +392,7 @@ def resolve_model(section: Mapping[str, Any], registry, where: str) -> ModelSpec
             merged = data  # an inline model with a new name
     else:
         merged = {"name": "custom", **data}
-    return structure(merged, ModelSpec, f"{where} [model]")
+    return structure(merged, ModelSpec, f"{where}: model")
 
 
 # ====================================================================== jobs

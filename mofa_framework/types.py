@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 from attrs import validators as v
 
+from .limits import limit
 from .units import DTYPE_BYTES, GIB, gbps_to_bytes_per_s, tflops_to_flops_per_s
 
 KEBAB = re.compile(r"^[a-z0-9][a-z0-9.\-]*$")
@@ -63,12 +64,12 @@ class ModelSpec:
     """
 
     name: str = attrs.field(validator=_kebab)
-    num_layers: int = attrs.field(validator=_pos_int)
-    hidden_size: int = attrs.field(validator=_pos_int)
-    num_attention_heads: int = attrs.field(validator=_pos_int)
-    num_kv_heads: int = attrs.field(validator=_pos_int)
-    ffn_hidden_size: int = attrs.field(validator=_pos_int)
-    vocab_size: int = attrs.field(validator=_pos_int)
+    num_layers: int = attrs.field(validator=limit("model.num_layers"))
+    hidden_size: int = attrs.field(validator=limit("model.hidden_size"))
+    num_attention_heads: int = attrs.field(validator=limit("model.num_attention_heads"))
+    num_kv_heads: int = attrs.field(validator=limit("model.num_kv_heads"))
+    ffn_hidden_size: int = attrs.field(validator=limit("model.ffn_hidden_size"))
+    vocab_size: int = attrs.field(validator=limit("model.vocab_size"))
     display_name: str = ""
     aliases: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
     source: str = ""
@@ -78,31 +79,31 @@ class ModelSpec:
     position_embedding: str = attrs.field(default="rope", validator=v.in_(("rope", "learned", "alibi", "none")))
     tied_embeddings: bool = False
     dropout: bool = False
-    head_dim: int = attrs.field(default=0, validator=_nonneg_int)
-    max_sequence_length: int = attrs.field(default=0, validator=_nonneg_int)
-    num_experts: int = attrs.field(default=0, validator=_nonneg_int)
-    experts_per_token: int = attrs.field(default=0, validator=_nonneg_int)
-    moe_ffn_hidden_size: int = attrs.field(default=0, validator=_nonneg_int)
-    num_shared_experts: int = attrs.field(default=0, validator=_nonneg_int)
-    first_k_dense_layers: int = attrs.field(default=0, validator=_nonneg_int)
+    head_dim: int = attrs.field(default=0, validator=limit("model.head_dim"))
+    max_sequence_length: int = attrs.field(default=0, validator=limit("model.max_sequence_length"))
+    num_experts: int = attrs.field(default=0, validator=limit("model.num_experts"))
+    experts_per_token: int = attrs.field(default=0, validator=limit("model.experts_per_token"))
+    moe_ffn_hidden_size: int = attrs.field(default=0, validator=limit("model.moe_ffn_hidden_size"))
+    num_shared_experts: int = attrs.field(default=0, validator=limit("model.num_shared_experts"))
+    first_k_dense_layers: int = attrs.field(default=0, validator=limit("model.first_k_dense_layers"))
     #: group-limited routing (DeepSeek-V3; Megatron's --moe-router-num-groups / --moe-router-group-topk,
     #: HF n_group / topk_group): the experts form this many groups and a token's top-k experts come
     #: from its best ``moe_router_group_topk`` groups. 0 = unrestricted routing
-    moe_router_num_groups: int = attrs.field(default=0, validator=_nonneg_int)
-    moe_router_group_topk: int = attrs.field(default=0, validator=_nonneg_int)
-    moe_layer_frequency: int = attrs.field(default=1, validator=_pos_int)
+    moe_router_num_groups: int = attrs.field(default=0, validator=limit("model.moe_router_num_groups"))
+    moe_router_group_topk: int = attrs.field(default=0, validator=limit("model.moe_router_group_topk"))
+    moe_layer_frequency: int = attrs.field(default=1, validator=limit("model.moe_layer_frequency"))
     #: routing load imbalance: token-expert pairs on the busiest expert-parallel rank over the mean
     #: (1 = balanced, as NVIDIA's benchmarks force it; dropless routing in training is above 1; with
     #: token dropping and padding to capacity it is the capacity factor). The busiest rank sets the
     #: pace of every EP rank: its expert compute, all-to-all volume and expert activations scale by it
-    moe_load_factor: float = attrs.field(default=1.0, converter=float, validator=v.ge(1.0))
-    q_lora_rank: int = attrs.field(default=0, validator=_nonneg_int)
-    kv_lora_rank: int = attrs.field(default=0, validator=_nonneg_int)
-    qk_nope_head_dim: int = attrs.field(default=0, validator=_nonneg_int)
-    qk_rope_head_dim: int = attrs.field(default=0, validator=_nonneg_int)
-    v_head_dim: int = attrs.field(default=0, validator=_nonneg_int)
-    num_mtp_layers: int = attrs.field(default=0, validator=_nonneg_int)
-    sliding_window: int = attrs.field(default=0, validator=_nonneg_int)
+    moe_load_factor: float = attrs.field(default=1.0, converter=float, validator=limit("model.moe_load_factor"))
+    q_lora_rank: int = attrs.field(default=0, validator=limit("model.q_lora_rank"))
+    kv_lora_rank: int = attrs.field(default=0, validator=limit("model.kv_lora_rank"))
+    qk_nope_head_dim: int = attrs.field(default=0, validator=limit("model.qk_nope_head_dim"))
+    qk_rope_head_dim: int = attrs.field(default=0, validator=limit("model.qk_rope_head_dim"))
+    v_head_dim: int = attrs.field(default=0, validator=limit("model.v_head_dim"))
+    num_mtp_layers: int = attrs.field(default=0, validator=limit("model.num_mtp_layers"))
+    sliding_window: int = attrs.field(default=0, validator=limit("model.sliding_window"))
     #: share of the layers whose attention is windowed (GPT-OSS alternates sliding-window and
     #: full-attention layers: 0.5); the others attend to the whole causal prefix
     sliding_window_layer_fraction: float = attrs.field(default=1.0, converter=float,
@@ -130,6 +131,12 @@ class ModelSpec:
             raise ValueError("moe_router_group_topk needs moe_router_num_groups")
         if self.first_k_dense_layers > self.num_layers:
             raise ValueError("first_k_dense_layers cannot exceed num_layers")
+        if not (self.head_dim or self.is_mla) and self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size ({self.hidden_size}) / num_attention_heads ({self.num_attention_heads}) is "
+                             f"not a whole head dimension: give head_dim, or a hidden_size that heads divide")
+        if self.moe_load_factor != 1.0 and not self.is_moe:
+            raise ValueError(f"moe_load_factor ({self.moe_load_factor:g}) applies to MoE models only, and "
+                             f"{self.name!r} has no experts: leave it out")
         if self.kv_lora_rank and not (self.qk_nope_head_dim + self.qk_rope_head_dim and self.v_head_dim):
             raise ValueError("an MLA model (kv_lora_rank > 0) needs qk_nope_head_dim/qk_rope_head_dim and v_head_dim")
 

@@ -105,7 +105,7 @@ def test_predict_table_and_jsonl(run, tmp_path):
     (["--schedule", "nonesuch"], ["pipeline.schedule"]),
     (["--vpp", "2", "--schedule", "1f1b"], ["does not interleave"]),
     (["--feature", "no_such_feature"], ["features.no_such_feature"]),
-    (["--feature", "recompute:granularity=partial"], ["features.recompute", "'granularity' must be in"]),
+    (["--feature", "recompute:granularity=partial"], ["features.recompute.granularity", "must be in"]),
 ])
 def test_predict_bad_input_is_one_line_exit_2(run, args, fragments):
     flags = list(FLAGS)
