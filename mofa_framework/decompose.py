@@ -437,7 +437,11 @@ def model_flops_per_sequence(model: ModelSpec, seq: FloatArray) -> FloatArray:
     g = Geometry(b=one, s=s, t=one, c=one, e=one, etp=one, dp=one, sp=np.zeros(len(s), bool), dt=2.0 * one,
                  precision=np.zeros(len(s), int), flash=np.zeros(len(s), bool))
     total = np.zeros_like(s)
-    for kind, count in (("dense", model.num_dense_layers), ("moe", model.num_moe_layers + model.num_mtp_layers)):
+    # each MTP module is one more transformer layer of the model's (last) layer type, plus a head
+    mtp_kind = "moe" if model.is_moe else "dense"
+    counts = {"dense": model.num_dense_layers, "moe": model.num_moe_layers}
+    counts[mtp_kind] += model.num_mtp_layers
+    for kind, count in counts.items():
         if not count:
             continue
         for op in layer_operators(model, g, kind):

@@ -40,7 +40,7 @@ from .decompose import (
 )
 from .errors import PluginError, PluginResultError
 from .types import HardwareProfile, ModelSpec, Phase
-from .units import GIB, BoolArray, FloatArray
+from .units import GIB, BoolArray, FloatArray, IntArray
 
 #: bytes of HBM traffic per parameter of one Adam step (fp32 master, m, v read+write,
 #: fp32 gradient read, bf16 parameter write)
@@ -415,8 +415,13 @@ def layers_per_stage_valid(model: ModelSpec, batch: CandidateBatch) -> BoolArray
     lay = stage_layout(model, batch)
     p = batch.pp
     first, mid, last = lay.total
-    covered = np.where(p > 2, first + last + mid * (p - 2) >= model.num_layers, True)
-    exact = np.where(p > 2, first + last + mid * (p - 2) == model.num_layers, True)
+    # every layer on exactly one stage (p = 2: the two end stages; p = 1: the only one, so explicit
+    # end-stage sizes must be the whole model there)
+    placed = np.where(p > 2, first + last + mid * (p - 2), np.where(p == 2, first + last, first))
+    covered = placed >= model.num_layers
+    exact = placed == model.num_layers
+    exact &= (p > 1) | (((batch.first_stage_layers == 0) | (batch.first_stage_layers == model.num_layers))
+                        & ((batch.last_stage_layers == 0) | (batch.last_stage_layers == model.num_layers)))
     v = batch.vpp
     # the middle stages split into v equal chunks; explicitly uneven end stages may split unevenly
     # (Megatron-Core --pipeline-model-parallel-layout), balanced ones must split equally too
@@ -441,8 +446,14 @@ class Prediction:
     tokens_per_s_per_gpu: FloatArray
     model_tflops_per_gpu: FloatArray
     hardware_tflops_per_gpu: FloatArray
+    #: model FLOPs (hardware FLOPs: + recompute) per second per GPU over the peak of the fastest
+    #: numeric format the row's GEMMs run in (:func:`mfu_precision`)
     mfu: FloatArray
     hfu: FloatArray
+    #: that format, an index into :data:`~mofa_framework.batch.PRECISIONS`
+    mfu_precision: IntArray
+    #: MFU against the bf16 peak (as fp8 runs are often quoted); equals `mfu` for bf16 rows
+    mfu_bf16_peak: FloatArray
     peak_memory_bytes: FloatArray
     fits_in_memory: BoolArray
     #: seconds per component, summing to step_time_s
@@ -693,11 +704,10 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
         uniq, inv = np.unique(seq, return_inverse=True)
         per_seq = model_flops_per_sequence(model, uniq)[inv]
     model_flops = 3.0 * per_seq * batch.global_batch_size
-    rec = sum((np.asarray(L[k].recompute_flops) * (lay.dense if k == "dense" else lay.moe).sum(axis=0)
-               for k in L), z)
-    # recompute FLOPs above are per micro-batch per GPU-stage; scale to the whole step
-    hw_flops = model_flops + rec * m * g.t * g.c * g.dp
-    peak_flops = np.array([hardware.peak_flops_per_s(p) for p in PRECISIONS])[batch.precision]
+    hw_flops = model_flops + recompute_flops_per_step(state, lay)
+    mfu_code = mfu_precision(batch, hardware, registry)
+    peak_flops = np.array([hardware.peak_flops_per_s(p) for p in PRECISIONS])[mfu_code]
+    bf16_peak = hardware.peak_flops_per_s("bf16")
     prov = _provenance(pm, registry, trail)
     return Prediction(
         batch=batch, model=model, hardware=hardware, step_time_s=step,
@@ -705,12 +715,48 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
         model_tflops_per_gpu=model_flops / step / n_gpus / 1e12,
         hardware_tflops_per_gpu=hw_flops / step / n_gpus / 1e12,
         mfu=model_flops / step / n_gpus / peak_flops, hfu=hw_flops / step / n_gpus / peak_flops,
+        mfu_precision=mfu_code, mfu_bf16_peak=model_flops / step / n_gpus / bf16_peak,
         peak_memory_bytes=peak, fits_in_memory=peak <= hardware.hbm_bytes,
         breakdown=breakdown, memory_breakdown=mem_bd,
         phases={"warmup": times.warmup_s, "steady": times.steady_s, "cooldown": times.cooldown_s},
         provenance=prov, state=state, stage_parts=stage_parts, stage_hidden_comm=hidden, critical_stage=crit,
         stage_memory_bytes=stage_memory,
     )
+
+
+def mfu_precision(batch: CandidateBatch, hardware: HardwareProfile, registry) -> IntArray:
+    """Per row, the fastest numeric format its GEMMs run in: the row's precision, or a faster one a
+    feature on the row declares (:attr:`~mofa_framework.types.Feature.gemm_precision`). MFU and HFU
+    are measured against its peak, so they stay ≤ 1 however the GEMMs are re-priced."""
+    peaks = np.array([hardware.peak_flops_per_s(p) for p in PRECISIONS])
+    code = np.asarray(batch.precision, dtype=np.int64).copy()
+    for feat in registry.features.values():
+        if feat.gemm_precision is None:
+            continue
+        on = batch.feature(feat.name).enabled
+        fmt = PRECISIONS.index(feat.gemm_precision)
+        code = np.where(on & (peaks[fmt] > peaks[code]), fmt, code)
+    return code
+
+
+def stage_layer_totals(batch: CandidateBatch, per_stage: np.ndarray) -> FloatArray:
+    """Σ over all pipeline stages of a (3, N) per-stage quantity: first + (p − 2)·middle + last,
+    or the first row alone when p = 1 (one stage)."""
+    p = batch.pp.astype(np.float64)
+    return np.where(p > 1, per_stage[0] + np.maximum(p - 2.0, 0.0) * per_stage[1] + per_stage[2], per_stage[0])
+
+
+def recompute_flops_per_step(state: CostState, lay: StageLayout) -> FloatArray:
+    """FLOPs re-run by recomputation in one step on all GPUs: each layer type's per-micro-batch,
+    per-GPU recompute FLOPs × its layers over all stages (and the MTP modules on the last) × the
+    micro-batches × the GPUs of a stage (t·c·d)."""
+    batch, g, model = state.batch, state.ctx.geometry, state.ctx.model
+    L = state.layers
+    per_mb = sum((np.asarray(L[k].recompute_flops, dtype=np.float64)
+                  * stage_layer_totals(batch, lay.dense if k == "dense" else lay.moe) for k in L),
+                 np.zeros(len(batch)))
+    per_mb = per_mb + model.num_mtp_layers * np.asarray(L.get("moe", L["dense"]).recompute_flops, dtype=np.float64)
+    return per_mb * batch.num_microbatches * g.t * g.c * g.dp
 
 
 def _provenance(pm, registry, trail) -> dict[str, str]:
@@ -781,9 +827,12 @@ def _params_on_stages(model: ModelSpec, batch: CandidateBatch, lay: StageLayout)
     # output layer on the last stage (tied embeddings keep a second copy when pp > 1)
     head = np.where(p > 1, emb, 0.0 if model.tied_embeddings else emb)
     dense[2] += head
-    if model.num_mtp_layers and mo:
-        dense[2] += model.num_mtp_layers * (mo["sharded"] / g_t + mo["replicated"] + 2 * model.hidden_size ** 2 / g_t)
-        expert[2] += model.num_mtp_layers * mo["expert"] / (batch.ep * batch.etp)
+    if model.num_mtp_layers:  # each MTP module: a layer of the last type plus its 2h×h projection
+        last_kind = mo or d
+        dense[2] += model.num_mtp_layers * (last_kind["sharded"] / g_t + last_kind["replicated"]
+                                            + 2 * model.hidden_size ** 2 / g_t)
+        if mo:
+            expert[2] += model.num_mtp_layers * mo["expert"] / (batch.ep * batch.etp)
     single = p == 1
     dense[0] = np.where(single, dense[0] + head + (dense[2] - lay.dense[2] * (d["sharded"] / g_t + d["replicated"])
                                                     - (lay.moe[2] * (mo["sharded"] / g_t + mo["replicated"]) if mo else 0)

@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 from attrs import validators as v
 
-from .limits import limit
+from .limits import limit, option_backstop
 from .units import DTYPE_BYTES, GIB, gbps_to_bytes_per_s, tflops_to_flops_per_s
 
 KEBAB = re.compile(r"^[a-z0-9][a-z0-9.\-]*$")
@@ -388,6 +388,10 @@ def option(default, *, choices: tuple | None = None, search: tuple | None = None
     validators = [] if validator is None else list(validator) if isinstance(validator, (list, tuple)) else [validator]
     if choices is not None:
         validators.append(v.in_(choices))
+    else:
+        backstop = option_backstop(default)  # finite and bounded, whatever the plugin declares
+        if backstop is not None:
+            validators.append(backstop)
     md = {"choices": tuple(choices) if choices else None, "search": tuple(search) if search else None, "doc": doc}
     conv = None
     if choices is None and isinstance(default, float):
@@ -443,6 +447,10 @@ class Feature:
     #: whether it can make compute faster than the base model's (FP8, faster kernels); the
     #: tuner's exact step-time lower bound holds only when no searched feature can
     may_reduce_compute: bool = False
+    #: the numeric format (a key of ``compute.peak_tflops``) the feature runs the layers' GEMMs in
+    #: ("fp8", "fp4"); MFU and HFU of its rows are measured against that format's peak when it is
+    #: faster than the row's precision. None: the feature leaves the GEMMs' format alone
+    gemm_precision: str | None = attrs.field(default=None, validator=v.optional(v.in_(tuple(DTYPE_BYTES))))
 
     def acts_in(self, phase: Phase) -> Callable | None:
         return getattr(self, phase.value)

@@ -18,22 +18,23 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from mofa_framework.limits import MAX_FACTOR
 from mofa_framework.types import option
 
 
 def _zero_or_at_least_one(inst, attribute, value):
-    if not (value == 0.0 or value >= 1.0):
-        raise ValueError(f"'{attribute.name}' must be 0 (use the hardware profile's value) or ≥ 1, got {value!r}")
+    if not (value == 0.0 or 1.0 <= value <= MAX_FACTOR):
+        raise ValueError(f"'{attribute.name}' must be 0 (use the hardware profile's value) or from 1 to {MAX_FACTOR:g}, got {value!r}")
 
 
 def _at_least_one(inst, attribute, value):
-    if not value >= 1:
-        raise ValueError(f"'{attribute.name}' must be ≥ 1, got {value!r}")
+    if not 1 <= value <= MAX_FACTOR:
+        raise ValueError(f"'{attribute.name}' must be from 1 to {MAX_FACTOR:g}, got {value!r}")
 
 
 def _positive_int(inst, attribute, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"'{attribute.name}' must be an integer ≥ 1, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1024:
+        raise ValueError(f"'{attribute.name}' must be an integer from 1 to 1024, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)

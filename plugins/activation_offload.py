@@ -31,6 +31,7 @@ import attrs
 import numpy as np
 
 from mofa_framework import hookimpl
+from mofa_framework.limits import MAX_FACTOR, MAX_LAYERS, between
 from mofa_framework.types import MemoryOptimizer, option
 
 
@@ -38,13 +39,13 @@ from mofa_framework.types import MemoryOptimizer, option
 class ActivationOffloadOptions:
     fraction: float = option(1.0, validator=[attrs.validators.gt(0.0), attrs.validators.le(1.0)],
                              doc="fraction of the layers whose activations are offloaded")
-    resident_layers: int = option(2, validator=attrs.validators.ge(1),
+    resident_layers: int = option(2, validator=between(1, MAX_LAYERS, integer=True),
                                   doc="layers per chunk and micro-batch in flight that stay on the GPU")
-    alpha_d2h: float = option(0.0, validator=attrs.validators.ge(0.0),
+    alpha_d2h: float = option(0.0, validator=between(0.0, MAX_FACTOR),
                               doc="α of [33]; 0 = the profile's contention_comm")
-    alpha_h2d: float = option(0.0, validator=attrs.validators.ge(0.0),
+    alpha_h2d: float = option(0.0, validator=between(0.0, MAX_FACTOR),
                               doc="α of [34]; 0 = the profile's contention_comm")
-    beta: float = option(0.0, validator=attrs.validators.ge(0.0),
+    beta: float = option(0.0, validator=between(0.0, MAX_FACTOR),
                          doc="β of [33][34]; 0 = the profile's contention_compute")
 
 

@@ -29,10 +29,14 @@ def mofa_candidate_constraints(batch, model, hardware):
     ffn = model.moe_ffn_hidden_size if model.is_moe and not model.num_dense_layers else model.ffn_hidden_size
     yield ConstraintResult(name="tp_divides_ffn", feasible=ffn % t == 0,
                            reason=f"parallel.tp must divide model.ffn_hidden_size ({ffn})")
+    valid = layers_per_stage_valid(model, batch)
+    explicit = (batch.first_stage_layers > 0) | (batch.last_stage_layers > 0)
+    bad = np.flatnonzero(~valid)
     yield ConstraintResult(
-        name="pp_splits_layers", feasible=layers_per_stage_valid(model, batch),
-        reason=f"parallel.pp × parallel.vpp must split model.num_layers ({model.num_layers}) into whole chunks: "
-               "choose pp/vpp dividing it, or set parallel.first_stage_layers / last_stage_layers")
+        name="pp_splits_layers", feasible=valid,
+        reason=_end_stage_reason(model, batch, bad[0]) if len(bad) and explicit[bad[0]] else
+        f"parallel.pp × parallel.vpp must split model.num_layers ({model.num_layers}) into whole chunks: "
+        "choose pp/vpp dividing it, or set parallel.first_stage_layers / last_stage_layers")
     yield ConstraintResult(
         name="vpp_needs_pp", feasible=(batch.vpp == 1) | (batch.pp > 1),
         reason="parallel.vpp > 1 interleaves pipeline stages and needs parallel.pp > 1: set vpp = 1")
@@ -54,3 +58,16 @@ def mofa_candidate_constraints(batch, model, hardware):
     else:
         yield ConstraintResult(name="ep_needs_moe", feasible=(e == 1) & (etp <= t),
                                reason="parallel.ep > 1 needs an MoE model (num_experts > 0): set ep = 1")
+
+
+def _end_stage_reason(model, batch, i: int) -> str:
+    """Why row `i`'s explicit end-stage sizes do not place every layer exactly once."""
+    L, p, f, last = model.num_layers, int(batch.pp[i]), int(batch.first_stage_layers[i]), int(batch.last_stage_layers[i])
+    given = f"first_stage_layers = {f}, last_stage_layers = {last}"
+    if p == 1:
+        return (f"parallel.{given} need parallel.pp > 1 (one stage holds all {L} layers): remove them")
+    if p == 2:
+        return (f"parallel.{given}: with pp = 2 the two stages must hold all {L} layers of the model "
+                f"(first + last = {L}); set both, or neither for a balanced split")
+    return (f"parallel.{given}: the {p - 2} middle stages must share the other {L} − first − last layers equally "
+            f"(at least one each, a multiple of vpp): change the end-stage sizes or pp")

@@ -9,9 +9,9 @@ time, 307 s.
 from __future__ import annotations
 
 import attrs
-from attrs import validators as v
 
 from mofa_framework import hookimpl
+from mofa_framework.limits import MAX_SECONDS, between
 from mofa_framework.types import FaultRecoveryPolicy, option
 
 
@@ -19,7 +19,7 @@ from mofa_framework.types import FaultRecoveryPolicy, option
 class JobRestartOptions:
     """``[fault.options]`` of the ``job-restart`` policy."""
 
-    restart_s: float = option(307.0, validator=v.ge(0.0), doc="time to reschedule and restart the whole job, seconds")
+    restart_s: float = option(307.0, validator=between(0.0, MAX_SECONDS, why="seconds"), doc="time to reschedule and restart the whole job, seconds")
 
 
 def mttr_s(options: JobRestartOptions) -> float:

@@ -24,10 +24,11 @@ import attrs
 from attrs import validators as v
 
 from mofa_framework import hookimpl
+from mofa_framework.limits import MAX_SECONDS, between
 from mofa_framework.types import FaultRecoveryPolicy, option
 
 _probability = v.and_(v.ge(0.0), v.le(1.0))
-_seconds = v.ge(0.0)
+_seconds = between(0.0, MAX_SECONDS, why="seconds")
 
 
 @attrs.frozen(kw_only=True)

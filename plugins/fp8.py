@@ -136,6 +136,7 @@ FEATURE = CostTransform(
     options_type=Fp8Options,
     layer=layer,
     memory=memory,
+    gemm_precision="fp8",
     before=REPRICE_BEFORE,
     applies=lambda batch, model, hardware: np.full(len(batch), "fp8" in hardware.compute.peak_tflops),
     tunable=False,  # numerics are the user's choice: `mofa tune --features ...,fp8` searches it

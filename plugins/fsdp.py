@@ -56,6 +56,7 @@ import numpy as np
 from mofa_framework import hookimpl
 from mofa_framework.decompose import ALL_GATHER, REDUCE_SCATTER, Coll, layer_params
 from mofa_framework.engine import _dp_groups, _grad_bytes_per_param, _params_on_stages
+from mofa_framework.limits import MAX_LAYERS, between
 from mofa_framework.types import MemoryOptimizer, option
 from mofa_plugins._overlap import ContentionOptions, contention, opt
 from mofa_plugins.distributed_optimizer import GRAD_REDUCE_DTYPES, dp_sizes, shard_fraction
@@ -64,18 +65,13 @@ from mofa_plugins.distributed_optimizer import GRAD_REDUCE_DTYPES, dp_sizes, sha
 PARAM_BYTES = 2.0
 
 
-def _nonneg_int(inst, attribute, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"'{attribute.name}' must be an integer ≥ 0, got {value!r}")
-
-
 @attrs.frozen(kw_only=True)
 class FsdpOptions(ContentionOptions):
     reshard_after_forward: bool = option(
         True, search=(True, False),
         doc="free the gathered parameters after the forward and gather them again in backward (ZeRO-3); "
             "false keeps them until the backward (less communication, unsharded weights)")
-    prefetch: int = option(1, validator=_nonneg_int,
+    prefetch: int = option(1, validator=between(0, MAX_LAYERS, integer=True),
                            doc="layers gathered ahead of the running one (0 = no overlap of the gathers)")
     grad_reduce_dtype: str = option("fp32", choices=GRAD_REDUCE_DTYPES,
                                     doc="gradient reduce-scatter and sharded-gradient dtype (fp32 main grads, "

@@ -15,6 +15,8 @@ S_exp = the expert activations (dispatched tokens + the expert FFN's saved tenso
 ``o`` (``chunk_overhead_us``, default 20 µs) is the cost of one more chunk per pass: an
 extra grouped-GEMM launch pair and an extra dispatch/combine all-to-all pair, whose
 latency no longer amortises (**choice**: a constant; measure it with `mofa calibrate`).
+After ``fp8``/``nvfp4``, which already keep the experts' saved GEMM inputs quantised, S_exp is
+what they left (``stored_expert_bytes``), so their saving is not dropped twice.
 Dense layers are untouched. MemFine acts before ``recompute``: under full recompute the
 re-run forward is chunked again and its experts are recomputed again (nested checkpoints), so
 both recompute times count. The recomputed expert forward FLOPs go to ``recompute_flops``.
@@ -26,15 +28,17 @@ import attrs
 import numpy as np
 
 from mofa_framework import hookimpl
-from mofa_framework.decompose import layer_operators, routed_pairs
+from mofa_framework.decompose import layer_operators, routed_pairs, saved_activation_bytes
+from mofa_framework.limits import between
 from mofa_framework.types import Activation, MemoryOptimizer, option
+from mofa_plugins._lowp import gemm_input_bytes
 
 
 @attrs.frozen(kw_only=True)
 class MemFineOptions:
-    chunks: int = option(4, validator=attrs.validators.ge(1), search=(2, 4, 8),
+    chunks: int = option(4, validator=between(1, 1024, integer=True), search=(2, 4, 8),
                          doc="chunks the dispatch + expert computation of a micro-batch is split into")
-    chunk_overhead_us: float = option(20.0, validator=attrs.validators.ge(0.0),
+    chunk_overhead_us: float = option(20.0, validator=between(0.0, 1e6, why="µs"),
                                       doc="launch + all-to-all latency per extra chunk and pass, µs")
 
 
@@ -45,6 +49,20 @@ def expert_activation_bytes(model, g) -> np.ndarray:
     return g.dt * routed * model.hidden_size + g.dt * routed * width * model.moe_ffn_hidden_size / g.etp
 
 
+def stored_expert_bytes(model, g, c) -> np.ndarray:
+    """S_exp as the layer costs `c` store it now. A GEMM re-pricing feature that ran before (fp8,
+    nvfp4: ``_lowp.reprice_gemms``) saves a quantised copy of every saved GEMM input instead of the
+    bf16 one, cutting the same fraction q of each, the experts' input and FC2 input among them:
+    ``q = (S_other(bf16) − S_other) / S_gemm_inputs``, ``S_exp' = S_exp − q·dt·R·(h + f_e/etp)``.
+    Dropping the bf16 S_exp after such a cut would count the cut twice (negative activations)."""
+    base = saved_activation_bytes(model, g, "moe").other
+    inputs = gemm_input_bytes(model, g, "moe")
+    q = np.clip(np.divide(base - c.act_other_bytes, inputs, out=np.zeros_like(inputs), where=inputs > 0), 0.0, 1.0)
+    routed = routed_pairs(model, g)
+    cut = q * g.dt * routed * (model.hidden_size + model.moe_ffn_hidden_size / g.etp)
+    return np.maximum(expert_activation_bytes(model, g) - cut, 0.0)
+
+
 def layer(state, rows):
     if "moe" not in state.layers:
         return state
@@ -53,7 +71,7 @@ def layer(state, rows):
     n = np.maximum(rows.options["chunks"], 1.0)
     extra = (n - 1.0) / n
     o = (n - 1.0) * rows.options["chunk_overhead_us"] * 1e-6
-    s_exp = expert_activation_bytes(ctx.model, ctx.geometry)
+    s_exp = stored_expert_bytes(ctx.model, ctx.geometry, c)
     dropped = s_exp * extra
     ops = layer_operators(ctx.model, ctx.geometry, "moe")
     exp_flops = sum((np.asarray(op.flops, dtype=np.float64) for op in ops if op.group == "expert"),

@@ -32,6 +32,7 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.batch import PRECISIONS
+from mofa_framework.limits import MAX_LAYERS, between
 from mofa_framework.types import ConstraintResult, CostTransform, option
 from mofa_plugins._lowp import REPRICE_BEFORE, needs_format, reprice_gemms, with_weight_copies
 
@@ -48,7 +49,7 @@ SAVED_FRACTION = 1.0 - NVFP4_BYTES / 2.0
 class Nvfp4Options:
     efficiency: float = option(1.0, validator=[attrs.validators.gt(0.0), attrs.validators.le(1.0)],
                                doc="NVFP4 GEMM efficiency relative to the provider's (time = t_fp4 / efficiency)")
-    bf16_layers_at_end: int = option(0, validator=attrs.validators.ge(0),
+    bf16_layers_at_end: int = option(0, validator=between(0, MAX_LAYERS, integer=True),
                                      doc="last transformer layers kept entirely in bf16 (--num-layers-at-end-in-bf16)")
 
 
@@ -105,6 +106,7 @@ FEATURE = CostTransform(
     options_type=Nvfp4Options,
     layer=layer,
     memory=memory,
+    gemm_precision="fp4",
     before=REPRICE_BEFORE,
     conflicts=("fp8",),
     applies=lambda batch, model, hardware: np.full(len(batch), "fp4" in hardware.compute.peak_tflops),

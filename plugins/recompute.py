@@ -48,6 +48,7 @@ import numpy as np
 from mofa_framework import hookimpl
 from mofa_framework.decompose import RECOMPUTE_MODULES, layer_operators, module_operators, module_saved_bytes
 from mofa_framework.engine import price_operators
+from mofa_framework.limits import MAX_LAYERS, between
 from mofa_framework.types import MemoryOptimizer, option
 
 
@@ -55,7 +56,7 @@ from mofa_framework.types import MemoryOptimizer, option
 class RecomputeOptions:
     granularity: str = option("selective", choices=("selective", "full"), search=("selective", "full"),
                               doc="selective: re-run the attention core; full: re-run the whole layer")
-    num_layers: int = option(0, validator=attrs.validators.ge(0),
+    num_layers: int = option(0, validator=between(0, MAX_LAYERS, integer=True, why="layers per chunk"),
                              doc="full only: layers per model chunk recomputed (Megatron --recompute-num-layers); "
                                  "0 = all")
     include_qkv: bool = option(False, doc="selective only: also re-run the QKV projection (the MoFa paper's "
