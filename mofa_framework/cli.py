@@ -32,16 +32,46 @@ class MofaGroup(click.Group):
         try:
             return super().invoke(ctx)
         except MofaError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {one_line(str(exc))}", err=True)
             ctx.exit(2)
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
         except Exception as exc:  # noqa: BLE001
             if os.environ.get("MOFA_DEBUG"):
                 raise
-            click.echo(f"internal error: {type(exc).__name__}: {exc} (set MOFA_DEBUG=1 for the traceback and "
-                       "please report it)", err=True)
+            click.echo(f"internal error: {type(exc).__name__}: {one_line(str(exc))} (set MOFA_DEBUG=1 for the "
+                       "traceback and please report it)", err=True)
             ctx.exit(1)
+
+
+#: the longest error line the CLI prints (a message listing 200,000 keys is cut, not 1.7 MB long)
+MAX_ERROR_CHARS = 600
+
+
+def one_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """`text` on one line, at most `limit` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else f"{text[:limit - 30]}… ({len(text):,} characters in all)"
+
+
+#: plugin failures seen while assembling the command line (``mofa_register_commands``), by plugin
+_COMMAND_FAILURES: dict[str, str] = {}
+
+
+def warn_failed_plugins(pm: MofaPluginManager) -> None:
+    """One warning line per failed plugin, once per command (a plugin that fails in several hooks
+    is reported once, with its first failure)."""
+    seen: dict[str, str] = dict(_COMMAND_FAILURES)
+    for info in pm.infos.values():
+        if info.status == "failed":
+            seen.setdefault(info.name, info.error)
+    for problem in pm.registry.problems:
+        name = problem.split("'")[1] if problem.startswith("plugin '") else None
+        if name is not None:
+            seen.setdefault(name, problem)
+    for name, error in seen.items():
+        click.echo(f"warning: plugin {name!r} is not (fully) in use: {one_line(error, 300)} "
+                   "(see `mofa list-plugins`; --strict-plugins makes this an error)", err=True)
 
 
 @attrs.define
@@ -56,19 +86,16 @@ class State:
     def pm(self) -> MofaPluginManager:
         if self._pm is None:
             self._pm = get_plugin_manager(disabled=self.disabled, strict=self.strict, trace=self.trace, fresh=True)
+            self._pm.registry  # noqa: B018 - collecting records may mark more plugins failed
+            if not self._warned:  # the rest still works; say once what is missing
+                warn_failed_plugins(self._pm)
+                self._warned = True
         return self._pm
 
     def predictor(self):
         from .api import Predictor
 
-        pred = Predictor(pm=self.pm)
-        pred.registry  # noqa: B018 - collecting records may mark more plugins failed
-        for info in [] if self._warned else self.pm.infos.values():
-            if info.status == "failed":  # the rest still works; say once what is missing
-                click.echo(f"warning: plugin {info.name!r} is not in use: {info.error} "
-                           "(see `mofa list-plugins`; --strict-plugins makes this an error)", err=True)
-        self._warned = True
-        return pred
+        return Predictor(pm=self.pm)
 
 
 
@@ -148,6 +175,7 @@ def _table(rows: list[list[str]], headers: list[str], title: str | None = None, 
 @pass_state
 def list_plugins(state: State, fmt):
     """Installed plugins: distribution, status, hooks and the records each provides."""
+    state._warned = True  # the listing itself shows every failure
     pm = state.pm
     reg = pm.registry  # collecting records may mark plugins failed
     provides: dict[str, dict[str, list[str]]] = {}
@@ -253,6 +281,10 @@ def parse_feature_flag(text: str) -> tuple[str, dict]:
     return name.strip(), opts
 
 
+def _opts_text(opts: dict) -> str:
+    return ",".join(f"{k}={v!r}" for k, v in opts.items()) or "no options"
+
+
 def job_dict_from_flags(model, hardware, gpus, tp, pp, vpp, cp, ep, etp, mbs, gbs, seq, precision, schedule,
                         sequence_parallel, features, tokens, moe_load_factor=None, flash_attention=None) -> dict:
     if not (model and hardware and gpus and gbs and seq):
@@ -268,7 +300,13 @@ def job_dict_from_flags(model, hardware, gpus, tp, pp, vpp, cp, ep, etp, mbs, gb
     if schedule:
         data["pipeline"] = {"schedule": schedule}
     if features:
-        data["features"] = dict(parse_feature_flag(f) for f in features)
+        data["features"] = {}
+        for text in features:
+            name, opts = parse_feature_flag(text)
+            if name in data["features"] and data["features"][name] != opts:
+                raise ConfigError(f"--feature {name} is given twice with different options "
+                                  f"({_opts_text(data['features'][name])} and {_opts_text(opts)}): give it once")
+            data["features"][name] = opts
     if tokens:
         data["training"] = {"tokens": tokens}
     return data
@@ -519,12 +557,18 @@ def predict(state: State, job_files, fmt, megatron_args, trace_path, all_stages,
 
 
 def assemble() -> click.Group:
-    """The CLI with commands from plugins (``mofa_register_commands``) added."""
-    pm = get_plugin_manager(fresh=True)
+    """The CLI with commands from plugins (``mofa_register_commands``) added. A plugin that fails
+    to add its commands is named in the command's warning (once, with its other failures)."""
     try:
-        pm.hook.mofa_register_commands(cli=cli)
-    except Exception as exc:  # noqa: BLE001 - a broken plugin must not take the CLI down
-        click.echo(f"warning: a plugin failed to add commands: {type(exc).__name__}: {exc}", err=True)
+        pm = get_plugin_manager(fresh=True)
+    except MofaError:  # a bad MOFA_* variable: the command itself reports it (one line, exit 2)
+        return cli
+    for impl in reversed(pm.hook.mofa_register_commands.get_hookimpls()):
+        try:
+            impl.function(cli=cli)
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not take the CLI down
+            _COMMAND_FAILURES.setdefault(impl.plugin_name, f"plugin {impl.plugin_name!r} failed to add commands: "
+                                                            f"{type(exc).__name__}: {exc}")
     return cli
 
 

@@ -427,10 +427,15 @@ def resolve_job(raw: JobFile, registry, where: str) -> TrainingJob:
     if sched.requires_vpp and par.vpp == 1:
         raise ConfigError(f"{where}: pipeline.schedule {sched.name!r} needs parallel.vpp > 1")
     features = {}
+    spelled: dict[str, str] = {}
     for fname, table in raw.features.items():
         if not isinstance(table, Mapping):
             raise ConfigError(f"{where}: features.{fname}: expected a table of options, e.g. [features.{fname}]")
         key, enabled, opts = _feature_options(registry, fname, table, where)
+        if key in spelled:  # two spellings (or an alias) of one feature: which one wins is not obvious
+            raise ConfigError(f"{where}: features.{spelled[key]} and features.{fname} are the same feature "
+                              f"({key}): give it once")
+        spelled[key] = fname
         if enabled:
             features[key] = opts
     for fname in features:

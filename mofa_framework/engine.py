@@ -38,6 +38,7 @@ from .decompose import (
     model_flops_per_sequence,
     saved_activation_bytes,
 )
+from . import invariants
 from .errors import PluginError, PluginResultError
 from .types import HardwareProfile, ModelSpec, Phase
 from .units import GIB, BoolArray, FloatArray, IntArray
@@ -258,25 +259,10 @@ def nodes_spanned(group_size, stride, domain: int) -> FloatArray:
 
 
 def _checked(name: str, out, n: int) -> FloatArray:
-    if out is None:
-        raise PluginError(f"no plugin answered {name}: is the built-in provider disabled?")
-    out = np.asarray(out, dtype=np.float64)
-    if out.shape != (n,):
-        raise PluginResultError(f"{name} returned shape {out.shape}, expected ({n},)")
-    bad = ~np.isfinite(out) | (out < 0)
-    if bad.any():
-        raise PluginResultError(f"{name} returned {int(bad.sum())} negative or non-finite values")
-    return out
-
-
-def _call(pm, hook: str, **kw):
-    try:
-        return getattr(pm.hook, hook)(**kw)
-    except PluginError:
-        raise
-    except Exception as exc:  # a provider raising must name itself, not crash the CLI
-        impls = [i.plugin_name for i in getattr(pm.hook, hook).get_hookimpls()]
-        raise PluginError(f"{hook} failed in one of {impls}: {type(exc).__name__}: {exc}") from exc
+    problem = invariants._broken(out, n)
+    if problem:
+        raise PluginResultError(f"{name} returned {problem}")
+    return np.asarray(out, dtype=np.float64)
 
 
 def _stacked(xs, n: int, dtype=np.float64) -> np.ndarray:
@@ -300,8 +286,7 @@ def price_operators(ctx: Context, ops: list[Op]) -> list[FloatArray]:
         gemm_m=cat([o.m for o in ops]), gemm_n=cat([o.n for o in ops]), gemm_k=cat([o.k for o in ops]),
         count=cat([o.count for o in ops]), kernels=cat([o.kernels for o in ops]),
     )
-    out = _checked("mofa_operator_latency", _call(ctx.pm, "mofa_operator_latency", ops=batch, hardware=ctx.hardware),
-                   len(batch))
+    out = invariants.provider_result(ctx.pm, "mofa_operator_latency", len(batch), ops=batch, hardware=ctx.hardware)
     return list(out.reshape(len(ops), n))
 
 
@@ -317,8 +302,7 @@ def price_collectives(ctx: Context, colls: list[Coll]) -> list[FloatArray]:
         group_size=size.astype(np.int64),
         nodes=nodes_spanned(size, cat([c.stride for c in colls]), ctx.hardware.scaleup_domain_gpus).astype(np.int64),
     )
-    out = _checked("mofa_collective_latency",
-                   _call(ctx.pm, "mofa_collective_latency", colls=batch, hardware=ctx.hardware), len(batch))
+    out = invariants.provider_result(ctx.pm, "mofa_collective_latency", len(batch), colls=batch, hardware=ctx.hardware)
     out = np.where(size > 1, out, 0.0)
     return list(out.reshape(len(colls), n))
 
@@ -514,7 +498,14 @@ def _apply_phase(state: CostState, registry, phase: Phase, trail: dict) -> CostS
             raise PluginError(f"feature {feat.name!r} (plugin {plugin!r}) failed in its {phase.value} transform: "
                               f"{type(exc).__name__}: {exc}") from exc
         mask = rows.enabled if field != "mem" else rows.enabled[None, :]
-        merged = _merge(mask, getattr(new, field), getattr(state, field))
+        try:
+            merged = _merge(mask, getattr(new, field), getattr(state, field))
+        except Exception as exc:  # noqa: BLE001 - a malformed answer (a missing field, a wrong shape)
+            plugin = registry.provided_by.get(("features", feat.name), feat.name)
+            raise PluginResultError(f"plugin {plugin!r}: feature {feat.name!r}'s {phase.value} transform returned a "
+                                    f"malformed state: {type(exc).__name__}: {exc}") from exc
+        invariants.check_transform(feat.name, registry.provided_by.get(("features", feat.name), feat.name),
+                                   phase.value, merged, getattr(state, field))
         state = attrs.evolve(state, **{field: merged})
         trail.setdefault(phase.value, []).append(feat.name)
     return state
@@ -559,13 +550,17 @@ def _priced(ctx: Context, batch: CandidateBatch) -> dict:
 
 
 def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile, pm,
-             structure: tuple[np.ndarray, np.ndarray] | None = None) -> Prediction:
+             structure: tuple[np.ndarray, np.ndarray] | None = None, check: bool = True) -> Prediction:
     """Cost every row of `batch` for `model` on `hardware` with the plugins of `pm`.
 
     `structure` = ``(first_rows, inverse)`` says that rows share everything the providers
     price (parallel sizes, batch shape, precision) with row ``first_rows[inverse[i]]``, so
     operators and collectives are priced once per structure (the tuner's case: one
     structure × many feature combinations). Results are identical either way.
+
+    Every row's outputs are checked against :mod:`~mofa_framework.invariants` (finite, ≥ 0,
+    additive, MFU within the peak, layers conserved); a violation raises an InvariantError naming
+    the plugin at fault. ``check=False`` skips that (the diagnosis re-evaluates with it off).
     """
     registry = pm.registry
     g = Geometry.of(batch)
@@ -709,7 +704,7 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
     peak_flops = np.array([hardware.peak_flops_per_s(p) for p in PRECISIONS])[mfu_code]
     bf16_peak = hardware.peak_flops_per_s("bf16")
     prov = _provenance(pm, registry, trail)
-    return Prediction(
+    pred = Prediction(
         batch=batch, model=model, hardware=hardware, step_time_s=step,
         tokens_per_s_per_gpu=tokens / step / n_gpus,
         model_tflops_per_gpu=model_flops / step / n_gpus / 1e12,
@@ -722,6 +717,9 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
         provenance=prov, state=state, stage_parts=stage_parts, stage_hidden_comm=hidden, critical_stage=crit,
         stage_memory_bytes=stage_memory,
     )
+    if check:
+        invariants.check_prediction(pred, pm)
+    return pred
 
 
 def mfu_precision(batch: CandidateBatch, hardware: HardwareProfile, registry) -> IntArray:
@@ -789,17 +787,18 @@ def run_schedules(state: CostState, registry) -> tuple[PipelineTimes, Inflight]:
         if not 0 <= code < len(names):
             raise PluginError(f"schedule code {code} is not registered (is its plugin disabled?)")
         sched = registry.schedules[names[code]]
+        who = f"plugin {registry.provided_by.get(('schedules', sched.name), sched.name)!r}: schedule {sched.name!r}"
         idx = np.flatnonzero(batch.schedule == code)
         sub = PipelineInputs(**{f.name: getattr(pipe, f.name)[idx] for f in attrs.fields(PipelineInputs)})
         try:
             t = sched.time(sub)
             fl = sched.inflight(sub)
         except Exception as exc:  # noqa: BLE001
-            raise PluginError(f"schedule {sched.name!r} failed: {type(exc).__name__}: {exc}") from exc
+            raise PluginError(f"{who} failed: {type(exc).__name__}: {exc}") from exc
         for f in attrs.fields(PipelineTimes):
-            out[f.name][idx] = _checked(f"schedule {sched.name!r} {f.name}", getattr(t, f.name), len(idx))
+            out[f.name][idx] = _checked(f"{who}: {f.name}", getattr(t, f.name, None), len(idx))
         for f in attrs.fields(Inflight):
-            inf[f.name][idx] = _checked(f"schedule {sched.name!r} inflight.{f.name}", getattr(fl, f.name), len(idx))
+            inf[f.name][idx] = _checked(f"{who}: inflight.{f.name}", getattr(fl, f.name, None), len(idx))
     return PipelineTimes(**out), Inflight(**inf)
 
 

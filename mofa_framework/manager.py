@@ -19,8 +19,9 @@ import attrs
 import pluggy
 
 from . import hookspecs
-from .errors import PluginConflictError, PluginError, PluginLoadError
+from .errors import ConfigError, PluginConflictError, PluginError, PluginLoadError
 from .hookspecs import PROJECT
+from .limits import env_flag
 from .types import (
     ConfigSection,
     CostTransform,
@@ -66,7 +67,8 @@ def _env_list(name: str) -> list[str]:
 
 
 def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+    """A boolean environment variable; ConfigError for anything but 1/true/yes/on, 0/false/no/off, empty."""
+    return env_flag(name, os.environ.get(name))
 
 
 class MofaPluginManager(pluggy.PluginManager):
@@ -78,13 +80,35 @@ class MofaPluginManager(pluggy.PluginManager):
         self.strict = _env_flag(ENV_STRICT) if strict is None else strict
         self.infos: dict[str, PluginInfo] = {}
         self._registry = None
-        for name in [*_env_list(ENV_DISABLED), *disabled]:
+        #: names asked to be disabled, and where each came from (checked against the entry points)
+        self.requested_disabled: dict[str, str] = {}
+        #: entry-point names seen by :meth:`load_entrypoints`
+        self.entry_point_names: set[str] = set()
+        for name in _env_list(ENV_DISABLED):
+            self.requested_disabled.setdefault(name, ENV_DISABLED)
+        for name in disabled:
+            if not isinstance(name, str):
+                raise ConfigError(f"--disable-plugin: expected a plugin name, got {name!r}")
+            self.requested_disabled.setdefault(name.strip(), "--disable-plugin")
+        for name in self.requested_disabled:
             self.disable(name)
         if _env_flag(ENV_TRACE) if trace is None else trace:
             self.trace.root.setwriter(sys.stderr.write)
             self.enable_tracing()
 
     # ------------------------------------------------------------------ loading
+    def check_disabled(self, known: Iterable[str]) -> None:
+        """ConfigError for a name asked to be disabled that no installed plugin has (a typo would
+        otherwise silently disable nothing); the message lists the known names."""
+        known = set(known)
+        unknown = [n for n in self.requested_disabled if n not in known]
+        if unknown:
+            from .config import listing
+
+            where = self.requested_disabled[unknown[0]]
+            raise ConfigError(f"{where}: no plugin named {listing(unknown)}; known plugins: "
+                              f"{listing(sorted(known), 60)} (see `mofa list-plugins`)")
+
     def disable(self, name: str) -> None:
         """Block plugin `name` (entry-point name): it is listed as disabled and never loaded."""
         self.set_blocked(name)
@@ -116,6 +140,7 @@ class MofaPluginManager(pluggy.PluginManager):
                 if any(d.metadata["Name"] == dist_name for _, d in by_name.get(ep.name, [])):
                     continue  # the same distribution seen twice on sys.path
                 by_name.setdefault(ep.name, []).append((ep, dist))
+        self.entry_point_names = set(by_name)
         for name in sorted(by_name):
             candidates = by_name[name]
             # a built-in keeps its name; an outsider using it is reported, never silently used
@@ -244,6 +269,7 @@ def get_plugin_manager(*, disabled: Iterable[str] = (), strict: bool | None = No
     if fresh or disabled or strict is not None or trace is not None or _default_pm is None:
         pm = MofaPluginManager(strict=strict, disabled=disabled, trace=trace)
         pm.load_entrypoints(builtin_only=_env_flag(ENV_NO_AUTOLOAD))
+        pm.check_disabled(pm.entry_point_names)
         if fresh or disabled or strict is not None or trace is not None:
             return pm
         _default_pm = pm

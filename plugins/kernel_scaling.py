@@ -3,7 +3,10 @@
 [17] ``P' = β·P``: a better GEMM/attention implementation multiplies the compute throughput
 of the layer's operators by β ≥ 1 (option ``compute_factor``), so every layer compute time
 is divided by β: forward, backward-input, backward-weight, recompute and the per-group
-times overlap features hide communication behind (TP GEMMs, attention, experts).
+times overlap features hide communication behind (TP GEMMs, attention, experts). No kernel
+beats the peak: per layer and pass, β is capped at ``T·peak/FLOPs`` (the pass's FLOPs at the
+peak of the format its GEMMs run in; backward: twice the forward's FLOPs), so MFU stays ≤ 1
+whatever β is given.
 
 [18] ``B' = γ·B``: a better collective algorithm multiplies the bandwidth by γ ≥ 1 (option
 ``bandwidth_factor``). **Choice**: the whole collective time is divided by γ, its latency
@@ -25,6 +28,8 @@ import attrs
 import numpy as np
 
 from mofa_framework import hookimpl
+from mofa_framework.batch import PRECISIONS
+from mofa_framework.engine import mfu_precision
 from mofa_framework.types import CostTransform, option
 from mofa_plugins._overlap import _at_least_one, opt
 
@@ -45,12 +50,28 @@ class KernelScalingOptions:
                                      doc="γ ≥ 1 of [18]: collective bandwidth multiplier (collective times ÷ γ)")
 
 
+def _capped(beta, seconds, flops, peak):
+    """β, capped so that `seconds` / β still runs `flops` no faster than the peak: faster kernels
+    cannot beat the tensor cores (``compute_factor = 10`` would otherwise give MFU > 1)."""
+    room = np.divide(np.asarray(seconds, dtype=np.float64) * peak, flops, out=np.full(len(peak), np.inf),
+                     where=np.asarray(flops) > 0)
+    return np.clip(room, 1.0, beta)
+
+
 def layer(state, rows):
     beta = opt(rows, "compute_factor", 1.0)
     gamma = opt(rows, "bandwidth_factor", 1.0)
+    hw = state.ctx.hardware
+    peaks = np.array([hw.peak_flops_per_s(p) for p in PRECISIONS])
+    peak = peaks[mfu_precision(state.batch, hw, state.ctx.pm.registry)]
 
     def scale(c):
-        kw = {f: np.asarray(getattr(c, f)) / beta for f in COMPUTE_FIELDS}
+        # per pass: forward runs fwd_flops, backward twice that, recompute its own FLOPs
+        b_fwd = _capped(beta, c.fwd_compute_s, c.fwd_flops, peak)
+        b_bwd = _capped(beta, np.asarray(c.bwd_input_s) + c.bwd_weight_s, 2.0 * np.asarray(c.fwd_flops), peak)
+        b_rec = _capped(beta, c.recompute_s, c.recompute_flops, peak)
+        div = {f: b_bwd if ("bwd" in f) else b_rec if f == "recompute_s" else b_fwd for f in COMPUTE_FIELDS}
+        kw = {f: np.asarray(getattr(c, f)) / div[f] for f in COMPUTE_FIELDS}
         kw.update({f: np.asarray(getattr(c, f)) / gamma for f in COMM_FIELDS})
         return attrs.evolve(c, **kw)
 

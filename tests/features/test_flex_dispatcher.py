@@ -19,7 +19,7 @@ from mofa_framework.testing.contract import assert_same_row
 # DeepSeek-V3 on H100 (8 GPUs per node): EP 32 spans 4 nodes
 CROSS = {"model": {"name": "deepseek-v3"}, "hardware": {"name": "h100-sxm5-80gb", "num_gpus": 512},
          "parallel": {"tp": 1, "pp": 16, "ep": 32, "etp": 1, "micro_batch_size": 1, "global_batch_size": 256,
-                      "sequence_length": 4096, "first_stage_layers": 3, "last_stage_layers": 3}}
+                      "sequence_length": 4096, "first_stage_layers": 2, "last_stage_layers": 3}}  # 2 + 14 × 4 + 3 = 61
 # the same EP inside one NVL72 domain
 INSIDE = {**CROSS, "hardware": {"name": "gb200-nvl72", "num_gpus": 512}}
 

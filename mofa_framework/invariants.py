@@ -1,0 +1,287 @@
+"""Output invariants the engine enforces on every row it evaluates, and the plugin that broke one.
+
+An accepted job never yields an impossible number (architecture.md: "the engine checks its own
+outputs"). Three places check, each naming the one plugin at fault:
+
+- **providers** (:func:`provider_result`): ``mofa_operator_latency`` and ``mofa_collective_latency``
+  answer an array of the batch's length, finite and ≥ 0. A provider that raises is named from
+  the traceback; one whose answer is NaN, infinite or negative is found by asking each
+  implementation alone (the first answering one, then each wrapper around it).
+- **feature transforms** (:func:`check_transform`): after each transform, every array it changed
+  (layer costs, pipeline inputs, optimizer costs, memory) is finite and ≥ 0.
+- **the prediction** (:func:`check_prediction`), once at the end of ``evaluate``:
+
+  ===========================  ==========================================================
+  step time                    finite and > 0; tokens/s/GPU finite and > 0
+  step breakdown               every component finite and ≥ 0 (``schedule_adjust``, a
+                               schedule's reordering, may be negative), summing to the step
+  memory breakdown             every component finite and ≥ 0, summing to the peak
+  MFU                          > 0 and ≤ the MFU ceiling (below), against the peak of the
+                               fastest format the row's GEMMs run in
+  HFU                          ≥ MFU: hardware FLOPs = model FLOPs + recomputed FLOPs
+  layers                       the stages hold the model's layers exactly once
+  ===========================  ==========================================================
+
+  A violation re-evaluates the row with each of its features turned off in turn; the feature
+  whose removal mends it is named (its plugin), else the provider or engine part that produced
+  the broken quantity.
+
+**MFU ceiling.** Model FLOPs count attention as the full s×s square (Megatron's and PaLM's
+convention, which published MFUs use); a fused causal kernel executes about half of it. The
+kernels cannot run faster than the peak, so ``MFU ≤ model FLOPs / (model FLOPs − attention's model
+FLOPs + attention's executed FLOPs)``: exactly 1 with unfused attention, slightly above 1 at long
+sequences with flash attention (``mfu_ceiling``). Everything but attention is held to MFU ≤ 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+import numpy as np
+
+from .decompose import ATTENTION_BWD_FACTOR, Geometry, attention_operators, model_flops_per_sequence
+from .errors import PluginError, PluginResultError
+
+#: relative tolerance of the additivity checks (float64 sums of a few dozen terms)
+REL_TOL = 1e-6
+
+
+class InvariantError(PluginResultError):
+    """An output invariant failed: an internal error whose message names the plugin at fault."""
+
+
+# ====================================================================== providers
+
+
+def raiser(exc: BaseException, impls) -> str | None:
+    """The plugin whose hook implementation raised `exc` (the innermost one in its traceback)."""
+    codes = {i.function.__code__: i.plugin_name for i in impls}
+    name = None
+    tb = exc.__traceback__
+    while tb is not None:
+        name = codes.get(tb.tb_frame.f_code, name)
+        tb = tb.tb_next
+    return name
+
+
+def _broken(out, n: int) -> str:
+    """What is wrong with a provider's answer, or '' if nothing."""
+    if out is None:
+        return "no answer (None)"
+    try:
+        arr = np.asarray(out, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        return f"not an array of numbers ({type(exc).__name__})"
+    if arr.shape != (n,):
+        return f"shape {arr.shape}, expected ({n},)"
+    bad = ~(np.isfinite(arr) & (arr >= 0))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        return f"{int(bad.sum())} negative or non-finite values (e.g. {arr[i]!r} at row {i})"
+    return ""
+
+
+def blame_provider(pm, hook: str, kwargs: Mapping, n: int) -> str:
+    """The one plugin whose answer to the firstresult `hook` is broken: the first implementation
+    that answers, asked alone; if its answer is sound, each wrapper around it, alone."""
+    caller = getattr(pm.hook, hook)
+    impls = caller.get_hookimpls()
+    wrappers = [i for i in impls if i.wrapper or i.hookwrapper]
+    for impl in reversed([i for i in impls if not (i.wrapper or i.hookwrapper)]):
+        try:
+            res = impl.function(**{a: kwargs[a] for a in impl.argnames})
+        except Exception:  # noqa: BLE001
+            return impl.plugin_name
+        if res is None:
+            continue
+        if _broken(res, n):
+            return impl.plugin_name
+        break
+    for w in wrappers:
+        alone = pm.subset_hook_caller(hook, remove_plugins=[x.plugin for x in wrappers if x is not w])
+        try:
+            if _broken(alone(**kwargs), n):
+                return w.plugin_name
+        except Exception:  # noqa: BLE001
+            return w.plugin_name
+    names = [i.plugin_name for i in impls]
+    return names[0] if len(names) == 1 else f"one of {', '.join(names)} (together)"
+
+
+def provider_result(pm, hook: str, n: int, **kwargs) -> np.ndarray:
+    """Call the firstresult provider `hook`; its answer as float64, or PluginError naming the
+    one plugin that raised or answered something other than `n` finite, non-negative numbers."""
+    caller = getattr(pm.hook, hook)
+    try:
+        out = caller(**kwargs)
+    except PluginError:
+        raise
+    except Exception as exc:  # a provider raising must name itself, not crash the CLI
+        who = raiser(exc, caller.get_hookimpls()) or "?"
+        raise PluginError(f"plugin {who!r} failed in {hook}: {type(exc).__name__}: {exc}") from exc
+    if out is None:
+        raise PluginError(f"no plugin answered {hook}: is the built-in provider disabled?")
+    problem = _broken(out, n)
+    if problem:
+        who = blame_provider(pm, hook, kwargs, n)
+        raise PluginResultError(f"plugin {who!r} broke {hook}'s contract: {problem}")
+    return np.asarray(out, dtype=np.float64)
+
+
+# ====================================================================== feature transforms
+
+
+def bad_arrays(new, old=None, prefix: str = "") -> list[str]:
+    """Names of the arrays in `new` (attrs records and mappings, recursively) that are not all
+    finite and ≥ 0, skipping those identical to `old`'s (already checked)."""
+    if new is old:
+        return []
+    if isinstance(new, np.ndarray):
+        if new.dtype.kind != "f":
+            return []
+        return [] if ((new >= 0) & (new < np.inf)).all() else [prefix or "value"]
+    if isinstance(new, Mapping):
+        return [b for k, x in new.items()
+                for b in bad_arrays(x, old.get(k) if isinstance(old, Mapping) else None, f"{prefix}{k}.")]
+    if attrs.has(type(new)):
+        return [b for f in attrs.fields(type(new)) if f.init
+                for b in bad_arrays(getattr(new, f.name), getattr(old, f.name, None) if old is not None else None,
+                                    f"{prefix}{f.name}")]
+    return []
+
+
+def check_transform(feature: str, plugin: str, phase: str, new, old) -> None:
+    """PluginResultError naming `feature` (plugin `plugin`) if its `phase` transform left an array
+    NaN, infinite or negative."""
+    bad = bad_arrays(new, old)
+    if bad:
+        raise InvariantError(f"plugin {plugin!r}: feature {feature!r}'s {phase} transform made "
+                             f"{', '.join(b.rstrip('.') for b in bad[:4])} negative or non-finite")
+
+
+# ====================================================================== the prediction
+
+
+def mfu_ceiling(model, batch) -> np.ndarray:
+    """Per row, the largest MFU the kernels allow: model FLOPs over the FLOPs they execute at least
+    (attention causal with fused kernels, the full square without); 1 without attention savings."""
+    seq = np.asarray(batch.sequence_length, dtype=np.float64)
+    uniq, inv = np.unique(seq, return_inverse=True)
+    one = np.ones_like(uniq)
+    geo = lambda flash: Geometry(b=one, s=uniq, t=one, c=one, e=one, etp=one, dp=one,  # noqa: E731
+                                 sp=np.zeros(len(uniq), bool), dt=2.0 * one, precision=np.zeros(len(uniq), int),
+                                 flash=np.full(len(uniq), flash))
+    core = lambda g: sum((np.asarray(o.flops, dtype=np.float64) for o in attention_operators(model, g)  # noqa: E731
+                          if o.name == "core_attention"), np.zeros(len(uniq)))
+    layers = model.num_layers + model.num_mtp_layers
+    attn_model = 3.0 * layers * core(geo(False))
+    attn_exec = (1.0 + ATTENTION_BWD_FACTOR) * layers * core(geo(True))
+    total = 3.0 * model_flops_per_sequence(model, uniq)
+    saved = np.maximum(attn_model - attn_exec, 0.0)
+    ceiling = total / np.maximum(total - saved, 1e-300)
+    return np.where(np.asarray(batch.flash_attention, bool), ceiling[inv], 1.0)
+
+
+@attrs.frozen
+class Violation:
+    row: int
+    #: which invariant (``step``, ``breakdown.<k>``, ``step_sum``, ``mem.<k>``, ``mem_sum``, ``tokens``,
+    #: ``mfu``, ``hfu``, ``layers``)
+    key: str
+    what: str
+
+
+def _close(total: np.ndarray, parts: np.ndarray) -> np.ndarray:
+    return np.abs(total - parts) <= REL_TOL * np.maximum(np.abs(total), np.abs(parts)) + 1e-300
+
+
+def violations(pred) -> list[Violation]:
+    """Every invariant of the module docstring over all rows of `pred`: the first bad row of each."""
+    out: list[Violation] = []
+
+    def first(mask, key, what):
+        bad = np.flatnonzero(~np.asarray(mask, bool))
+        if len(bad):
+            out.append(Violation(int(bad[0]), key, what(int(bad[0]))))
+
+    n = len(pred.step_time_s)
+    step = pred.step_time_s
+    first(np.isfinite(step) & (step > 0), "step", lambda i: f"step time {step[i]!r} s is not finite and > 0")
+    for k, a in pred.breakdown.items():
+        ok = np.isfinite(a) & ((a >= -REL_TOL * np.abs(step)) | (k == "schedule_adjust"))
+        first(ok, f"breakdown.{k}", lambda i, k=k, a=a: f"step-time component {k!r} is {a[i]!r} s")
+    parts = sum(pred.breakdown.values(), np.zeros(n))
+    first(_close(step, parts), "step_sum",
+          lambda i: f"the step breakdown sums to {parts[i]!r} s, not the step time {step[i]!r} s")
+    peak = pred.peak_memory_bytes
+    for k, a in pred.memory_breakdown.items():
+        first(np.isfinite(a) & (a >= 0), f"mem.{k}", lambda i, k=k, a=a: f"memory component {k!r} is {a[i]!r} bytes")
+    mem = sum((a for k, a in pred.memory_breakdown.items() if k != "host"), np.zeros(n))
+    first(_close(peak, mem), "mem_sum", lambda i: f"the memory breakdown sums to {mem[i]!r} bytes, not the peak "
+                                                  f"{peak[i]!r}")
+    tok = pred.tokens_per_s_per_gpu
+    first(np.isfinite(tok) & (tok > 0), "tokens", lambda i: f"tokens/s/GPU is {tok[i]!r}")
+    ceiling = mfu_ceiling(pred.model, pred.batch)
+    mfu, hfu = pred.mfu, pred.hfu
+    first(np.isfinite(mfu) & (mfu > 0) & (mfu <= ceiling * (1 + REL_TOL)), "mfu",
+          lambda i: f"MFU {mfu[i]:.4g} exceeds what the peak allows ({ceiling[i]:.4g})")
+    first(np.isfinite(hfu) & (hfu >= mfu * (1 - REL_TOL)), "hfu", lambda i: f"HFU {hfu[i]!r} is below MFU {mfu[i]!r}")
+    lay = pred.state.layout
+    if lay is not None:
+        from .engine import stage_layer_totals
+
+        placed = stage_layer_totals(pred.batch, lay.total)
+        first(placed == pred.model.num_layers, "layers",
+              lambda i: f"the pipeline stages hold {placed[i]:g} layers, not the model's {pred.model.num_layers}")
+    return out
+
+
+#: the breakdown component (provenance key) whose producer is named when no feature is to blame
+_SOURCE = {"step": "compute_fwd", "tokens": "compute_fwd", "mfu": "compute_fwd", "hfu": "recompute",
+           "step_sum": None, "mem_sum": None, "layers": None}
+
+
+def _feature_culprit(pred, row: int, pm, key: str) -> str | None:
+    """The feature on `row` whose removal mends invariant `key` (a one-row re-evaluation each)."""
+    from .engine import evaluate
+
+    batch = pred.batch.take(np.array([row]))
+    for name, rows in batch.features.items():
+        if not rows.enabled[0]:
+            continue
+        off = attrs.evolve(batch, features={**batch.features, name: attrs.evolve(rows, enabled=np.zeros(1, bool))})
+        try:
+            if not any(v.key == key for v in violations(evaluate(off, pred.model, pred.hardware, pm, check=False))):
+                return name
+        except Exception:  # noqa: BLE001 - the diagnosis must not hide the violation
+            continue
+    return None
+
+
+def _producer(pred, registry, v: Violation) -> str:
+    """Who made the broken quantity when no feature is to blame: a provider, a schedule, or the core."""
+    key = _SOURCE.get(v.key, v.key.split(".", 1)[-1] if v.key.startswith("breakdown.") else None)
+    source = pred.provenance.get(key) if key else None
+    if source == "schedule":
+        name = list(registry.schedules)[int(pred.batch.schedule[v.row])]
+        return f"plugin {registry.provided_by.get(('schedules', name), name)!r} (schedule {name!r})"
+    if source and source not in ("engine", "hardware profile"):
+        return f"plugin {source!r}"
+    return "the MoFa core (engine)"
+
+
+def check_prediction(pred, pm) -> None:
+    """InvariantError for the first violated invariant, naming the plugin whose output broke it."""
+    found = violations(pred)
+    if not found:
+        return
+    v = found[0]
+    registry = pm.registry
+    culprit = _feature_culprit(pred, v.row, pm, v.key)
+    if culprit is not None:
+        who = f"plugin {registry.provided_by.get(('features', culprit), culprit)!r} (feature {culprit!r})"
+    else:
+        who = _producer(pred, registry, v)
+    raise InvariantError(f"internal error: {who} broke an output invariant on row {v.row}: {v.what} "
+                         "(please report it; --disable-plugin leaves a plugin out)")
