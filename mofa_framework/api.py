@@ -8,10 +8,11 @@ from typing import Any
 import attrs
 import numpy as np
 
-from .batch import CandidateBatch
+from .batch import PRECISIONS, CandidateBatch
 from .config import TrainingJob, job_from_dict, jobs_to_batch, load_job as _load_job
 from .engine import STAGES, Prediction, evaluate
 from .errors import ConfigError, PluginError
+from .invariants import feasible_result
 from .manager import MofaPluginManager, get_plugin_manager
 from .types import ConstraintResult, HardwareProfile, ModelSpec
 from .units import GIB
@@ -32,6 +33,8 @@ class PredictionResult:
     tokens_per_s_per_gpu: float
     model_tflops_per_gpu: float
     hardware_tflops_per_gpu: float
+    #: against the peak of ``mfu_precision``: the fastest format the GEMMs run in (the row's
+    #: precision, or fp8/fp4 when a feature such as ``fp8`` runs them there)
     mfu: float
     hfu: float
     peak_memory_gib: float
@@ -50,6 +53,10 @@ class PredictionResult:
     stage_memory_gib: Mapping[str, float] = attrs.field(factory=dict)
     #: the stage whose times set the pipeline (``first``, ``mid`` or ``last``)
     critical_stage: str = "first"
+    #: the numeric format whose peak MFU and HFU are measured against
+    mfu_precision: str = "bf16"
+    #: MFU against the bf16 peak (how fp8 runs are often quoted); equals ``mfu`` for bf16 jobs
+    mfu_bf16_peak: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -96,13 +103,13 @@ class Predictor:
         for code, sched in enumerate(self.registry.schedules.values()):
             rows = batch.schedule == code
             if sched.feasible is not None and rows.any():
-                r = sched.feasible(batch, rows)
-                out.append(attrs.evolve(r, feasible=np.asarray(r.feasible, bool) | ~rows))
+                r = feasible_result(self.registry, "schedules", sched, batch, rows)
+                out.append(attrs.evolve(r, feasible=r.feasible | ~rows))
         for feat in self.registry.features.values():
             rows = batch.feature(feat.name)
             if feat.feasible is not None and rows.enabled.any():
-                r = feat.feasible(batch, rows)
-                out.append(attrs.evolve(r, feasible=np.asarray(r.feasible, bool) | ~rows.enabled))
+                r = feasible_result(self.registry, "features", feat, batch, rows)
+                out.append(attrs.evolve(r, feasible=r.feasible | ~rows.enabled))
         return out
 
     def evaluate(self, batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
@@ -163,6 +170,7 @@ def _result(job: TrainingJob, pred: Prediction, k: int) -> PredictionResult:
         stage_memory_gib={name: float(pred.stage_memory_bytes[i, k]) / GIB for i, name in enumerate(STAGES)
                           if np.isfinite(pred.stage_memory_bytes[i, k])},
         critical_stage=STAGES[int(pred.critical_stage[k])],
+        mfu_precision=PRECISIONS[int(pred.mfu_precision[k])], mfu_bf16_peak=f(pred.mfu_bf16_peak),
     )
 
 

@@ -380,9 +380,15 @@ def _prediction_head(r) -> tuple[str, str]:
             f"seq {p['sequence_length']}, {p['precision']}, schedule {r.schedule}, "
             f"features: {', '.join(r.features) or 'none'}")
     fit = "fits" if r.fits_in_memory else "does NOT fit"
-    line = (f"step {_fmt_s(r.step_time_s)} · {r.tokens_per_s_per_gpu:,.0f} tokens/s/GPU · "
-            f"{r.model_tflops_per_gpu:.0f} model TFLOPS/GPU · MFU {r.mfu:.1%} · HFU {r.hfu:.1%} · "
+    tok = f"{r.tokens_per_s_per_gpu:,.0f}" if r.tokens_per_s_per_gpu >= 10 else f"{r.tokens_per_s_per_gpu:.3g}"
+    # MFU/HFU are against the peak of the format the GEMMs run in; say so when that is not bf16
+    of = f" (of the {r.mfu_precision} peak; {r.mfu_bf16_peak:.1%} of bf16's)" if r.mfu_precision != "bf16" else ""
+    line = (f"step {_fmt_s(r.step_time_s)} · {tok} tokens/s/GPU · "
+            f"{r.model_tflops_per_gpu:.0f} model TFLOPS/GPU · MFU {r.mfu:.1%}{of} · HFU {r.hfu:.1%} · "
             f"peak memory {r.peak_memory_gib:.1f} / {r.hbm_gib:.0f} GiB ({fit})")
+    if r.mfu > 1:
+        line += ("\nnote: MFU counts attention as the full s×s square (Megatron's convention); the fused causal "
+                 "kernels execute about half of it, so at long sequences MFU can exceed 100 %")
     return head, line
 
 

@@ -132,6 +132,15 @@ def structure(data: Any, cls, where: str):
         raise ConfigError(_one_line(exc, where)) from None
 
 
+def evolved(obj, where: str, **changes):
+    """``attrs.evolve(obj, **changes)`` with a validator's complaint as a one-line ConfigError
+    (a command-line override of a job's value passes the same bounds as the job file)."""
+    try:
+        return attrs.evolve(obj, **changes)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(_one_line(exc, where)) from None
+
+
 def structure_file(data: Mapping, cls, filename: str):
     return structure(dict(data), cls, filename)
 

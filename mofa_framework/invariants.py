@@ -285,3 +285,22 @@ def check_prediction(pred, pm) -> None:
         who = _producer(pred, registry, v)
     raise InvariantError(f"internal error: {who} broke an output invariant on row {v.row}: {v.what} "
                          "(please report it; --disable-plugin leaves a plugin out)")
+
+
+# ====================================================================== feasibility callables
+
+
+def feasible_result(registry, kind: str, record, batch, rows):
+    """``record.feasible(batch, rows)`` of a feature or schedule (`kind`: "features" | "schedules"),
+    with a raising or malformed answer reported as a PluginError naming the record's plugin."""
+    plugin = registry.provided_by.get((kind, record.name), record.name)
+    try:
+        r = record.feasible(batch, rows)
+        mask = np.asarray(r.feasible, dtype=bool)
+    except Exception as exc:  # noqa: BLE001
+        raise PluginError(f"plugin {plugin!r}: {kind[:-1]} {record.name!r}'s feasibility rule failed: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    if mask.shape != (len(batch),):
+        raise PluginResultError(f"plugin {plugin!r}: {kind[:-1]} {record.name!r}'s feasibility rule has shape "
+                                f"{mask.shape}, expected ({len(batch)},)")
+    return attrs.evolve(r, feasible=mask)

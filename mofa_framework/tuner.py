@@ -25,6 +25,7 @@ import numpy as np
 from .batch import PRECISIONS, CandidateBatch, FeatureRows
 from .engine import Prediction
 from .errors import ConfigError
+from .invariants import feasible_result
 from .types import HardwareProfile, ModelSpec
 from .units import GIB
 
@@ -442,8 +443,8 @@ def _search_task(predictor, req: TuneRequest, structs: CandidateBatch, task, all
     for feat in registry.features.values():
         rows = batch.feature(feat.name)
         if feat.feasible is not None and rows.enabled.any():
-            r = feat.feasible(batch, rows)
-            bad = ~np.asarray(r.feasible, bool) & rows.enabled & ok
+            r = feasible_result(registry, "features", feat, batch, rows)
+            bad = ~r.feasible & rows.enabled & ok
             removed[r.reason] = removed.get(r.reason, 0) + int(bad.sum())
             ok &= ~bad
     idx = np.flatnonzero(ok)

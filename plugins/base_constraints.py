@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from mofa_framework import hookimpl
+from mofa_framework.batch import PRECISIONS
 from mofa_framework.engine import layers_per_stage_valid
 from mofa_framework.types import ConstraintResult
 
@@ -50,6 +51,14 @@ def mofa_candidate_constraints(batch, model, hardware):
     yield ConstraintResult(
         name="sp_divides_sequence", feasible=np.where(batch.sequence_parallel & (t > 1), (s // c) % t == 0, True),
         reason="parallel.sequence_length / cp must be divisible by parallel.tp with sequence_parallel")
+    for fmt in ("fp8", "fp4"):  # a format the GPU has no tensor cores for (as features.fp8 / nvfp4 check)
+        rows = batch.precision == PRECISIONS.index(fmt)
+        if rows.any() and fmt not in hardware.compute.peak_tflops:
+            yield ConstraintResult(
+                name=f"precision_needs_{fmt}_hardware", feasible=~rows,
+                reason=f"parallel.precision = {fmt!r} needs {fmt.upper()} tensor cores, but {hardware.name} lists "
+                       f"no {fmt} in compute.peak_tflops ({', '.join(sorted(hardware.compute.peak_tflops))}): "
+                       "choose another precision or GPU")
     if model.is_moe:
         yield ConstraintResult(
             name="ep_divides_experts", feasible=(model.num_experts % e == 0) & ((t * c * dp) % (e * etp) == 0),

@@ -116,7 +116,7 @@ def host_memory_check(feature: str, rows, need, hardware, what: str, fix: str) -
     return ConstraintResult(
         name=f"{feature}_host_memory", feasible=~rows.enabled | (need <= have),
         reason=(f"features.{feature} needs up to {worst:.1f} GiB of host memory per GPU ({what}) but {hardware.name} "
-                f"has {have:.1f} GiB per GPU (host.cpu_memory_gib / gpus_per_node): {fix}"))
+                f"has {have / GIB:.1f} GiB per GPU (host.cpu_memory_gib / gpus_per_node): {fix}"))
 
 
 @hookimpl

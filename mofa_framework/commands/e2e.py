@@ -12,7 +12,9 @@ import numpy as np
 
 from ..cli import _emit_json, _table, job_options, load_jobs, pass_state
 from ..e2e import E2EInputs, E2EResult, e2e_inputs, e2e_time
+from ..config import evolved
 from ..errors import ConfigError
+from ..limits import LIMITS, check
 from ._figure import figure, written_path
 
 #: --sweep factor → (e2e_time keyword, parser, minimum, strict, label)
@@ -23,6 +25,11 @@ SWEEP_FACTORS = {
     "recovery_time": ("mttr_s", float, 0.0, False, "MTTR (s)"),
     "save_time": ("checkpoint_save_s", float, 0.0, False, "checkpoint save time (s)"),
 }
+
+
+#: --sweep factor → the job-file field whose bound its values pass
+SWEEP_BOUNDS = {"interval": "fault.checkpoint_interval_steps", "failure_rate": "fault.node_failures_per_day",
+                "nodes": "hardware.num_gpus", "recovery_time": "fault.init_s", "save_time": "fault.checkpoint_save_s"}
 
 
 def parse_sweep(text: str) -> tuple[str, list[float]]:
@@ -42,6 +49,10 @@ def parse_sweep(text: str) -> tuple[str, list[float]]:
         if not math.isfinite(x) or x < minimum or (kind is int and not x.is_integer()):
             what = "an integer" if kind is int else "a number"
             raise ConfigError(f"--sweep {factor}: values must be {what} ≥ {minimum:g}, got {item}")
+        try:
+            check(LIMITS[SWEEP_BOUNDS[factor]], factor, kind(x))
+        except ValueError as exc:
+            raise ConfigError(f"--sweep {str(exc).replace(repr(factor) + ':', factor + ':')}") from None
         values.append(kind(x))
     if not values:
         raise ConfigError(f"--sweep {factor}: give at least one value, e.g. {factor}=1,2,4")
@@ -64,7 +75,7 @@ def apply_overrides(job, *, tokens, interval, failure_rate, save_s, init_s, poli
     if tokens is not None:
         if not (tokens > 0 and math.isfinite(tokens)):
             raise ConfigError(f"--tokens must be > 0, got {tokens:g}")
-        job = attrs.evolve(job, training=attrs.evolve(job.training, tokens=float(tokens)))
+        job = attrs.evolve(job, training=evolved(job.training, "--tokens: training", tokens=float(tokens)))
     changes: dict = {}
     if interval is not None:
         if interval < 1:
@@ -83,7 +94,7 @@ def apply_overrides(job, *, tokens, interval, failure_rate, save_s, init_s, poli
     if fault_options:
         changes["options"] = {**job.fault.options, **dict(_fault_option(o) for o in fault_options)}
     if changes:
-        job = attrs.evolve(job, fault=attrs.evolve(job.fault, **changes))
+        job = attrs.evolve(job, fault=evolved(job.fault, "command line: fault", **changes))
     return job
 
 

@@ -12,6 +12,7 @@ import click
 
 from ..cli import _emit_json, _fmt_s, load_jobs, pass_state
 from ..errors import ConfigError
+from ..limits import LIMITS, check, short
 from ..tuner import OBJECTIVES, SearchSpace, TuneRequest, default_space, feature_choices, megatron_arguments, tune
 
 
@@ -21,10 +22,21 @@ def _ints(text: str | None, flag: str) -> tuple[int, ...] | None:
     try:
         vals = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise ConfigError(f"{flag}: expected comma-separated integers, e.g. 1,2,4,8; got {text!r}") from None
+        raise ConfigError(f"{flag}: expected comma-separated integers, e.g. 1,2,4,8; got {short(text)}") from None
     if not vals or min(vals) < 1:
-        raise ConfigError(f"{flag}: values must be integers ≥ 1, got {text!r}")
+        raise ConfigError(f"{flag}: values must be integers ≥ 1, got {short(text)}")
+    bound = LIMITS[_FLAG_BOUNDS.get(flag, "parallel.tp")]
+    for x in vals:
+        try:
+            check(bound, flag, x)
+        except ValueError as exc:
+            raise ConfigError(str(exc).replace(f"'{flag}':", f"{flag}:")) from None
     return vals
+
+
+#: each --*-values flag's values pass the bound of the parallel size it searches
+_FLAG_BOUNDS = {f"--{k}-values": f"parallel.{k}" for k in ("tp", "pp", "vpp", "cp", "ep", "etp")}
+_FLAG_BOUNDS["--mbs-values"] = "parallel.micro_batch_size"
 
 
 def _names(text: str | None) -> tuple[str, ...] | None:
