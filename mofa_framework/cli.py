@@ -34,6 +34,10 @@ class MofaGroup(click.Group):
         except MofaError as exc:
             click.echo(f"error: {one_line(str(exc))}", err=True)
             ctx.exit(2)
+        except click.UsageError as exc:  # a flag's value click itself refuses: one line too
+            where = exc.ctx.command_path if exc.ctx is not None else "mofa"
+            click.echo(f"error: {one_line(exc.format_message())} (see `{where} --help`)", err=True)
+            ctx.exit(2)
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
         except Exception as exc:  # noqa: BLE001
@@ -287,7 +291,7 @@ def _opts_text(opts: dict) -> str:
 
 def job_dict_from_flags(model, hardware, gpus, tp, pp, vpp, cp, ep, etp, mbs, gbs, seq, precision, schedule,
                         sequence_parallel, features, tokens, moe_load_factor=None, flash_attention=None) -> dict:
-    if not (model and hardware and gpus and gbs and seq):
+    if not (model and hardware) or None in (gpus, gbs, seq):  # 0 or -1 reach the bounds, which name them
         raise ConfigError("give a job file, or --model, --hardware, --gpus, --gbs and --seq")
     model_section = {"config": model} if model.endswith(".json") else {"name": model}
     if moe_load_factor is not None:

@@ -49,7 +49,7 @@ def _converter() -> cattrs.Converter:
             hint = f" (write {int(x)})" if isinstance(x, float) and x.is_integer() and abs(x) < 1e15 else ""
             raise ValueError(f"expected an integer, got {short(x)}{hint}")
         if abs(x) > INT64_MAX:
-            raise ValueError(f"integer {short(x)} is too large (see docs/bad-inputs.md for each field's bound)")
+            raise ValueError(f"{short(x)} is too large (see docs/bad-inputs.md for each field's bound)")
         return x
 
     def bool_hook(x, _):

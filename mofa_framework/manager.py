@@ -130,33 +130,38 @@ class MofaPluginManager(pluggy.PluginManager):
         gives, and the test fixtures use).
         """
         by_name: dict[str, list] = {}
+        names: dict[int, str] = {}  # parsing a distribution's METADATA is the slow part: once each
+
+        def dist_name(d) -> str:
+            if id(d) not in names:
+                names[id(d)] = d.metadata["Name"] or "?"
+            return names[id(d)]
+
         for dist in importlib.metadata.distributions():
-            if builtin_only and dist.metadata["Name"] != BUILTIN_DISTRIBUTION:
+            eps = [ep for ep in dist.entry_points if ep.group == group]
+            if not eps or (builtin_only and dist_name(dist) != BUILTIN_DISTRIBUTION):
                 continue
-            for ep in dist.entry_points:
-                if ep.group != group:
-                    continue
-                dist_name = dist.metadata["Name"] or "?"
-                if any(d.metadata["Name"] == dist_name for _, d in by_name.get(ep.name, [])):
+            for ep in eps:
+                if any(dist_name(d) == dist_name(dist) for _, d in by_name.get(ep.name, [])):
                     continue  # the same distribution seen twice on sys.path
                 by_name.setdefault(ep.name, []).append((ep, dist))
         self.entry_point_names = set(by_name)
         for name in sorted(by_name):
             candidates = by_name[name]
             # a built-in keeps its name; an outsider using it is reported, never silently used
-            candidates.sort(key=lambda pair: pair[1].metadata["Name"] != BUILTIN_DISTRIBUTION)
+            candidates.sort(key=lambda pair: dist_name(pair[1]) != BUILTIN_DISTRIBUTION)
             ep, dist = candidates[0]
             info = PluginInfo(
                 name=name,
-                distribution=dist.metadata["Name"] or "?",
+                distribution=dist_name(dist),
                 version=dist.version or "",
                 entry_point=ep.value,
-                status="builtin" if dist.metadata["Name"] == BUILTIN_DISTRIBUTION else "active",
+                status="builtin" if dist_name(dist) == BUILTIN_DISTRIBUTION else "active",
             )
             for other_ep, other in candidates[1:]:
                 clash = PluginInfo(
-                    name=f"{name} ({other.metadata['Name']})",
-                    distribution=other.metadata["Name"] or "?",
+                    name=f"{name} ({dist_name(other)})",
+                    distribution=dist_name(other),
                     version=other.version or "",
                     entry_point=other_ep.value,
                 )
@@ -218,6 +223,8 @@ class MofaPluginManager(pluggy.PluginManager):
             try:
                 res = impl.function(**{a: kwargs[a] for a in impl.argnames})
                 res = list(res) if res is not None else []
+            except ConfigError:
+                raise  # the user's input (a bad MOFA_HARDWARE_PATH, a malformed profile): one line, exit 2
             except Exception as exc:  # noqa: BLE001
                 info = self.infos.setdefault(name, PluginInfo(name=name))
                 self._fail(info, f"plugin {name!r} raised in {hook_name}: {type(exc).__name__}: {exc}", PluginError)
