@@ -181,21 +181,27 @@ def read_toml(path: str | Path) -> dict:
     p = Path(path)
     shown = shown_path(p)
     try:
-        with p.open("rb") as fh:
-            return tomllib.load(fh)
+        data = p.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{shown}: no such file") from None
     except IsADirectoryError:
         raise ConfigError(f"{shown}: is a directory, not a job file") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{shown}: not UTF-8 text (byte {exc.start}): TOML files must be UTF-8; "
-                          "re-save it as UTF-8") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{shown}: malformed TOML: {str(exc)[:200]}") from None
-    except RecursionError:
-        raise ConfigError(f"{shown}: malformed TOML: nested too deeply") from None
     except OSError as exc:  # a symlink loop, a name too long, no permission, a device
         raise ConfigError(f"{shown}: cannot read: {exc.strerror or type(exc).__name__}") from None
+    return parse_toml(data, shown)
+
+
+def parse_toml(data: bytes, where: str) -> dict:
+    """TOML bytes as a dict; ConfigError starting with `where` for non-UTF-8 or malformed text."""
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{where}: not UTF-8 text (byte {exc.start}): TOML files must be UTF-8; "
+                          "re-save it as UTF-8") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{where}: malformed TOML: {str(exc)[:200]}") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: malformed TOML: nested too deeply") from None
 
 
 # ====================================================================== sections
