@@ -101,6 +101,10 @@ class LayerCosts:
     act_saved_bytes: FloatArray
     #: transient bytes while this layer runs backward (full recompute re-materialises a layer)
     act_working_bytes: FloatArray
+    #: bytes a saved GEMM input occupies, as a fraction of its bf16 size: 1, less when a feature keeps
+    #: a quantised copy for the weight gradient instead (fp8: 0.5). Features that later drop saved
+    #: tensors (recompute modules, MemFine) drop them at this size, not twice
+    act_gemm_input_scale: FloatArray
     fwd_flops: FloatArray
     recompute_flops: FloatArray
 
@@ -348,7 +352,8 @@ def _layer_costs(ctx: Context, kind: str) -> LayerCosts:
         offload_exposed_fwd_s=z, offload_exposed_bwd_s=z,
         dp_fwd_s=z, dp_bwd_s=z, dp_exposed_fwd_s=z, dp_exposed_bwd_s=z,
         act_layer_input_bytes=act.layer_input, act_core_attn_bytes=act.core_attention, act_other_bytes=act.other,
-        act_saved_bytes=act.total, act_working_bytes=z, fwd_flops=flops, recompute_flops=z,
+        act_saved_bytes=act.total, act_working_bytes=z, act_gemm_input_scale=z + 1.0, fwd_flops=flops,
+        recompute_flops=z,
     )
 
 

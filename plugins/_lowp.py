@@ -70,6 +70,7 @@ def reprice_gemms(state, target: int, efficiency, cast_bytes, saved_fraction, sh
             bwd_input_s=c.bwd_input_s + cast_b * share,
             act_other_bytes=c.act_other_bytes - saved_cut,
             act_saved_bytes=c.act_saved_bytes - saved_cut,
+            act_gemm_input_scale=c.act_gemm_input_scale - saved_fraction * share,
         )
     return attrs.evolve(state, layers=out)
 

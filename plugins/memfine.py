@@ -28,10 +28,9 @@ import attrs
 import numpy as np
 
 from mofa_framework import hookimpl
-from mofa_framework.decompose import layer_operators, routed_pairs, saved_activation_bytes
+from mofa_framework.decompose import layer_operators, routed_pairs
 from mofa_framework.limits import between
 from mofa_framework.types import Activation, MemoryOptimizer, option
-from mofa_plugins._lowp import gemm_input_bytes
 
 
 @attrs.frozen(kw_only=True)
@@ -50,16 +49,12 @@ def expert_activation_bytes(model, g) -> np.ndarray:
 
 
 def stored_expert_bytes(model, g, c) -> np.ndarray:
-    """S_exp as the layer costs `c` store it now. A GEMM re-pricing feature that ran before (fp8,
-    nvfp4: ``_lowp.reprice_gemms``) saves a quantised copy of every saved GEMM input instead of the
-    bf16 one, cutting the same fraction q of each, the experts' input and FC2 input among them:
-    ``q = (S_other(bf16) − S_other) / S_gemm_inputs``, ``S_exp' = S_exp − q·dt·R·(h + f_e/etp)``.
+    """S_exp as the layer costs `c` store it now. A feature that ran before (fp8, nvfp4) may keep a
+    quantised copy of every saved GEMM input, ``act_gemm_input_scale`` of its bf16 size — the
+    experts' input and FC2 input among them: ``S_exp' = S_exp − (1 − scale)·dt·R·(h + f_e/etp)``.
     Dropping the bf16 S_exp after such a cut would count the cut twice (negative activations)."""
-    base = saved_activation_bytes(model, g, "moe").other
-    inputs = gemm_input_bytes(model, g, "moe")
-    q = np.clip(np.divide(base - c.act_other_bytes, inputs, out=np.zeros_like(inputs), where=inputs > 0), 0.0, 1.0)
     routed = routed_pairs(model, g)
-    cut = q * g.dt * routed * (model.hidden_size + model.moe_ffn_hidden_size / g.etp)
+    cut = (1.0 - c.act_gemm_input_scale) * g.dt * routed * (model.hidden_size + model.moe_ffn_hidden_size / g.etp)
     return np.maximum(expert_activation_bytes(model, g) - cut, 0.0)
 
 

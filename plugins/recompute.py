@@ -35,7 +35,10 @@ it, as in Megatron. For each module m: ``S' = S − S_m`` and ``T_bwd' = T_bwd +
 checkpointing (``mlp``, ``moe``, ``shared_experts``) drops (``decompose.module_saved_bytes``)
 and ``T_m_fwd`` its re-run operators (``decompose.module_operators``) priced by the engine;
 a checkpointed submodule is re-materialised while its backward runs (``W ≥ S_m``). ``moe``
-covers ``moe_act`` and ``shared_experts``. docs/features/memory.md tabulates each module.
+covers ``moe_act`` and ``shared_experts``. docs/features/memory.md tabulates each module. ``S_m``
+counts as stored: after ``fp8``/``nvfp4`` its GEMM inputs are quantised copies
+(``act_gemm_input_scale`` of their bf16 bytes), and a module cannot drop more than the layer
+still stores — dropping the bf16 size would count those savings twice (negative activations).
 
 Recomputed forward FLOPs go to ``recompute_flops`` (hardware FLOPs, HFU).
 """
@@ -46,7 +49,13 @@ import attrs
 import numpy as np
 
 from mofa_framework import hookimpl
-from mofa_framework.decompose import RECOMPUTE_MODULES, layer_operators, module_operators, module_saved_bytes
+from mofa_framework.decompose import (
+    RECOMPUTE_MODULES,
+    layer_operators,
+    module_operators,
+    module_saved_bytes,
+    routed_pairs,
+)
 from mofa_framework.engine import price_operators
 from mofa_framework.limits import MAX_LAYERS, between
 from mofa_framework.types import MemoryOptimizer, option
@@ -117,6 +126,35 @@ def module_rerun(state, kind: str, c, module: str) -> tuple[np.ndarray, np.ndarr
     return secs, flops
 
 
+def module_gemm_inputs(model, g, kind: str, module: str) -> np.ndarray:
+    """The part of :func:`~mofa_framework.decompose.module_saved_bytes` that is saved GEMM inputs
+    (bf16 bytes), which fp8/nvfp4 may already keep quantised: the norms' outputs (QKV and MLP
+    inputs), FC2's input (the activation's output) of the MLP, experts and shared experts, and the
+    experts' dispatched input."""
+    T, t, dt, spd = g.tokens, g.t, g.dt, g.sp_div
+    h, fe = model.hidden_size, model.moe_ffn_hidden_size
+    z = np.zeros_like(np.asarray(T, dtype=np.float64))
+    shared = dt * T * model.num_shared_experts * fe / t
+    if module == "layernorm":
+        return z + 2.0 * dt * T * h / spd
+    if module == "mlp" and kind == "dense":
+        return z + dt * T * model.ffn_hidden_size / t
+    if kind != "moe" or module not in ("moe", "moe_act", "shared_experts"):
+        return z
+    routed = routed_pairs(model, g)
+    if module == "moe":
+        return dt * routed * (h + fe / g.etp) + shared
+    return z + (dt * routed * fe / g.etp if module == "moe_act" else shared)
+
+
+def stored_module_bytes(ctx, kind: str, module: str, bf16_bytes, c, stored_other) -> np.ndarray:
+    """What recomputing `module` drops from the layer's saved tensors as they are stored now: its
+    bf16 bytes less what an earlier quantising feature (``act_gemm_input_scale`` < 1) already saved on
+    its GEMM inputs, and never more than the layer still stores (MemFine may have dropped experts)."""
+    part = module_gemm_inputs(ctx.model, ctx.geometry, kind, module)
+    return np.clip(bf16_bytes - (1.0 - c.act_gemm_input_scale) * part, 0.0, np.maximum(stored_other, 0.0))
+
+
 def full_fraction(state, rows) -> np.ndarray:
     """Share of a chunk's layers that full recompute re-runs."""
     lay = state.layout
@@ -150,16 +188,17 @@ def layer(state, rows):
                 on = mods[m] & ~moe_all if m in ("moe_act", "shared_experts") else mods[m]
                 if not np.any(on):
                     continue
-                drop = module_saved_bytes(state.ctx.model, state.ctx.geometry, kind, m)
-                if not np.any(drop > 0):
+                module = module_saved_bytes(state.ctx.model, state.ctx.geometry, kind, m)
+                if not np.any(module > 0):
                     continue
+                drop = stored_module_bytes(state.ctx, kind, m, module, c, sel_other)
                 secs, fl = module_rerun(state, kind, c, m)
                 sel_time = sel_time + np.where(on, secs, 0.0)
                 sel_flops = sel_flops + np.where(on, fl, 0.0)
                 sel_saved = sel_saved - np.where(on, drop, 0.0)
                 sel_other = sel_other - np.where(on, drop, 0.0)
                 if m in ("mlp", "moe", "shared_experts"):  # a checkpointed submodule is re-materialised
-                    sel_work = np.where(on, np.maximum(sel_work, drop), sel_work)
+                    sel_work = np.where(on, np.maximum(sel_work, module), sel_work)
             sel_core = np.where(core, 0.0, c.act_core_attn_bytes)
         else:
             sel_core = 0.0
