@@ -199,4 +199,12 @@ def env_flag(name: str, raw: str | None) -> bool:
     raise ConfigError(f"{name}={short(raw)}: expected 1/true/yes/on or 0/false/no/off (or unset it)")
 
 
+def markdown_table() -> str:
+    """The bounds as the Markdown table docs/bad-inputs.md shows (a test keeps the two in step)."""
+    rows = ["| field | allowed | meaning |", "|---|---|---|"]
+    for key, b in LIMITS.items():
+        rows.append(f"| `{key}` | {b.text()} | {b.why} |")
+    return "\n".join(rows) + "\n"
+
+
 __all__ = ["LIMITS", "Bound", "between", "bounded", "check", "env_flag", "limit", "optional", "short"]

@@ -87,8 +87,8 @@ class MofaPluginManager(pluggy.PluginManager):
         for name in _env_list(ENV_DISABLED):
             self.requested_disabled.setdefault(name, ENV_DISABLED)
         for name in disabled:
-            if not isinstance(name, str):
-                raise ConfigError(f"--disable-plugin: expected a plugin name, got {name!r}")
+            if not isinstance(name, str) or not name.strip():
+                raise ConfigError(f"--disable-plugin: expected a plugin name, got {name!r} (see `mofa list-plugins`)")
             self.requested_disabled.setdefault(name.strip(), "--disable-plugin")
         for name in self.requested_disabled:
             self.disable(name)

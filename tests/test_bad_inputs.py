@@ -391,3 +391,16 @@ def test_bad_input_is_one_line_exit_2(c: Case, tmp_path, monkeypatch):
     assert len(line) <= MAX_ERROR_CHARS + 200, len(line)
     for f in c.fragments:
         assert f in line, line
+
+
+def test_docs_table_of_bounds_is_generated_from_limits():
+    from mofa_framework.limits import markdown_table
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "bad-inputs.md").read_text()
+    section = text.split("<!-- limits:begin -->\n", 1)[1].split("<!-- limits:end -->", 1)[0]
+    assert section == markdown_table(), "docs/bad-inputs.md's bounds are stale: paste limits.markdown_table()"
+
+
+def test_docs_state_how_many_bad_inputs_the_suite_tries():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "bad-inputs.md").read_text()
+    assert f"**{DISTINCT_CASES} distinct bad inputs through the CLI**" in text
