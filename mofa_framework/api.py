@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -191,4 +192,6 @@ def _as_job(job, predictor: Predictor) -> TrainingJob:
         return job
     if isinstance(job, Mapping):
         return predictor.job(job)
+    if not isinstance(job, (str, os.PathLike)):
+        raise ConfigError(f"predict: expected a TrainingJob, a job-file path or a dict, got {type(job).__name__}")
     return predictor.load_job(job)

@@ -467,6 +467,9 @@ def resolve_job(raw: JobFile, registry, where: str) -> TrainingJob:
 
 
 def job_from_dict(data: Mapping[str, Any], registry, where: str = "job") -> TrainingJob:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}: a job is a table of sections ([model], [hardware], [parallel], ...), "
+                          f"got {short(data)}")
     raw = structure(dict(data), JobFile, where)
     return resolve_job(raw, registry, where)
 

@@ -138,9 +138,9 @@ def bad_arrays(new, old=None, prefix: str = "") -> list[str]:
     if new is old:
         return []
     if isinstance(new, np.ndarray):
-        if new.dtype.kind != "f":
+        if new.dtype.kind != "f" or not new.size:
             return []
-        return [] if ((new >= 0) & (new < np.inf)).all() else [prefix or "value"]
+        return [] if new.min() >= 0 and new.max() < np.inf else [prefix or "value"]  # NaN fails min() >= 0
     if isinstance(new, Mapping):
         return [b for k, x in new.items()
                 for b in bad_arrays(x, old.get(k) if isinstance(old, Mapping) else None, f"{prefix}{k}.")]
@@ -208,15 +208,24 @@ def violations(pred) -> list[Violation]:
     n = len(pred.step_time_s)
     step = pred.step_time_s
     first(np.isfinite(step) & (step > 0), "step", lambda i: f"step time {step[i]!r} s is not finite and > 0")
-    for k, a in pred.breakdown.items():
-        ok = np.isfinite(a) & ((a >= -REL_TOL * np.abs(step)) | (k == "schedule_adjust"))
-        first(ok, f"breakdown.{k}", lambda i, k=k, a=a: f"step-time component {k!r} is {a[i]!r} s")
-    parts = sum(pred.breakdown.values(), np.zeros(n))
+    keys = [k for k in pred.breakdown if k != "schedule_adjust"]
+    signed = np.stack([pred.breakdown[k] for k in keys]) if keys else np.zeros((0, n))
+    if not (np.isfinite(signed).all() and (signed >= -REL_TOL * np.abs(step)).all()):  # name the component
+        for k in keys:
+            a = pred.breakdown[k]
+            first(np.isfinite(a) & (a >= -REL_TOL * np.abs(step)), f"breakdown.{k}",
+                  lambda i, k=k, a=a: f"step-time component {k!r} is {a[i]!r} s")
+    adjust = pred.breakdown.get("schedule_adjust", np.zeros(n))
+    first(np.isfinite(adjust), "breakdown.schedule_adjust", lambda i: f"schedule_adjust is {adjust[i]!r} s")
+    parts = signed.sum(axis=0) + adjust
     first(_close(step, parts), "step_sum",
           lambda i: f"the step breakdown sums to {parts[i]!r} s, not the step time {step[i]!r} s")
     peak = pred.peak_memory_bytes
-    for k, a in pred.memory_breakdown.items():
-        first(np.isfinite(a) & (a >= 0), f"mem.{k}", lambda i, k=k, a=a: f"memory component {k!r} is {a[i]!r} bytes")
+    mem_all = np.stack(list(pred.memory_breakdown.values()))
+    if not (mem_all.min() >= 0 and mem_all.max() < np.inf):
+        for k, a in pred.memory_breakdown.items():
+            first(np.isfinite(a) & (a >= 0), f"mem.{k}",
+                  lambda i, k=k, a=a: f"memory component {k!r} is {a[i]!r} bytes")
     mem = sum((a for k, a in pred.memory_breakdown.items() if k != "host"), np.zeros(n))
     first(_close(peak, mem), "mem_sum", lambda i: f"the memory breakdown sums to {mem[i]!r} bytes, not the peak "
                                                   f"{peak[i]!r}")

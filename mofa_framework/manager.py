@@ -223,8 +223,6 @@ class MofaPluginManager(pluggy.PluginManager):
             try:
                 res = impl.function(**{a: kwargs[a] for a in impl.argnames})
                 res = list(res) if res is not None else []
-            except ConfigError:
-                raise  # the user's input (a bad MOFA_HARDWARE_PATH, a malformed profile): one line, exit 2
             except Exception as exc:  # noqa: BLE001
                 info = self.infos.setdefault(name, PluginInfo(name=name))
                 self._fail(info, f"plugin {name!r} raised in {hook_name}: {type(exc).__name__}: {exc}", PluginError)

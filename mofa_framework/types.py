@@ -33,12 +33,14 @@ def _snake(inst, attribute, value):
         raise ValueError(f"'{attribute.name}' must be a snake_case identifier (e.g. 'tp_overlap'), got {value!r}")
 
 
-_pos_int = [v.instance_of(int), v.ge(1)]
+#: counts and sizes of hardware records (GPUs per node, GEMM dimensions) are at most 2**31, their
+#: rates and capacities (TFLOPS, GiB, GB/s, parameters/s) at most 1e15: finite however they are read
+_pos_int = [v.instance_of(int), v.ge(1), v.le(2**31)]
 _nonneg_int = [v.instance_of(int), v.ge(0)]
 
 
 def _pos_float(default=None):
-    return attrs.field(default=default, converter=float, validator=v.gt(0.0))
+    return attrs.field(default=default, converter=float, validator=[v.gt(0.0), v.le(1e15)])
 
 
 def _tuple_of_str(x) -> tuple[str, ...]:

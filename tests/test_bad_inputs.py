@@ -263,10 +263,11 @@ for var, value, frag in (("MOFA_STRICT_PLUGINS", "maybe", "MOFA_STRICT_PLUGINS")
                          ("MOFA_TRACE_PLUGINS", "garbage", "MOFA_TRACE_PLUGINS"),
                          ("MOFA_DISABLE_PLUGIN_AUTOLOAD", "perhaps", "MOFA_DISABLE_PLUGIN_AUTOLOAD"),
                          ("MOFA_DISABLED_PLUGINS", "bogus", "MOFA_DISABLED_PLUGINS"),
-                         ("MOFA_DISABLED_PLUGINS", "roofline,bogus2", "bogus2"),
-                         ("MOFA_HARDWARE_PATH", "/nonexistent/mofa-dir", "MOFA_HARDWARE_PATH"),
-                         ("MOFA_MODEL_PATH", "/nonexistent/mofa-models", "MOFA_MODEL_PATH")):
+                         ("MOFA_DISABLED_PLUGINS", "roofline,bogus2", "bogus2")):
     case(f"env:{var}={value}", FLAGS, frag, env=[(var, value)])
+# a user directory that is not one is warned about (the shipped profiles still work; strict mode refuses)
+for var in ("MOFA_HARDWARE_PATH", "MOFA_MODEL_PATH"):
+    case(f"env:{var}=/nonexistent+strict", ["--strict-plugins", *FLAGS], var, env=[(var, "/nonexistent/mofa-dir")])
 
 # ---------------------------------------------------------------------- 5. unreadable or malformed files
 
@@ -404,3 +405,12 @@ def test_docs_table_of_bounds_is_generated_from_limits():
 def test_docs_state_how_many_bad_inputs_the_suite_tries():
     text = (Path(__file__).resolve().parents[1] / "docs" / "bad-inputs.md").read_text()
     assert f"**{DISTINCT_CASES} distinct bad inputs through the CLI**" in text
+
+
+@pytest.mark.parametrize("var", ["MOFA_HARDWARE_PATH", "MOFA_MODEL_PATH"])
+def test_a_missing_user_directory_is_warned_about_once(var, monkeypatch):
+    monkeypatch.setenv(var, "/nonexistent/mofa-dir")
+    r = CliRunner().invoke(cli, [*FLAGS, "--format", "json"], catch_exceptions=False)
+    assert r.exit_code == 0
+    warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warnings) == 1 and var in warnings[0] and "user_profiles" in warnings[0]
