@@ -61,20 +61,21 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.engine import _grad_bytes_per_param, stage_layout
+from mofa_framework.limits import MAX_LAYERS, between
 from mofa_framework.types import MemoryOptimizer, option
 from mofa_plugins._overlap import ContentionOptions, contention, opt
 from mofa_plugins.activation_offload import offloaded_share
 from mofa_plugins.cpu_optimizer import host_memory_check, params_per_rank
 from mofa_plugins.deepspeed_zero import busiest_stage
 from mofa_plugins.distributed_optimizer import STATE_BYTES, dp_sizes, local_params, shard_fraction, sharded_dp_comm_s
-from mofa_plugins.fsdp import PARAM_BYTES, _nonneg_int, _rest_params, layer_shards
+from mofa_plugins.fsdp import PARAM_BYTES, _rest_params, layer_shards
 
 UPDATES = ("cpu", "gpu")
 
 
 @attrs.frozen(kw_only=True)
 class WeightOffloadOptions(ContentionOptions):
-    prefetch: int = option(1, validator=_nonneg_int,
+    prefetch: int = option(1, validator=between(0, MAX_LAYERS, integer=True),
                            doc="layers fetched ahead of the running one (0 = no overlap of the transfers)")
     optimizer: str = option("cpu", choices=UPDATES, search=UPDATES,
                             doc="where Adam runs on the host-resident states: cpu (ZeRO-Offload) or gpu (states "

@@ -151,7 +151,8 @@ job_case("fault.async_checkpoint-string", with_value(BASE, "fault.async_checkpoi
 def _option_bad_values(f):
     choices = f.metadata.get("choices")
     if choices:
-        return [("choice", "bogus"), ("type", 3)]
+        wrong_type = "three" if all(isinstance(c, int) for c in choices) else 3
+        return [("choice", "bogus" if wrong_type == 3 else 99), ("type", wrong_type)]
     if isinstance(f.default, bool):
         return [("type", "yes")]
     if isinstance(f.default, int):
