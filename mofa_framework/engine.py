@@ -263,7 +263,7 @@ def nodes_spanned(group_size, stride, domain: int) -> FloatArray:
 
 
 def _checked(name: str, out, n: int) -> FloatArray:
-    problem = invariants._broken(out, n)
+    problem = invariants.answer_problem(out, n)
     if problem:
         raise PluginResultError(f"{name} returned {problem}")
     return np.asarray(out, dtype=np.float64)

@@ -65,7 +65,7 @@ def raiser(exc: BaseException, impls) -> str | None:
     return name
 
 
-def _broken(out, n: int) -> str:
+def answer_problem(out, n: int) -> str:
     """What is wrong with a provider's answer, or '' if nothing."""
     if out is None:
         return "no answer (None)"
@@ -95,13 +95,13 @@ def blame_provider(pm, hook: str, kwargs: Mapping, n: int) -> str:
             return impl.plugin_name
         if res is None:
             continue
-        if _broken(res, n):
+        if answer_problem(res, n):
             return impl.plugin_name
         break
     for w in wrappers:
         alone = pm.subset_hook_caller(hook, remove_plugins=[x.plugin for x in wrappers if x is not w])
         try:
-            if _broken(alone(**kwargs), n):
+            if answer_problem(alone(**kwargs), n):
                 return w.plugin_name
         except Exception:  # noqa: BLE001
             return w.plugin_name
@@ -122,7 +122,7 @@ def provider_result(pm, hook: str, n: int, **kwargs) -> np.ndarray:
         raise PluginError(f"plugin {who!r} failed in {hook}: {type(exc).__name__}: {exc}") from exc
     if out is None:
         raise PluginError(f"no plugin answered {hook}: is the built-in provider disabled?")
-    problem = _broken(out, n)
+    problem = answer_problem(out, n)
     if problem:
         who = blame_provider(pm, hook, kwargs, n)
         raise PluginResultError(f"plugin {who!r} broke {hook}'s contract: {problem}")
