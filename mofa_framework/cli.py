@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import sys
 import tomllib
@@ -69,10 +70,10 @@ def warn_failed_plugins(pm: MofaPluginManager) -> None:
     for info in pm.infos.values():
         if info.status == "failed":
             seen.setdefault(info.name, info.error)
-    for problem in pm.registry.problems:
-        name = problem.split("'")[1] if problem.startswith("plugin '") else None
-        if name is not None:
-            seen.setdefault(name, problem)
+    for problem in pm.registry.problems:  # e.g. a record of the wrong type: "plugin 'x' returned ..."
+        named = re.match(r"plugin '([^']+)'", problem)
+        if named:
+            seen.setdefault(named.group(1), problem)
     for name, error in seen.items():
         click.echo(f"warning: plugin {name!r} is not (fully) in use: {one_line(error, 300)} "
                    "(see `mofa list-plugins`; --strict-plugins makes this an error)", err=True)
