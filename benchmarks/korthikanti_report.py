@@ -20,7 +20,9 @@ import csv
 import os
 from pathlib import Path
 
-DEFAULT_CSV = Path(os.environ.get("MOFA_SHARED_DATA", "/work/shared/data")) / "megatron_selene_a100.csv"
+from mofa_framework.measurements import builtin_data_dir
+
+DEFAULT_CSV = Path(os.environ.get("MOFA_SHARED_DATA") or builtin_data_dir()) / "megatron_selene_a100.csv"
 
 #: Table 5 models → zoo names
 MODELS = {"GPT 22B": "gpt-22b", "GPT-3 175B": "gpt3-175b", "MT-NLG 530B": "mt-nlg-530b", "GPT 1T": "gpt-1t"}

@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/validation_report.py [--data DIR] [--doc docs/validation.md] [--folds 5] [--check]
 
-Runs ``mofa validate`` on the calibration set (the files below) with the shipped profiles, and
+Reads the measurements shipped with MoFa (``mofa_measurements``; ``--data`` or ``$MOFA_SHARED_DATA``
+for another copy). Runs ``mofa validate`` on the calibration set with the shipped profiles, and
 ``mofa calibrate --folds K`` for each shipped fitted profile (reporting only; the profiles are
 not rewritten), and replaces the section between the markers of the doc. ``--check`` exits 1
 if the doc is out of date.
@@ -17,15 +18,17 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from mofa_measurements import CALIBRATION, DUPLICATES, SETS
+
+from mofa_framework.measurements import builtin_data_dir
+
 ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("MOFA_SHARED_DATA", ROOT.parent / "shared" / "data"))
+DATA = Path(os.environ.get("MOFA_SHARED_DATA") or builtin_data_dir())
 DOC = ROOT / "docs" / "validation.md"
 BEGIN, END = "<!-- validation-report:begin -->", "<!-- validation-report:end -->"
 #: the calibration set: each measurement once (the *_dense.csv files repeat NVIDIA-schema rows
 #: with architecture columns and are validated separately)
-FILES = ("megatron_selene_a100.csv", "zero_bubble.csv", "vtrain_single_node_a100.csv", "nvidia_megatron_bridge.csv",
-         "nemo_2407.csv", "nemo_long_context.csv", "megatron_core_moe.csv", "torchtitan.csv")
-DUPLICATES = ("nvidia_megatron_bridge_dense.csv", "nemo_2407_dense.csv", "torchtitan_dense.csv")
+FILES = CALIBRATION
 PROFILE_DIR = ROOT / "hardware_profiles"
 
 
@@ -48,6 +51,11 @@ def shipped_fits() -> dict[str, dict]:
                           "summary": summary.group(1) if summary else "",
                           "efficiency": tomllib.loads(text).get("efficiency", {})}
     return out
+
+
+def coef(x: float) -> str:
+    """A fitted coefficient to 3 digits; one at its zero bound (a round-off of 1e-17) reads 0."""
+    return "0" if abs(x) < 1e-12 else f"{x:.3g}"
 
 
 def pct(x) -> str:
@@ -201,7 +209,7 @@ def calibration_tables(data: Path, folds: int, fits: dict[str, dict]) -> list[st
              f"{folds}-fold held-out MAPE / max |", "|---|---|---|---|---|"]
     for hw, fit in fits.items():
         r = calibrate([data / f for f in fit["files"]], hw, predictor, parameters=fit["params"], folds=folds)
-        coeffs = ", ".join(f"{k} {v:.3g}" for k, v in r.fitted.items() if k not in r.not_identifiable)
+        coeffs = ", ".join(f"{k} {coef(v)}" for k, v in r.fitted.items() if k not in r.not_identifiable)
         cv = r.cross_validated
         lines.append(f"| {hw} | {r.rows} ({', '.join(f'{k} {v}' for k, v in r.rows_by_source.items())}) | {coeffs} | "
                      f"{pct(r.after.mape)} / {pct(r.after.max)} | "
@@ -274,6 +282,22 @@ def targets_table(main, splits) -> list[str]:
     return lines
 
 
+def coverage_table(data: Path) -> list[str]:
+    """Every measurement file: its rows, how many are predicted, and why the others are not."""
+    from mofa_framework.validate import validate
+
+    lines = ["| file | rows | predicted | not predicted: reason (rows) |", "|---|---|---|---|"]
+    for name in SETS["all"]:
+        r = validate([data / name], require_rows=False)
+        reasons: dict[str, int] = {}
+        for s in r.skipped:
+            key = f"{s.kind}: {s.reason}" if s.kind != "unmappable" else s.reason
+            reasons[key] = reasons.get(key, 0) + 1
+        why = "; ".join(f"{k} ({n})" for k, n in sorted(reasons.items(), key=lambda kv: -kv[1])) or "—"
+        lines.append(f"| {name} | {r.overall.rows + r.overall.skipped} | {r.overall.rows} | {why} |")
+    return lines
+
+
 def render(data: Path, folds: int) -> str:
     from mofa_framework.validate import validate
 
@@ -298,6 +322,9 @@ def render(data: Path, folds: int) -> str:
            "cannot beat the per-job (1/m-weighted) median; the floor counts only that, not vTrain's scatter above.", "",
            *repeat_floor(paths, main), "",
            "### Rows not predicted", "", *skipped_table(main), "",
+           "### Rows predicted per file (every measurement file shipped)", "",
+           "Each file validated alone with the shipped profiles; the reasons are the rows' own.", "",
+           *coverage_table(data), "",
            "### Shipped fits", "",
            "Read from each `hardware_profiles/*.toml` (the command that wrote it is in the comment above its "
            "`[efficiency]` table).", "", *shipped_table(fits), "",

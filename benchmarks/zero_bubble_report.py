@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/zero_bubble_report.py [--csv PATH] [--doc docs/schedules.md] [--check]
 
-Rows (/work/shared/data/zero_bubble.csv, Qi et al. 2023 Tables 4/5) are pure pipeline runs of
+Rows (``zero_bubble.csv`` of the measurements shipped with MoFa, Qi et al. 2023 Tables 4/5) are pure pipeline runs of
 four GPT-like models on A100-SXM4-80GB; each becomes a job with the row's tp/pp/vpp/dp, micro
 and global batch, seq_len, and the paper's layer placement (first and last stage one layer
 fewer than the middle ones). Megatron splits those uneven end stages into chunks that MoFa's
@@ -24,8 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
+from mofa_framework.measurements import builtin_data_dir
+
 ROOT = Path(__file__).resolve().parents[1]
-CSV = Path("/work/shared/data/zero_bubble.csv")
+CSV = builtin_data_dir() / "zero_bubble.csv"
 DOC = ROOT / "docs" / "schedules.md"
 BEGIN, END = "<!-- zero-bubble-report:begin -->", "<!-- zero-bubble-report:end -->"
 #: the CSV's schedule names → MoFa's (ZB-1p/2p/V resolve through the zero_bubble plugin's aliases)

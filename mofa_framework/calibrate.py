@@ -243,6 +243,20 @@ def _coordinate_search(residuals, x0, lo, hi, rounds: int = 30) -> np.ndarray:
 # ====================================================================== entry point
 
 
+def _check_enough_rows(rows: int, fitted: Sequence[str], folds: int, hardware: str) -> None:
+    """ConfigError when the rows cannot determine the coefficients: fewer rows than coefficients, more
+    folds than rows, or folds whose training rows are fewer than the coefficients."""
+    if len(fitted) > rows:
+        raise ConfigError(f"{len(fitted)} coefficients ({', '.join(fitted)}) cannot be fitted to {rows} row(s) on "
+                          f"{hardware!r}: give at least {len(fitted)} rows, or fit fewer with --param")
+    if folds > rows:
+        raise ConfigError(f"--folds {folds}: only {rows} rows are fitted on {hardware!r}; use at most {rows} "
+                          "(leave-one-out) or 0 (no cross-validation)")
+    if folds >= 2 and fitted and rows - math.ceil(rows / folds) < len(fitted):
+        raise ConfigError(f"--folds {folds}: each fold's fit would see {rows - math.ceil(rows / folds)} of the {rows} "
+                          f"rows on {hardware!r} for {len(fitted)} coefficients; use fewer folds, or 0")
+
+
 def calibrate(paths: Iterable[str | Path], hardware: str, predictor=None, *,
               parameters: Sequence[str] = DEFAULT_PARAMETERS, folds: int = 5, seed: int = 0,
               start: dict[str, float] | None = None, mapped: Sequence[MappedRow] | None = None,
@@ -296,6 +310,7 @@ def calibrate(paths: Iterable[str | Path], hardware: str, predictor=None, *,
         if np.nanmax(np.abs(a - b)[ok]) >= MIN_SENSITIVITY:
             keep.append(name)
     frozen = tuple(p for p in parameters if p not in keep)
+    _check_enough_rows(int(ok.sum()), keep, folds, hw.name)
     if back.any():
         # a clean split: what the fitted rows do not constrain takes the library default, not the
         # profile's value (which the held-back rows may have set)
@@ -314,7 +329,7 @@ def calibrate(paths: Iterable[str | Path], hardware: str, predictor=None, *,
     by_source = {s: ErrorStats.of(err[ok & (problem.sources == s)]) for s in dict.fromkeys(problem.sources[ok])}
     fold_results: list[FoldResult] = []
     held = np.full(len(mine), np.nan)
-    if folds >= 2 and keep and ok.sum() >= folds:
+    if folds >= 2 and keep:
         rng = np.random.default_rng(seed)
         idx = rng.permutation(np.flatnonzero(ok))
         for k, test in enumerate(np.array_split(idx, folds)):

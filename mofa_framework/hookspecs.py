@@ -36,7 +36,9 @@ if TYPE_CHECKING:  # pragma: no cover
         ConstraintResult,
         CostTransform,
         FaultRecoveryPolicy,
+        FlopsConvention,
         HardwareProfile,
+        MeasurementReader,
         MemoryOptimizer,
         ModelSpec,
         OverlapStrategy,
@@ -145,6 +147,42 @@ class MofaSpecs:
         Called once, when the registry is first built. Returns an iterable of
         :class:`~mofa_framework.types.ConfigSection`. Features and fault policies need not use
         this: their ``options_type`` already defines ``[features.<name>]`` and ``[fault]``.
+        """
+
+    @hookspec
+    def mofa_register_measurement_readers(self) -> Iterable[MeasurementReader]:
+        """Register readers of measurement files (``mofa validate`` / ``mofa calibrate``).
+
+        Composition: registry.
+
+        Called once, when the registry is first built. Receives nothing. Returns an iterable
+        of :class:`~mofa_framework.types.MeasurementReader`: the columns a file's header must
+        have for the reader to read it, and ``map_row(row, ctx)``, called once per data row with
+        the row (column → cell text) and a :class:`~mofa_framework.measurements.ReadContext`,
+        returning a :class:`~mofa_framework.types.MappedRow` (a job and its measured step time)
+        or a :class:`~mofa_framework.types.SkippedRow` (why the row cannot be predicted). A cell
+        that is not what its column holds is reported by the context's accessors, which raise
+        :class:`~mofa_framework.measurements.CellError`; the row is then listed as malformed.
+
+        A file is read by the reader whose ``columns`` are all in its header; of several, the
+        one requiring the most columns wins; two requiring equally many are an error that
+        ``--reader NAME`` settles. The core's own *plain* schema
+        (:data:`mofa_framework.measurements.PLAIN_READER`) is always available and cannot be
+        replaced. The built-in readers cover the shared measurement set's dense, NVIDIA and
+        vTrain schemas.
+        """
+
+    @hookspec
+    def mofa_register_flops_conventions(self) -> Iterable[FlopsConvention]:
+        """Register how sources count a training step's FLOPs (``6ND``, Megatron, NeMo, ...).
+
+        Composition: registry.
+
+        Called once, when the registry is first built. Receives nothing. Returns an iterable
+        of :class:`~mofa_framework.types.FlopsConvention`, whose ``step_flops(model,
+        global_batch_size, sequence_length)`` gives one step's FLOPs as that source counts them.
+        Readers call them through ``ctx.step_flops(name, ...)`` to turn a published TFLOPS or
+        MFU into a step time; a plain-schema file names one in its ``flops_convention`` column.
         """
 
     # ------------------------------------------------------------------ providers

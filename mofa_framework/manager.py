@@ -27,7 +27,9 @@ from .types import (
     CostTransform,
     FaultRecoveryPolicy,
     Feature,
+    FlopsConvention,
     HardwareProfile,
+    MeasurementReader,
     MemoryOptimizer,
     ModelSpec,
     OverlapStrategy,
@@ -261,6 +263,8 @@ RECORD_HOOKS: dict[str, tuple[str, type]] = {
     "transforms": ("mofa_register_cost_transforms", CostTransform),
     "policies": ("mofa_register_fault_recovery_policies", FaultRecoveryPolicy),
     "config_sections": ("mofa_register_config_sections", ConfigSection),
+    "readers": ("mofa_register_measurement_readers", MeasurementReader),
+    "flops_conventions": ("mofa_register_flops_conventions", FlopsConvention),
 }
 
 _default_pm: MofaPluginManager | None = None

@@ -13,7 +13,9 @@ from .types import (
     ConfigSection,
     FaultRecoveryPolicy,
     Feature,
+    FlopsConvention,
     HardwareProfile,
+    MeasurementReader,
     ModelSpec,
     Phase,
     PipelineSchedule,
@@ -21,7 +23,8 @@ from .types import (
 
 
 _SINGULAR = {"hardware": "hardware profile", "models": "model", "schedules": "pipeline schedule",
-             "features": "feature", "policies": "fault-recovery policy", "config_sections": "config section"}
+             "features": "feature", "policies": "fault-recovery policy", "config_sections": "config section",
+             "readers": "measurement reader", "flops_conventions": "FLOPs convention"}
 
 
 def _check_options(rec) -> str:
@@ -82,6 +85,8 @@ class Registry:
     provided_by: Mapping[tuple[str, str], str]
     aliases: Mapping[tuple[str, str], str]
     problems: tuple[str, ...] = ()
+    readers: Mapping[str, MeasurementReader] = attrs.field(factory=dict)
+    flops_conventions: Mapping[str, FlopsConvention] = attrs.field(factory=dict)
 
     @classmethod
     def collect(cls, pm) -> Registry:
@@ -147,6 +152,8 @@ class Registry:
             provided_by=provided_by,
             aliases=aliases,
             problems=tuple(problems),
+            readers=dict(sorted(tables["readers"].items())),
+            flops_conventions=dict(sorted(tables["flops_conventions"].items())),
         )
 
     # ------------------------------------------------------------------ look-ups
@@ -188,6 +195,12 @@ class Registry:
 
     def policy(self, name: str, field: str = "fault.policy") -> FaultRecoveryPolicy:
         return self._lookup("policies", self.policies, name, field, "list-plugins")
+
+    def reader(self, name: str, field: str = "--reader") -> MeasurementReader:
+        return self._lookup("readers", self.readers, name, field, "list-plugins")
+
+    def flops_convention(self, name: str, field: str = "flops_convention") -> FlopsConvention:
+        return self._lookup("flops_conventions", self.flops_conventions, name, field, "list-plugins")
 
     def schedule_code(self, name: str) -> int:
         return list(self.schedules).index(name)

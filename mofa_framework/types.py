@@ -548,3 +548,102 @@ class ConstraintResult:
 
 def dtype_bytes(dtype: str) -> float:
     return DTYPE_BYTES[dtype]
+
+
+# ---------------------------------------------------------------------------------------
+# Measurements (``mofa validate`` / ``mofa calibrate``)
+# ---------------------------------------------------------------------------------------
+
+
+def _nonempty_columns(inst, attribute, value):
+    if not value or not all(isinstance(c, str) and c for c in value):
+        raise ValueError(f"'{attribute.name}' must name at least one column (non-empty strings)")
+
+
+@attrs.frozen(kw_only=True)
+class MeasurementReader:
+    """Reads one measurement-file schema: the header it recognises and how a row becomes a job.
+
+    ``map_row(row, ctx)`` receives one data row (column → cell text, ``""`` for an empty or
+    missing cell) and a :class:`mofa_framework.measurements.ReadContext` (the registry, the file's
+    source name, the row's line, typed cell accessors, GPU / model / FLOPs-convention look-ups) and
+    returns a :class:`MappedRow` or a :class:`SkippedRow` with the reason. A malformed cell is
+    reported by letting the context's accessor raise (``ctx.count(row, "tp")``).
+    """
+
+    name: str = attrs.field(validator=_kebab)
+    description: str
+    #: columns a file's header must all have for this reader to read it (the most columns wins)
+    columns: frozenset[str] = attrs.field(converter=frozenset, validator=_nonempty_columns)
+    map_row: Callable[..., Any]
+    #: the column naming each row (listings of malformed rows); "" = its line number
+    row_id_column: str = ""
+    #: the column naming the model (listings of malformed rows)
+    model_column: str = ""
+    #: the publications or frameworks whose conventions it knows (documentation)
+    sources: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
+    aliases: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
+
+
+@attrs.frozen(kw_only=True)
+class FlopsConvention:
+    """How a source counts the FLOPs of a training step (to turn its TFLOPS or MFU into a time).
+
+    ``step_flops(model, global_batch_size, sequence_length)`` returns one step's FLOPs as the
+    source counts them (a float > 0), or raises ``ValueError`` naming what the convention does
+    not define for that architecture.
+    """
+
+    name: str = attrs.field(validator=_kebab)
+    description: str
+    step_flops: Callable[..., float]
+    aliases: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
+    #: where the formula is published
+    source: str = ""
+    #: the count includes the recomputed forward (hardware-FLOPs-like), not only model FLOPs
+    counts_recompute: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class MappedRow:
+    """One measurement turned into a job dict (what a reader returns for a predictable row)."""
+
+    source: str
+    reference: str
+    row_id: str
+    job: dict
+    #: seconds, and the column it came from
+    measured_s: float = attrs.field(converter=float)
+    target: str
+    #: strategy grouping (Spearman / regret); None = not ranked
+    group: tuple | None = None
+    measured_tflops: float | None = None
+    tflops_convention: str = ""
+    measured_memory_gib: float | None = None
+    #: constraint names the engine may ignore for this row
+    ignore_constraints: frozenset[str] = frozenset()
+    notes: str = ""
+    #: updates to ``job["parallel"]`` for a setting the source leaves unstated, one per candidate
+    #: value (None removes a key); ``validate.resolve_unstated`` keeps the fastest
+    variants: tuple[dict, ...] = ()
+    #: what the mapping assumed beyond the row (an unstated setting chosen, a column overruled)
+    assumptions: str = ""
+
+    @measured_s.validator
+    def _finite_positive(self, attribute, value):
+        if not (value > 0 and value < float("inf")):
+            raise ValueError(f"measured_s must be finite and > 0, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class SkippedRow:
+    """A row that was not predicted, and why."""
+
+    source: str
+    reference: str
+    row_id: str
+    model: str
+    reason: str
+    #: unmappable (the row lacks what a prediction needs) | malformed (a cell is not what its
+    #: column holds) | infeasible (the job breaks a constraint)
+    kind: str = "unmappable"

@@ -2,15 +2,15 @@
 the textbook pipeline bubble."""
 
 import csv
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from mofa_framework.config import jobs_to_batch
+from mofa_framework.measurements import builtin_data_dir
 from mofa_framework.decompose import model_flops_per_sequence, total_params
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = builtin_data_dir()  # the shipped copy of ../shared/data (tests/test_measurement_data.py)
 
 
 def test_gpt3_175b_model_flops_match_megatron_formula(mofa_predictor):

@@ -127,6 +127,59 @@ def test_hook_mofa_register_fault_recovery_policies(mofa_pm):
     assert mofa_pm.registry.policy("in-memory").mttr_s(NoOptions()) == 30.0
 
 
+def test_hook_mofa_register_measurement_readers(mofa_pm, tmp_path):
+    """A registered reader maps the rows of files whose header has its columns; the most specific
+    reader wins over the plain schema, and two equally specific ones are an error naming both."""
+    from mofa_framework.errors import ConfigError
+    from mofa_framework.measurements import map_rows
+    from mofa_framework.types import MappedRow, MeasurementReader
+
+    def map_row(row, ctx):
+        job = {"model": {"name": ctx.text(row, "model")}, "hardware": {"name": "h100", "num_gpus": 8},
+               "parallel": {"global_batch_size": 8, "sequence_length": 4096}}
+        return MappedRow(source=ctx.source, reference="mine", row_id=str(ctx.line), job=job,
+                         measured_s=ctx.number(row, "ms") / 1e3, target="ms")
+
+    class P:
+        @hookimpl
+        def mofa_register_measurement_readers(self):
+            return [MeasurementReader(name="my-logs", description="test", columns={"model", "ms"}, map_row=map_row)]
+    mofa_pm.register_plugin(P(), "my_logs")
+    assert mofa_pm.registry.reader("my-logs").columns == {"model", "ms"}
+    path = tmp_path / "logs.csv"
+    path.write_text("model,ms\nllama3-8b,1500\n")
+    (m,), skipped = map_rows([path], mofa_pm.registry)
+    assert m.measured_s == 1.5 and m.row_id == "2" and not skipped
+
+    class Q:
+        @hookimpl
+        def mofa_register_measurement_readers(self):
+            return [MeasurementReader(name="other-logs", description="test", columns={"model", "ms"}, map_row=map_row)]
+    mofa_pm.register_plugin(Q(), "other_logs")
+    with pytest.raises(ConfigError, match="my-logs, other-logs"):
+        map_rows([path], mofa_pm.registry)
+    assert map_rows([path], mofa_pm.registry, reader="other-logs")[0][0].measured_s == 1.5
+
+
+def test_hook_mofa_register_flops_conventions(mofa_pm):
+    """A registered convention is looked up by name or alias and gives one step's FLOPs."""
+    from mofa_framework.measurements import ReadContext
+    from mofa_framework.types import FlopsConvention
+
+    class P:
+        @hookimpl
+        def mofa_register_flops_conventions(self):
+            return [FlopsConvention(name="eight-nd", aliases=("8ND",), description="test",
+                                    step_flops=lambda model, b, s: 8.0 * b * s)]
+    mofa_pm.register_plugin(P(), "eight_nd")
+    reg = mofa_pm.registry
+    assert reg.flops_convention("8ND").name == "eight-nd"
+    ctx = ReadContext(source="t", registry=reg)
+    assert ctx.step_flops("eight-nd", reg.model("llama3-8b"), 2, 1024) == 8.0 * 2 * 1024
+    assert "not installed" in ctx.step_flops("no-such", reg.model("llama3-8b"), 2, 1024)
+    assert {"6nd", "palm", "megatron-2021", "megatron-core", "nemo"} <= set(reg.flops_conventions)
+
+
 def test_hook_mofa_register_config_sections(mofa_pm):
     @attrs.frozen
     class Opts:

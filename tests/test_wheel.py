@@ -54,6 +54,18 @@ def test_wheel_has_everything(wheel_env):
     assert pred["step_time_s"] > 0
 
 
+def test_wheel_validates_the_measurements_it_ships(wheel_env):
+    """`mofa validate --builtin` in the installed wheel reads the shipped measurements, with their
+    reader plugins, from site-packages (no checkout, no ../shared)."""
+    env_dir, tmp = wheel_env
+    out = json.loads(_run(env_dir / "bin" / "mofa", "validate", "--builtin", "--format", "json", cwd=tmp).stdout)
+    assert out["overall"]["rows"] > 1500 and out["overall"]["step_time"]["mape"] < 0.10
+    assert {s["source"] for s in out["sources"]} >= {"megatron_selene_a100", "vtrain_single_node_a100"}
+    where = _run(env_dir / "bin" / "python", "-c", "from mofa_framework.measurements import builtin_data_dir as d; "
+                 "print(d(), (d() / 'microbench' / 'microbench_gemm.csv').is_file())", cwd=tmp).stdout
+    assert str(ROOT) not in where and where.strip().endswith("True")
+
+
 def test_third_party_distribution_adds_gpu_and_schedule(wheel_env):
     env_dir, tmp = wheel_env
     wheels = sorted((tmp / "dist").glob("mofa_example_thirdparty-*.whl"))

@@ -87,8 +87,46 @@ def parity_plot(result, path: Path) -> None:
         ax.grid(True, which="both", alpha=0.2)
 
 
+def data_options(f):
+    """--builtin, --builtin-set and --reader, shared by validate and calibrate."""
+    f = click.option("--reader", "reader", metavar="NAME",
+                     help="Read every file with this measurement reader (see `mofa list-plugins`; the core's "
+                          "own is `plain`) instead of the one its columns select.")(f)
+    f = click.option("--builtin-set", "builtin_set", type=click.Choice(["calibration", "newer", "duplicates", "all"]),
+                     help="Add the published measurements shipped with MoFa: the calibration set (what "
+                          "--builtin adds), the sources added after the fits, the *_dense twins, or all.")(f)
+    f = click.option("--builtin", "builtin", is_flag=True,
+                     help="Add the published measurements shipped with MoFa (the calibration set of "
+                          "docs/validation.md).")(f)
+    return f
+
+
+def input_files(files, builtin: bool, builtin_set: str | None) -> list[Path]:
+    """FILES plus the shipped measurement set asked for; ConfigError when there is nothing to read."""
+    from ..measurements import builtin_files
+
+    out = list(files)
+    if builtin or builtin_set:
+        out += builtin_files(builtin_set or "calibration")
+    if not out:
+        raise ConfigError("give measurement CSV FILES, or --builtin for the published measurements shipped with MoFa")
+    return out
+
+
+def report_notes(notes, skipped) -> None:
+    """Files passed over and malformed rows, on stderr (the table or JSON on stdout stays clean)."""
+    for n in notes:
+        click.echo(f"note: {n}", err=True)
+    bad = [s for s in skipped if s.kind == "malformed"]
+    if bad:
+        first = bad[0]
+        click.echo(f"warning: {len(bad)} malformed row(s) not predicted (listed with the reason); first: "
+                   f"{first.source} row {first.row_id}: {first.reason}", err=True)
+
+
 @click.command("validate")
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("files", nargs=-1, type=click.Path(path_type=Path))
+@data_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "markdown"]), default="table",
               show_default=True)
 @click.option("--source", "sources", multiple=True, metavar="TEXT",
@@ -104,17 +142,21 @@ def parity_plot(result, path: Path) -> None:
               help="Also tabulate the error per group of rows, largest share of the error first; keys: "
                    "source, reference, model, hardware, num_gpus (e.g. --by model,hardware).")
 @pass_state
-def validate_cmd(state, files, fmt, sources, show_rows, hardware, plot, by):
-    """Predict every row of published-measurement CSV FILES and report the error.
+def validate_cmd(state, files, builtin, builtin_set, reader, fmt, sources, show_rows, hardware, plot, by):
+    """Predict every row of measurement CSV FILES (or --builtin) and report the error.
 
-    Reads the dense, NVIDIA and vTrain schemas of /work/shared/data (see docs/validation.md).
-    Step time is compared with measured_iter_time_s, else step_time_s, else the derived column
-    (the `target column` says which). Unmappable and infeasible rows are listed with the reason.
+    Each file is read by the measurement reader its columns select: MoFa's plain schema, or a
+    plugin's (the shared set's dense, NVIDIA and vTrain schemas; docs/validation.md). The `target
+    column` says which measured or derived column each step time came from. Unmappable, malformed
+    and infeasible rows are listed with the reason; a file no reader recognises is skipped with a
+    note when other files are given.
     """
     from ..validate import group_errors, group_keys, validate
 
     keys = group_keys(by) if by is not None else None  # a bad key fails before any prediction
-    result = validate(files, state.predictor(), sources=sources or None, hardware=hardware)
+    paths = input_files(files, builtin, builtin_set)
+    result = validate(paths, state.predictor(), sources=sources or None, hardware=hardware, reader=reader)
+    report_notes(result.notes, result.skipped)
     groups = group_errors(result.rows, keys) if keys is not None else None
     if plot is not None:
         parity_plot(result, plot)
@@ -167,7 +209,8 @@ def validate_cmd(state, files, fmt, sources, show_rows, hardware, plot, by):
 
 
 @click.command("calibrate")
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("files", nargs=-1, type=click.Path(path_type=Path))
+@data_options
 @click.option("--hardware", required=True, help="Hardware profile to fit (name or alias).")
 @click.option("--param", "params", multiple=True, metavar="NAME",
               help=f"Coefficient to fit (repeatable; default: {', '.join(DEFAULT_PARAMETERS)}; "
@@ -190,10 +233,12 @@ def validate_cmd(state, files, fmt, sources, show_rows, hardware, plot, by):
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "markdown"]), default="table",
               show_default=True)
 @pass_state
-def calibrate_cmd(state, files, hardware, params, folds, seed, sources, hold_out, write, all_rows, new_name, fmt):
-    """Fit a hardware profile's [efficiency] coefficients to the step times in FILES."""
+def calibrate_cmd(state, files, builtin, builtin_set, reader, hardware, params, folds, seed, sources, hold_out, write,
+                  all_rows, new_name, fmt):
+    """Fit a hardware profile's [efficiency] coefficients to the step times in FILES (or --builtin)."""
     from ..calibrate import DEFAULT_PARAMETERS, calibrate, write_profile
-    from ..validate import from_sources, map_rows
+    from ..measurements import map_files
+    from ..validate import select_sources
 
     if folds < 0 or folds == 1:
         raise ConfigError(f"--folds must be 0 (none) or ≥ 2, got {folds}")
@@ -202,9 +247,10 @@ def calibrate_cmd(state, files, hardware, params, folds, seed, sources, hold_out
     if new_name is not None and not KEBAB.match(new_name):
         raise ConfigError(f"--name {new_name!r}: use lower-case letters, digits, dots and hyphens (e.g. my-h100)")
     predictor = state.predictor()
-    mapped, _ = map_rows(files, predictor.registry, hardware if all_rows else None)
-    if sources:
-        mapped = [m for m in mapped if from_sources(m, sources)]
+    given, files = files, input_files(files, builtin, builtin_set)
+    mapped, skipped, notes = map_files(files, predictor.registry, hardware if all_rows else None, reader)
+    mapped, skipped = select_sources(mapped, skipped, sources)
+    report_notes(notes, skipped)
     result = calibrate(files, hardware, predictor, parameters=params or DEFAULT_PARAMETERS, folds=folds, seed=seed,
                        mapped=mapped, hold_out=hold_out)
     if write:
@@ -212,7 +258,9 @@ def calibrate_cmd(state, files, hardware, params, folds, seed, sources, hold_out
         command = shlex.join(argv) if argv else shlex.join(
             ["mofa", "calibrate", "--hardware", hardware, *(f"--param={p}" for p in params), f"--folds={folds}",
              *(f"--source={s}" for s in sources), *(f"--hold-out={h}" for h in hold_out),
-             *(["--all-rows"] if all_rows else []), *map(str, files)])
+             *(["--all-rows"] if all_rows else []), *(["--builtin"] if builtin else []),
+             *([f"--builtin-set={builtin_set}"] if builtin_set else []), *([f"--reader={reader}"] if reader else []),
+             *map(str, given)])
         write_profile(result, write, command, name=new_name, predictor=predictor)
     if fmt == "json":
         click.echo(json.dumps(_json_safe(result.to_dict()), indent=2, default=str))

@@ -117,7 +117,7 @@ def test_recipe_reaches_megatron_arguments(mofa_predictor, recipe):
                                           ("float8 tensorwise", "tensorwise"),
                                           ("FP8 blockwise (128x128 W / 1x128 act)", "blockwise"), ("FP8", None)])
 def test_sources_precision_column_sets_the_recipe(text, recipe):
-    from mofa_framework.validate import _precision
+    from mofa_plugins._megatron import precision as _precision
 
     precision, feature, options = _precision(text)
     assert (precision, feature) == ("bf16", "fp8")

@@ -17,12 +17,13 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from mofa_framework.config import jobs_to_batch
+from mofa_framework.measurements import builtin_data_dir
 from mofa_framework.decompose import ALL_GATHER, REDUCE_SCATTER, Coll
 from mofa_framework.errors import ConfigError
 from mofa_framework.testing.contract import assert_same_row
 
 REPO = Path(__file__).resolve().parents[2]
-CSV = Path("/work/shared/data/megatron_selene_a100.csv")
+CSV = builtin_data_dir() / "megatron_selene_a100.csv"
 
 GPT = {"model": {"name": "gpt3-175b"}, "hardware": {"name": "a100-sxm4-80gb", "num_gpus": 128},
        "parallel": {"tp": 8, "pp": 8, "vpp": 3, "micro_batch_size": 1, "global_batch_size": 64,
@@ -223,8 +224,6 @@ def _korthikanti():
 
 @pytest.fixture(scope="module")
 def korthikanti_rows():
-    if not CSV.exists():
-        pytest.skip("megatron_selene_a100.csv not available")
     from mofa_framework import Predictor
     from mofa_framework.manager import MofaPluginManager
 

@@ -1,0 +1,127 @@
+"""Megatron-Bridge performance presets: settings its published tables do not state.
+
+NVIDIA-NeMo/Megatron-Bridge's performance summaries give the model, GPU, precision and layout of
+each run; the features (token dispatcher, 1F1B all-to-all overlap, recompute modules, CUDA graphs)
+come from its ``scripts/performance/configs`` presets, read at the commits cited below and applied
+by ``reader_nvidia`` to the MoE rows whose model, GPU, precision and layout match.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen(kw_only=True)
+class BridgeRecipe:
+    """Settings of a Megatron-Bridge performance preset (``scripts/performance/configs``) that a
+    row's table does not state, applied to the rows whose model, GPU, precision and layout match.
+
+    ``layout`` keys: tp, pp, vpp, ep, mbs, gbs (all given must equal the row's); ``precision``:
+    substrings of the row's precision column (any one must occur), empty = any. A layout-matched
+    setting is used only if every preset version read agrees on it for that layout.
+    """
+
+    models: tuple[str, ...]
+    gpus: tuple[str, ...]  # profile name prefixes; empty = any GPU
+    features: dict
+    source: str
+    precision: tuple[str, ...] = ()
+    layout: dict = attrs.field(factory=dict)
+
+    def matches(self, model: str, hw: str, precision: str, layout: dict) -> bool:
+        return (model in self.models and (not self.gpus or hw.startswith(self.gpus))
+                and (not self.precision or any(p in precision for p in self.precision))
+                and all(layout.get(k) == v for k, v in self.layout.items()))
+
+
+_MB = "NVIDIA-NeMo/Megatron-Bridge"
+_DSV3 = ("deepseek-v3", "deepseek-v3-no-mtp")
+_FLEX = {"flex_dispatcher": {}}
+_FLEX_DEEPEP = {"flex_dispatcher": {"backend": "deepep"}}
+#: TE per-module CUDA graphs (--cuda-graph-scope attn moe_router moe_preprocess / moe_router moe_preprocess)
+_GRAPHS_ATTN_ROUTER = {"scope": "per_module", "attn": True, "mlp": False, "moe_router": True, "moe_preprocess": True}
+_GRAPHS_ROUTER = {"scope": "per_module", "attn": False, "mlp": False, "moe_router": True, "moe_preprocess": True}
+#: the two Qwen3 preset versions read (older configs/qwen3 layout, newer configs/qwen) and the GPT-OSS one
+_QWEN3_PRESETS = (f"{_MB}@0fa501acee1ebfe3d1ab8088b638e2089d800df6 scripts/performance/configs/qwen3/workload_base_configs.py"
+                  " and @01b2977e518f0a58ec870daba2fb2c04d76a91b2 scripts/performance/configs/qwen/qwen3_workload_base_configs.py")
+_GPT_OSS_PRESET = f"{_MB}@07eea52d4523a69fc8975cef34938d61ae13f9e2 scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py"
+#: Megatron-Bridge performance presets the tables do not state (read at the commits cited)
+BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
+    # token dispatcher: the DeepSeek-V3 recipe selects the flex dispatcher (HybridEP) on every GPU
+    BridgeRecipe(models=_DSV3, gpus=(), features=_FLEX,
+                 source=f"{_MB}@355cef457010f70533a5c83f1ed97899d0e0af43 src/megatron/bridge/recipes/deepseek/deepseek_v3.py"),
+    # Qwen3: flex for every 30B row and for 235B on GB300/GB200/B300 (alltoall on B200/H100)
+    BridgeRecipe(models=("qwen3-30b-a3b",), gpus=(), features=_FLEX,
+                 source=f"{_MB}@05c0c90fbbf69c7bd57ee93c32f28b840f31484f scripts/performance/configs/qwen/qwen3_llm_pretrain.py"),
+    BridgeRecipe(models=("qwen3-235b-a22b",), gpus=("gb300", "gb200", "b300"), features=_FLEX,
+                 source=f"{_MB}@05c0c90fbbf69c7bd57ee93c32f28b840f31484f scripts/performance/configs/qwen/qwen3_llm_pretrain.py"),
+    # 1F1B all-to-all overlap (moe_a2a_overlap) and recompute modules of layout-matched presets
+    BridgeRecipe(models=("qwen3-235b-a22b",), gpus=("h100",), features={"ep_overlap": {}},
+                 layout={"tp": 2, "pp": 8, "vpp": 4, "ep": 32, "mbs": 1},
+                 source=f"{_MB}@01b2977e518f0a58ec870daba2fb2c04d76a91b2 and @f29a269f8728ff9075f88a226f92e554196a7e41 "
+                        "scripts/performance/configs/qwen/qwen3_workload_base_configs.py"),
+    BridgeRecipe(models=_DSV3, gpus=("h100",), layout={"tp": 2, "pp": 8, "vpp": 4, "ep": 64, "gbs": 8192},
+                 features={**_FLEX_DEEPEP, "ep_overlap": {},
+                           "recompute": {"granularity": "selective", "mla_up_proj": True, "mlp": True}},
+                 source=f"{_MB}@013284246bc0714e406c8a519b8686b7e50628ec scripts/performance/configs/deepseek/"
+                        "deepseek_llm_pretrain.py (deepseek_v3_h100_1024gpus_*_config)"),
+    BridgeRecipe(models=_DSV3, gpus=("b200",), precision=("MX",), layout={"tp": 1, "pp": 8, "vpp": 2, "ep": 32},
+                 features={**_FLEX_DEEPEP, "ep_overlap": {},
+                           "recompute": {"granularity": "selective", "mla_up_proj": True, "mlp": True}},
+                 source=f"{_MB}@042641823051ce167c52b0ae289941a227c11535 scripts/performance/configs/deepseek/"
+                        "deepseek_workload_base_configs.py (B200 FP8-MX V2)"),
+    BridgeRecipe(models=_DSV3, gpus=("gb300",), precision=("MX",), layout={"tp": 1, "pp": 2, "vpp": 8, "ep": 32, "mbs": 1},
+                 features={"ep_overlap": {}},
+                 source=f"{_MB}@042641823051ce167c52b0ae289941a227c11535 scripts/performance/configs/deepseek/"
+                        "deepseek_workload_base_configs.py (GB300 FP8-MX)"),
+    BridgeRecipe(models=_DSV3, gpus=("gb300",), layout={"tp": 1, "pp": 2, "vpp": 8, "ep": 32, "mbs": 2},
+                 features={"recompute": {"granularity": "selective", "mla_up_proj": True}},
+                 source=f"{_MB}@042641823051ce167c52b0ae289941a227c11535 and @f0e2c37e3f82c57f9d0e95aa8ae98b3470a91107 "
+                        "scripts/performance/configs/deepseek/deepseek_workload_base_configs.py (GB300 FP8-CS)"),
+    BridgeRecipe(models=_DSV3, gpus=("gb200",), precision=("MX",), layout={"tp": 1, "pp": 4, "vpp": 4, "ep": 64, "mbs": 1},
+                 features={"ep_overlap": {}, "recompute": {"granularity": "selective", "mla_up_proj": True}},
+                 source=f"{_MB}@042641823051ce167c52b0ae289941a227c11535 scripts/performance/configs/deepseek/"
+                        "deepseek_workload_base_configs.py (GB200 FP8-MX)"),
+    BridgeRecipe(models=_DSV3, gpus=("b200", "b300"), layout={"tp": 1, "pp": 16, "ep": 8, "mbs": 1},
+                 features={"recompute": {"granularity": "selective", "mla_up_proj": True}},
+                 source=f"{_MB}@042641823051ce167c52b0ae289941a227c11535 and @f0e2c37e3f82c57f9d0e95aa8ae98b3470a91107 "
+                        "scripts/performance/configs/deepseek/deepseek_workload_base_configs.py (B200 V1, older B300)"),
+    BridgeRecipe(models=("gpt-oss-120b",), gpus=("gb300", "gb200", "b300"), precision=("MX",),
+                 layout={"tp": 1, "pp": 1, "mbs": 4, "gbs": 1280}, features={"ep_overlap": {}},
+                 source=f"{_MB}@07eea52d4523a69fc8975cef34938d61ae13f9e2 scripts/performance/configs/gpt_oss/"
+                        "gpt_oss_workload_base_configs.py (FP8-MX V2)"),
+    BridgeRecipe(models=("gpt-oss-120b",), gpus=("gb200", "b200"), precision=("BF16",),
+                 layout={"tp": 1, "pp": 1, "mbs": 4, "gbs": 1280},
+                 features={"recompute": {"granularity": "selective", "layernorm": True, "moe_act": True}},
+                 source=f"{_MB}@07eea52d4523a69fc8975cef34938d61ae13f9e2 and @1e7adfa90b18d15594c049ed3ca3554096495594 "
+                        "scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py (BF16 V2)"),
+    BridgeRecipe(models=("gpt-oss-120b",), gpus=("h100",), layout={"tp": 1, "pp": 4, "ep": 8, "mbs": 1},
+                 features={"recompute": {"granularity": "selective", "layernorm": True, "moe_act": True}},
+                 source=f"{_MB}@07eea52d4523a69fc8975cef34938d61ae13f9e2 and @1e7adfa90b18d15594c049ed3ca3554096495594 "
+                        "scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py (H100)"),
+    # CUDA graphs (cuda_graph_impl / cuda_graph_scope): Qwen3 presets capture graphs in every version read
+    # (the older configs/qwen3 layout the full iteration, the newer one per module); the scope both
+    # cover is applied. DeepSeek-V3 is left out: the oldest version read sets no graphs on GB200/B200.
+    BridgeRecipe(models=("qwen3-30b-a3b",), gpus=("gb200",), precision=("MX",), layout={"mbs": 4},
+                 features={"cuda_graphs": _GRAPHS_ROUTER}, source=f"{_QWEN3_PRESETS} (GB200 FP8_MX)"),
+    BridgeRecipe(models=("qwen3-30b-a3b",), gpus=("gb200",), precision=("CS", "BF16"), layout={"mbs": 4},
+                 features={"cuda_graphs": _GRAPHS_ATTN_ROUTER}, source=f"{_QWEN3_PRESETS} (GB200 BF16 / FP8_CS)"),
+    BridgeRecipe(models=("qwen3-30b-a3b",), gpus=("b200",), features={"cuda_graphs": _GRAPHS_ATTN_ROUTER},
+                 source=f"{_QWEN3_PRESETS} (B200, every precision)"),
+    BridgeRecipe(models=("qwen3-30b-a3b",), gpus=("gb300", "b300"), layout={"mbs": 8},
+                 features={"cuda_graphs": _GRAPHS_ROUTER},
+                 source=f"{_QWEN3_PRESETS} (GB300 MBS 8; B300 only in the newer)"),
+    BridgeRecipe(models=("qwen3-235b-a22b",), gpus=("gb200",), layout={"tp": 1, "pp": 8, "ep": 32},
+                 features={"cuda_graphs": _GRAPHS_ATTN_ROUTER},
+                 source=f"{_QWEN3_PRESETS} (GB200 V2, newer only; the older PP8 EP8 GBS1024 layout graphs the full "
+                        "iteration)"),
+    # GPT-OSS (one version read): the full iteration for MXFP8 on GB300/GB200, per module for BF16 on GB300
+    # and for both precisions on B300
+    BridgeRecipe(models=("gpt-oss-120b",), gpus=("gb300", "gb200"), precision=("MX",),
+                 layout={"tp": 1, "pp": 1, "mbs": 4, "gbs": 1280}, features={"cuda_graphs": {}},
+                 source=f"{_GPT_OSS_PRESET} (FP8-MX V2: full_iteration)"),
+    BridgeRecipe(models=("gpt-oss-120b",), gpus=("gb300",), precision=("BF16",), layout={"tp": 1, "pp": 1, "mbs": 4},
+                 features={"cuda_graphs": _GRAPHS_ATTN_ROUTER}, source=f"{_GPT_OSS_PRESET} (GB300 BF16)"),
+    BridgeRecipe(models=("gpt-oss-120b",), gpus=("b300",), layout={"tp": 1, "pp": 1, "mbs": 4},
+                 features={"cuda_graphs": _GRAPHS_ATTN_ROUTER}, source=f"{_GPT_OSS_PRESET} (B300 BF16 / FP8_MX)"),
+)

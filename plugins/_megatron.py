@@ -1,0 +1,100 @@
+"""What Megatron-LM / Megatron-Core and Transformer Engine runs do that their tables leave unsaid.
+
+Shared by the measurement readers (``reader_dense``, ``reader_nvidia``): the performance recipe's
+features, how layers split over pipeline stages that do not divide them, the interleaving a tuned
+run uses when the source does not state it, and how a precision column maps to MoFa's precision
+and low-precision GEMM feature.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: frameworks whose published runs use Megatron-Core's performance recipes
+MEGATRON_CORE = re.compile(r"megatron[- ]core|\bmcore\b|\bnemo\b|megatron-bridge", re.I)
+
+#: an unstated interleaving factor is searched when plain 1F1B would run fewer than this many
+#: micro-batches per pipeline stage beyond the first (bubble (p − 1)/m above 20 %)
+UNSTATED_VPP_MIN_RATIO = 4
+
+#: constraints the engine can safely ignore for a row whose stages the reader laid out itself
+UNEVEN_STAGES_IGNORED = frozenset({"pp_splits_layers"})
+
+
+def megatron_core_recipe(tp: int, pp: int, cp: int, full_shard: bool) -> dict[str, dict]:
+    """What Megatron-Core's performance recipes (NeMo, Megatron-Bridge, the Megatron-Core README
+    runs) turn on: SP with TP (the engine's default), the distributed optimizer (or Megatron-FSDP),
+    overlapped gradient reduce / parameter gather, TP comm overlap, PP p2p overlap, CP ring overlap."""
+    feats: dict[str, dict] = {"fsdp" if full_shard else "distributed_optimizer": {}, "dp_overlap": {}}
+    if tp > 1:
+        feats["tp_overlap"] = {}
+    if pp > 1:
+        feats["pp_overlap"] = {}
+    if cp > 1:
+        feats["cp_overlap"] = {}
+    return feats
+
+
+def uneven_pipeline(num_layers: int, pp: int, vpp: int) -> dict[str, int]:
+    """Stage sizes when pp·vpp does not divide the layers.
+
+    Megatron-Core's ``account_for_embedding/loss_in_pipeline_split`` (and Megatron-DeepSpeed's
+    ``type:transformer|embedding`` partitioning, BLOOM's 70 layers on 12 stages) count the
+    embedding and the loss as a layer each: the end stages hold one layer fewer. Other splits are
+    left to the engine (its default: the remainder on the end stages), with the divisibility check
+    relaxed.
+    """
+    if (num_layers + 2) % (pp * vpp) == 0:
+        ends = (num_layers + 2) // pp - 1
+        return {"first_stage_layers": ends, "last_stage_layers": ends}
+    return {}
+
+
+def vpp_variants(num_layers: int, pp: int, lowest: int = 1) -> tuple[dict, ...]:
+    """``MappedRow.variants`` for an unstated interleaving: every factor from `lowest` that splits
+    the layers over ``pp`` stages (evenly, or with the end stages a layer short)."""
+    return tuple({"vpp": v, "first_stage_layers": None, "last_stage_layers": None,
+                  **uneven_pipeline(num_layers, pp, v)}
+                 for v in range(lowest, (num_layers + 2) // pp + 1)
+                 if num_layers % (pp * v) == 0 or uneven_pipeline(num_layers, pp, v))
+
+
+def precision(text: str) -> tuple[str, str | None, dict]:
+    """(parallel.precision, the low-precision GEMM feature or None, its options) for a source's
+    precision column.
+
+    Transformer Engine runs GEMMs in FP8 / NVFP4 and the attention core and everything else in
+    bf16: the ``fp8`` / ``nvfp4`` feature on a bf16 row. The FP8 scaling recipe the column names
+    becomes the ``fp8`` feature's ``recipe``: MXFP8 / FP8-MX → ``mxfp8``, FP8-CS (per-tensor current
+    scaling) and torchtitan's float8 tensorwise → ``tensorwise``, FP8 blockwise → ``blockwise``;
+    a bare "FP8" keeps the default (``delayed``, Megatron's default recipe)."""
+    t = text.lower()
+    if "nvfp4" in t or "fp4" in t:
+        return "bf16", "nvfp4", {}
+    if "fp8" in t or "float8" in t:
+        if "mx" in t:
+            return "bf16", "fp8", {"recipe": "mxfp8"}
+        if "blockwise" in t:
+            return "bf16", "fp8", {"recipe": "blockwise"}
+        if "fp8-cs" in t or "current scaling" in t or "tensorwise" in t:
+            return "bf16", "fp8", {"recipe": "tensorwise"}
+        return "bf16", "fp8", {}
+    if "fp16" in t and "bf16" not in t:
+        return "fp16", None, {}
+    return "bf16", None, {}
+
+
+#: a note that the run is a reduced-layer proxy of the named model, and the layer count it ran
+_PROXY = re.compile(r"proxy|reduced[- ]layer|fewer layers|layers? reduced|truncated to", re.I)
+_PROXY_LAYERS = re.compile(r"(\d+)[- ]layers?\b|\blayers?\s*[=:]?\s*(\d+)|num[_-]layers\s*[=:]?\s*(\d+)", re.I)
+
+
+def proxy_layers(text: str, full_layers: int) -> int | None | str:
+    """A reduced-layer proxy run's layer count from a row's notes (or model name): the one layer
+    count the text states other than the full model's `full_layers`; ``""`` when the text says the
+    run is a proxy but not (unambiguously) how many layers it ran; None when it is not a proxy."""
+    if not _PROXY.search(text):
+        return None
+    counts = {int(next(g for g in m.groups() if g)) for m in _PROXY_LAYERS.finditer(text)} - {full_layers}
+    counts = {c for c in counts if 0 < c < full_layers}
+    return counts.pop() if len(counts) == 1 else ""

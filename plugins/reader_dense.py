@@ -1,0 +1,328 @@
+"""Reader of the dense schema (the ``reader_dense`` plugin).
+
+One row per run with the architecture in columns (``n_layers``, ``hidden``, ``n_heads``, ...), the
+layout (``tp``, ``pp``, ``vpp``, ``cp``, ``micro_batch``, ``global_batch``), features in words
+(``recompute``, ``sequence_parallel``, ``distributed_optimizer``, ``pp_schedule``) and the measured
+or derived iteration time, a throughput or a utilisation (``NOTES-dense-schema.md`` of the shared
+set). The files: Narayanan 2021 / Korthikanti 2022 on Selene, ZeroBubble, llm-foundry, torchtitan
+and the ``*_dense.csv`` twins of NVIDIA's tables. What it knows, by the ``framework`` column:
+
+- Megatron-LM 2021–22 and Megatron-DeepSpeed ran unfused attention; DeepSpeed's 2021 ZeRO-3 runs
+  (Narayanan Table 2) are listed, not predicted; DeepSpeed's pipeline engine cannot interleave;
+- the ZeroBubble fork: its schedules (1F1B, interleaved, ZB-1p / ZB-2p / ZB-V) with the end stages
+  one layer lighter;
+- torchtitan: FSDP2 under a pipeline keeps parameters gathered (ZeRO-2); an FSDP rank with no
+  stated micro-batch runs its whole batch at once;
+- Megatron-Core-era frameworks (NeMo, Megatron-Bridge) and MegaScale: their recipe's overlaps;
+- the FLOPs convention a ``flops_convention`` text names (Narayanan's eq. 3, model FLOPs with
+  attention, 6ND — or any registered convention by name), to turn a TFLOPS or MFU into a time;
+- a ``throughput_unit`` that is not a rate ("M tokens per batch") is not read as one.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import attrs
+
+from mofa_framework import hookimpl
+from mofa_framework.measurements import ReadContext
+from mofa_framework.types import MappedRow, MeasurementReader, ModelSpec, SkippedRow
+
+from ._megatron import (
+    MEGATRON_CORE,
+    UNEVEN_STAGES_IGNORED,
+    UNSTATED_VPP_MIN_RATIO,
+    megatron_core_recipe,
+    precision,
+    proxy_layers,
+    uneven_pipeline,
+    vpp_variants,
+)
+
+COLUMNS = ("model_name", "n_layers", "hidden", "gpu_type", "n_gpus", "tp", "pp")
+ZB_SCHEDULES = {"1F1B": "1f1b", "1F1B-I": "interleaved-1f1b", "ZB-1p": "zb-1p", "ZB-2p": "zb-2p", "ZB-V": "zb-v"}
+
+#: a source's FLOPs convention, recognised from its ``flops_convention`` text
+_HFU_EQ3 = re.compile(r"eq\.?\s*3|96\s*\*\s*b", re.I)
+_MODEL_FLOPS = re.compile(r"eq\.?\s*7|72\s*\*\s*b|12\s*\*?\s*[·.]?\s*l|attention|model flops|\bmfu\b|palm|chowdhery",
+                          re.I)
+#: 6·N·D with no attention term (Kaplan / Chinchilla): N the GEMM weights, D the tokens
+_SIX_N = re.compile(r"\b6\s*[*·]?\s*n\s*[*·]?\s*d?\b", re.I)
+_SCALE = {"k": 1e3, "thousand": 1e3, "m": 1e6, "million": 1e6, "b": 1e9, "billion": 1e9}
+
+
+def short_reference(text: str) -> str:
+    return re.split(r"\s*[(,;]", text.strip(), maxsplit=1)[0] or text.strip()
+
+
+def throughput_rate(unit: str) -> tuple[str, bool, float] | str | None:
+    """What a ``throughput_unit`` measures: (``tokens`` | ``samples``, per GPU?, scale) for a rate
+    of tokens or samples; a reason (str) when it counts tokens or samples but is not a rate
+    ("M tokens per batch"); None when it is no token or sample count at all (FLOP/s)."""
+    u = unit.strip().lower()
+    kind = "tokens" if ("token" in u or "wps" in u) else "samples" if ("sample" in u or "seq" in u) else None
+    if kind is None:
+        return None
+    if not re.search(r"/\s*s(ec(ond)?)?\b|\bper\s+s(ec(ond)?)?\b|\bwps\b|\btps\b", u):
+        return f"throughput_unit {unit.strip()!r} is not a rate (no per-second)"
+    lead = re.match(r"([a-z]+)\b", u)
+    scale = _SCALE.get(lead.group(1), 1.0) if lead else 1.0
+    return kind, re.search(r"\bgpu\b", u) is not None, scale
+
+
+def _convention_name(ctx: ReadContext, text: str) -> str | None:
+    """The registered convention a ``flops_convention`` text names: by name, else recognised."""
+    if text and text.strip().lower() in {*ctx.registry.flops_conventions, *(
+            a.lower() for c in ctx.registry.flops_conventions.values() for a in c.aliases)}:
+        return ctx.registry.flops_convention(text.strip()).name
+    if _HFU_EQ3.search(text):
+        return "megatron-2021"
+    if _MODEL_FLOPS.search(text):
+        return "palm"
+    if _SIX_N.search(text):
+        return "6nd"
+    return None
+
+
+def target(r: dict, ctx: ReadContext, model: ModelSpec, bf16_peak_tflops: float | None = None
+           ) -> tuple[float, str] | str:
+    """A dense-schema row's step time and where it came from, or why there is none.
+
+    In order: the measured, then the derived iteration time; else the published throughput
+    (tokens or samples per second, per GPU or in all); else the utilisation the source reports,
+    through the FLOPs convention its ``flops_convention`` text names: Narayanan's eq. 3 from the
+    TFLOPS (it counts the recompute forward), model FLOPs with full attention (Korthikanti eq. 7,
+    the 6N + 12·l·h·s of MegaScale / PaLM / torchtitan) or 6·N·D from the MFU or the model TFLOPS.
+    An MFU whose peak the row does not state is taken against `bf16_peak_tflops` (the GPU's dense
+    BF16 peak, the usual denominator), and the target column says so.
+    """
+    for col in ("measured_iter_time_s", "derived_iter_time_s"):
+        if (t := ctx.number(r, col)) is not None:
+            return t, col
+    n, gbs, seq = ctx.count(r, "n_gpus"), ctx.count(r, "global_batch"), ctx.count(r, "seq_len")
+    value, unit = ctx.number(r, "throughput_value"), ctx.text(r, "throughput_unit")
+    rate = throughput_rate(unit) if value else None
+    not_rate = rate if isinstance(rate, str) else ""
+    if isinstance(rate, tuple):
+        kind, per_gpu, scale = rate
+        work = gbs * (seq if kind == "tokens" else 1)
+        return work / (value * scale * (n if per_gpu else 1)), f"throughput_value ({unit})"
+    text = ctx.text(r, "flops_convention")
+    conv = _convention_name(ctx, text)
+    tflops, peak, mfu = (ctx.number(r, c) for c in ("measured_tflops_per_gpu", "peak_tflops_used", "mfu_pct"))
+    peak_note = ""
+    if mfu and not peak and bf16_peak_tflops:
+        peak, peak_note = bf16_peak_tflops, f", peak {bf16_peak_tflops:g} assumed"
+    vocab = ctx.count(r, "vocab", model.vocab_size)
+    full = attrs.evolve(model, vocab_size=vocab)
+    # a count that includes the recompute forward converts the TFLOPS only (the MFU is model FLOPs)
+    counts_recompute = conv is not None and ctx.registry.flops_convention(conv).counts_recompute
+    if conv and (tflops or (mfu and peak and not counts_recompute)):
+        rate_tflops, col = (tflops, "measured_tflops_per_gpu") if tflops else (mfu / 100.0 * peak, f"mfu_pct{peak_note}")
+        flops = ctx.step_flops(conv, full, gbs, seq)
+        if isinstance(flops, str):
+            return f"only TFLOPS / MFU, and {flops}"
+        return flops / (rate_tflops * 1e12 * n), f"{col} ({conv} FLOPs)"
+    if tflops or mfu:
+        return (f"{not_rate + '; ' if not_rate else ''}only TFLOPS / MFU, under a FLOPs convention MoFa does "
+                f"not recognise ({text[:60]!r})")
+    return f"{not_rate}, and no TFLOPS or MFU" if not_rate else "no measured or derived iteration time"
+
+
+def _sharding(fw: str, dopt: str, pp: int) -> tuple[bool, bool, bool]:
+    """(DeepSpeed 2021 ZeRO-3, ZeRO-2-like sharding, full sharding) from the framework and the
+    ``distributed_optimizer`` text."""
+    # DeepSpeed's ZeRO-3 (Narayanan Table 2), not an FSDP "ZeRO-3-like" sharding (torchtitan's FSDP2)
+    deepspeed_zero3 = "deepspeed" in fw.lower() and "zero-3" in (dopt + fw.lower())
+    # ZeRO-3 / FSDP: the `fsdp` feature; an FSDP that keeps the parameters gathered (Llama 3's:
+    # "ZeRO-2-like", sharding optimizer states and gradients) is the distributed optimizer
+    zero2 = re.search(r"zero-?2|not reshard|no reshard", dopt) is not None
+    # torchtitan under a pipeline: FSDP2 keeps the parameters unsharded and the gradients
+    # unreduced across micro-batches (reshard_after_forward off, gradient sync on the last
+    # micro-batch only): one gather and one reduce-scatter per step, as ZeRO-2
+    zero2 = zero2 or ("torchtitan" in fw.lower() and "fsdp" in dopt and pp > 1)
+    full_shard = not zero2 and ("zero-3" in dopt or "fsdp" in dopt or "zero-3" in fw.lower())
+    return deepspeed_zero3, zero2, full_shard
+
+
+def _model_section(r: dict, ctx: ReadContext, name: str) -> tuple[dict, ModelSpec] | str:
+    """The job's ``[model]``: the zoo model with what the row states differently, else an inline
+    GPT model from the architecture columns."""
+    model = ctx.model(name)
+    if model is not None:
+        # the zoo model, with what the row states differently (MegaScale's "175B" has 128 heads
+        # and a 64,000 vocabulary, GPT-3's 96 and 51,200)
+        stated = {"num_layers": ctx.count(r, "n_layers"), "hidden_size": ctx.count(r, "hidden"),
+                  "num_attention_heads": ctx.count(r, "n_heads"), "num_kv_heads": ctx.count(r, "n_kv_heads"),
+                  "vocab_size": ctx.count(r, "vocab")}
+        if not model.is_moe:
+            stated["ffn_hidden_size"] = ctx.count(r, "ffn_hidden")
+        if stated["vocab_size"] and abs(stated["vocab_size"] / model.vocab_size - 1) < 0.025:
+            stated["vocab_size"] = None  # the tokenizer's size vs the zoo's padded one (50,257 → 51,200)
+        if not stated["num_layers"]:
+            proxy = proxy_layers(f"{ctx.text(r, 'notes')} {name}", model.num_layers)
+            if proxy == "":
+                return "reduced-layer proxy run (notes say so) whose layer count the row does not state"
+            stated["num_layers"] = proxy or None
+        overrides = {k: v for k, v in stated.items() if v and v != getattr(model, k)}
+        try:
+            return {"name": model.name, **overrides}, (attrs.evolve(model, **overrides) if overrides else model)
+        except ValueError as exc:
+            return f"the architecture columns do not describe a model: {exc.args[0] if exc.args else exc}"
+    h, L, a = ctx.count(r, "hidden"), ctx.count(r, "n_layers"), ctx.count(r, "n_heads")
+    if not (h and L and a):
+        return f"unknown model {name!r} and no architecture columns"
+    ffn = ctx.count(r, "ffn_hidden", 4 * h)
+    section = {"name": "csv-" + re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-"),
+               "num_layers": L, "hidden_size": h, "num_attention_heads": a,
+               "num_kv_heads": ctx.count(r, "n_kv_heads", a), "ffn_hidden_size": ffn,
+               "vocab_size": ctx.count(r, "vocab", 51200), "activation": "gelu" if ffn == 4 * h else "swiglu"}
+    try:
+        return section, ModelSpec(**section)
+    except ValueError as exc:
+        return f"the architecture columns do not describe a model: {exc.args[0] if exc.args else exc}"
+
+
+def _flash(fw: str, notes: str, old_megatron: bool) -> bool:
+    flash = not (old_megatron or "Megatron-DeepSpeed" in fw)  # Megatron 2021–22 (and the ZeroBubble fork) ran unfused
+    said = re.search(r"(no|without|unfused|not)?[\s-]*flash[\s-]?att", f"{fw} {notes}", re.I)
+    if said:  # what the row says wins
+        flash = not said.group(1)
+    return flash
+
+
+def _recompute(rec: str) -> dict | None:
+    rec = rec.lower()
+    if rec.startswith("full"):
+        return {"granularity": "full"}
+    if rec.startswith("selective"):
+        return {"granularity": "selective"}
+    return None
+
+
+def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
+    ref = short_reference(ctx.text(r, "source"))
+    rid = ctx.text(r, "row_id") or str(ctx.index + 1)
+    name = ctx.text(r, "model_name")
+    fw = ctx.text(r, "framework")
+    dopt = ctx.text(r, "distributed_optimizer").lower()
+    pp = ctx.count(r, "pp", 1)
+    deepspeed_zero3, zero2, full_shard = _sharding(fw, dopt, pp)
+    if deepspeed_zero3:
+        ref += " (DeepSpeed ZeRO-3)"
+    skip = lambda reason: SkippedRow(source=ctx.source, reference=ref, row_id=rid, model=name or "?", reason=reason)  # noqa: E731
+    if deepspeed_zero3:
+        # Narayanan et al. Table 2's comparison runs: 1,536 GPUs took as long as 768, so their time is
+        # set by DeepSpeed's 2021 implementation, not by the hardware MoFa models (its `fsdp` plugin
+        # is Megatron-Core FSDP with prefetched all-gathers)
+        return skip("DeepSpeed ZeRO-3 (2021): does not scale with its bandwidth (1,536 GPUs as slow as 768); "
+                    "MoFa's fsdp plugin models Megatron-Core FSDP, not this implementation")
+    if not name:
+        return skip("model_name not stated")
+    hw = ctx.gpu(ctx.text(r, "gpu_type"))
+    if hw is None:
+        return skip(f"unknown GPU {ctx.text(r, 'gpu_type')!r}")
+    section = _model_section(r, ctx, name)
+    if isinstance(section, str):
+        return skip(section)
+    model_section, spec = section
+    n_gpus, gbs, seq = ctx.count(r, "n_gpus"), ctx.count(r, "global_batch"), ctx.count(r, "seq_len")
+    missing = [c for c, x in (("n_gpus", n_gpus), ("global_batch", gbs), ("seq_len", seq)) if not x]
+    if missing:
+        return skip(f"{', '.join(missing)} not stated")
+    timed = target(r, ctx, spec, hw.peak_flops_per_s("bf16") / 1e12)
+    if isinstance(timed, str):
+        return skip(timed)
+    measured, tcol = timed
+    tp = ctx.count(r, "tp", 1)
+    vpp, cp = ctx.count(r, "vpp", 1), ctx.count(r, "cp", 1)
+    prec, lowp, lowp_options = precision(ctx.text(r, "precision"))
+    sched_text = ctx.text(r, "pp_schedule")
+    notes = ctx.text(r, "notes")
+    old_megatron = any(k in fw for k in ("Megatron-LM (2021", "Megatron-LM (2022", "PTD-P", "zero-bubble"))
+    dp = max(n_gpus // (tp * pp * cp), 1)
+    mbs = ctx.count(r, "micro_batch")
+    if mbs is None:
+        # not stated: FSDP frameworks (torchtitan) run a rank's whole batch at once when there is no
+        # pipeline; Megatron's default is 1
+        mbs = gbs // dp if full_shard and pp == 1 and gbs % dp == 0 else 1
+    par: dict[str, Any] = {"tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "micro_batch_size": mbs,
+                           "global_batch_size": gbs, "sequence_length": seq,
+                           "precision": prec, "flash_attention": _flash(fw, notes, old_megatron)}
+    sp = ctx.text(r, "sequence_parallel").lower()
+    if sp.startswith("y"):
+        par["sequence_parallel"] = True
+    elif sp.startswith("n") and sp != "n/a":
+        par["sequence_parallel"] = False
+    job: dict[str, Any] = {"model": model_section, "hardware": {"name": hw.name, "num_gpus": n_gpus},
+                           "parallel": par, "features": {}}
+    ignore: frozenset[str] = frozenset()
+    if "zero-bubble" in fw and sched_text in ZB_SCHEDULES:  # ZeroBubble: end stages hold one layer fewer
+        L = spec.num_layers
+        ends = (L + 2) // pp - 1 if pp > 2 else L // pp
+        par.update(first_stage_layers=ends, last_stage_layers=ends)
+        job["pipeline"] = {"schedule": ZB_SCHEDULES[sched_text]}
+        ignore = UNEVEN_STAGES_IGNORED
+    elif pp > 1 and spec.num_layers % (pp * vpp):
+        par.update(uneven_pipeline(spec.num_layers, pp, vpp))
+        ignore = UNEVEN_STAGES_IGNORED
+    variants: tuple[dict, ...] = ()
+    microbatches = gbs // (dp * mbs)
+    sched = sched_text.lower()
+    says_interleaved = "interleav" in sched and "not stated" not in sched
+    says_plain = re.fullmatch(r"\s*1f1b\s*", sched) is not None or "gpipe" in sched
+    # DeepSpeed's pipeline engine (Megatron-DeepSpeed: BLOOM, MT-NLG) has no interleaved schedule
+    can_interleave = "zero-bubble" not in fw and "deepspeed" not in fw.lower()
+    if pp > 1 and not ctx.text(r, "vpp") and can_interleave and (
+            says_interleaved or (not says_plain and 0 < microbatches < UNSTATED_VPP_MIN_RATIO * (pp - 1))):
+        # the factor is not stated, and the schedule says interleaved, or says nothing while plain
+        # 1F1B would idle a fifth of the step or more (a tuned run interleaves): every factor that
+        # splits the layers, resolved by `validate.resolve_unstated` to the fastest
+        variants = vpp_variants(spec.num_layers, pp, 2 if says_interleaved else 1)
+        ignore = UNEVEN_STAGES_IGNORED
+    if (rec := _recompute(ctx.text(r, "recompute"))) is not None:
+        job["features"]["recompute"] = rec
+    assumed = ""
+    megascale = "megascale" in fw.lower() and "baseline" not in fw.lower()
+    if (MEGATRON_CORE.search(fw) or megascale) and not re.match(r"no\b|n$|none", dopt):
+        # a Megatron-Core-era run: its recipe, unless the row says otherwise ("DDP (dist. optimizer
+        # not stated)" does not); the data-parallel sharding the row states refines it below.
+        # MegaScale (arXiv 2402.15627 §3.2) overlaps the same three: the DP gather/reduce-scatter
+        # with the first/last micro-batch, PP send/receive, and TP/SP collectives fused with GEMMs
+        job["features"].update(megatron_core_recipe(tp, pp, cp, full_shard))
+        if megascale:
+            assumed = ("MegaScale: its DP, PP and TP overlaps applied; its parallel transformer block, "
+                       "sliding-window attention and LAMB are not modelled")
+    if zero2:
+        job["features"]["distributed_optimizer"] = {"shard_gradients": True}
+    elif full_shard:
+        job["features"]["fsdp"] = {}
+    elif dopt.startswith("y") or "zero-1" in dopt or "distributed" in dopt and not dopt.startswith("ddp"):
+        job["features"]["distributed_optimizer"] = {}
+    if lowp:
+        job["features"][lowp] = lowp_options
+    if dp > 1 and ("DDP-impl torch" in notes or not old_megatron):
+        job["features"]["dp_overlap"] = {}  # torch DDP buckets overlap the all-reduce with backward
+    if model_section.get("num_layers") and spec.num_layers != ctx.count(r, "n_layers", spec.num_layers):
+        assumed = "; ".join(filter(None, (assumed, f"reduced-layer proxy: {spec.num_layers} layers")))
+    return MappedRow(source=ctx.source, reference=ref, row_id=rid, job=job, measured_s=measured, target=tcol,
+                     group=(ctx.source, name, hw.name, n_gpus, seq),
+                     measured_tflops=ctx.number(r, "measured_tflops_per_gpu"),
+                     tflops_convention=ctx.text(r, "flops_convention")[:60],
+                     measured_memory_gib=ctx.number(r, "measured_memory_gb", unit_ok=True),
+                     ignore_constraints=ignore, notes=notes[:200], variants=variants, assumptions=assumed)
+
+
+READER = MeasurementReader(
+    name="dense", description="dense schema: architecture in columns, features in words, iteration time, "
+                              "throughput or utilisation (NOTES-dense-schema.md)",
+    columns=frozenset(COLUMNS), map_row=map_row, row_id_column="row_id", model_column="model_name",
+    sources=("Narayanan et al. 2021", "Korthikanti et al. 2022", "ZeroBubble (Qi et al. 2023)", "llm-foundry",
+             "torchtitan", "MegaScale", "NeMo / Megatron-Bridge dense twins"))
+
+
+@hookimpl
+def mofa_register_measurement_readers():
+    return [READER]
