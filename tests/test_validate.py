@@ -22,7 +22,9 @@ CALIBRATION_SET = ("megatron_selene_a100.csv", "zero_bubble.csv", "vtrain_single
 
 # Gates: set just above what the shipped profiles achieve, so they only tighten over time
 # (docs/validation.md has the figures; benchmarks/validation_report.py regenerates them).
-OVERALL_MAPE = 0.0670  # achieved 6.66 % over 1,850 rows (13.01 % before the host-dispatch floor)
+# achieved 6.92 % over 1,875 rows: 6.66 % over the 1,850 predicted before the Megatron-Core MoE model zoo's 25
+# TFLOPS-only rows got a step time from Megatron's FLOPs count (their MAPE 25.9 %, docs/validation.md)
+OVERALL_MAPE = 0.0695
 OVERALL_MAX = 0.61  # achieved 60.3 % (the Megatron-Core model-zoo FSDP row; see docs/validation.md)
 # Megatron PTD-P rows (Narayanan 2021 Table 1 + Korthikanti 2022); the issue's target is 5 %,
 # Calculon reaches 3.65 % mean / 8.87 % max. One A100 profile serves three software stacks
