@@ -15,6 +15,7 @@ The published measurements ship with MoFa: :func:`builtin_data_dir` locates them
 from __future__ import annotations
 
 import csv
+import importlib
 import io
 import math
 import re
@@ -55,12 +56,14 @@ def builtin_data_dir() -> Path:
     return Path(str(resources.files(DATA_PACKAGE)))
 
 
-def builtin_files(name: str = "calibration") -> list[Path]:
-    """The shipped files of the named set (``mofa_measurements.SETS``: calibration, newer,
-    duplicates, all)."""
-    import importlib
+def builtin_sets() -> dict[str, tuple[str, ...]]:
+    """The named sets of shipped files (``mofa_measurements.SETS``: calibration, newer, duplicates, all)."""
+    return importlib.import_module(DATA_PACKAGE).SETS
 
-    sets = importlib.import_module(DATA_PACKAGE).SETS
+
+def builtin_files(name: str = "calibration") -> list[Path]:
+    """The shipped files of the named set (:func:`builtin_sets`)."""
+    sets = builtin_sets()
     if name not in sets:
         raise ConfigError(f"--builtin-set {name!r}: unknown set; use one of {', '.join(sets)}")
     return [builtin_data_dir() / f for f in sets[name]]

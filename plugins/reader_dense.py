@@ -7,8 +7,9 @@ or derived iteration time, a throughput or a utilisation (``NOTES-dense-schema.m
 set). The files: Narayanan 2021 / Korthikanti 2022 on Selene, ZeroBubble, llm-foundry, torchtitan
 and the ``*_dense.csv`` twins of NVIDIA's tables. What it knows, by the ``framework`` column:
 
-- Megatron-LM 2021–22 and Megatron-DeepSpeed ran unfused attention; DeepSpeed's 2021 ZeRO-3 runs
-  (Narayanan Table 2) are listed, not predicted; DeepSpeed's pipeline engine cannot interleave;
+- Megatron-LM 2021–22 and Megatron-DeepSpeed ran unfused attention; a run that names DeepSpeed's
+  ZeRO stage runs the ``deepspeed_zero`` plugin at that stage; DeepSpeed's pipeline engine cannot
+  interleave;
 - the ZeroBubble fork: its schedules (1F1B, interleaved, ZB-1p / ZB-2p / ZB-V) with the end stages
   one layer lighter;
 - torchtitan: FSDP2 under a pipeline keeps parameters gathered (ZeRO-2); an FSDP rank with no
@@ -131,11 +132,19 @@ def target(r: dict, ctx: ReadContext, model: ModelSpec, bf16_peak_tflops: float 
     return f"{not_rate}, and no TFLOPS or MFU" if not_rate else "no measured or derived iteration time"
 
 
-def _sharding(fw: str, dopt: str, pp: int) -> tuple[bool, bool, bool]:
-    """(DeepSpeed 2021 ZeRO-3, ZeRO-2-like sharding, full sharding) from the framework and the
-    ``distributed_optimizer`` text."""
-    # DeepSpeed's ZeRO-3 (Narayanan Table 2), not an FSDP "ZeRO-3-like" sharding (torchtitan's FSDP2)
-    deepspeed_zero3 = "deepspeed" in fw.lower() and "zero-3" in (dopt + fw.lower())
+def deepspeed_stage(fw: str, dopt: str) -> int | None:
+    """The DeepSpeed ZeRO stage a row names ("DeepSpeed ZeRO-3", "Megatron-DeepSpeed, ZeRO stage 1",
+    ``--zero-stage 2``), or None for a run that is not DeepSpeed's ZeRO."""
+    text = f"{fw} {dopt}".lower()
+    if "deepspeed" not in text:
+        return None
+    m = re.search(r"zero[- _]?(?:stage)?[- _=]*([123])\b", text)
+    return int(m.group(1)) if m else None
+
+
+def _sharding(fw: str, dopt: str, pp: int) -> tuple[bool, bool]:
+    """(ZeRO-2-like sharding, full sharding) of a run that is not DeepSpeed's ZeRO, from the
+    framework and the ``distributed_optimizer`` text."""
     # ZeRO-3 / FSDP: the `fsdp` feature; an FSDP that keeps the parameters gathered (Llama 3's:
     # "ZeRO-2-like", sharding optimizer states and gradients) is the distributed optimizer
     zero2 = re.search(r"zero-?2|not reshard|no reshard", dopt) is not None
@@ -144,7 +153,7 @@ def _sharding(fw: str, dopt: str, pp: int) -> tuple[bool, bool, bool]:
     # micro-batch only): one gather and one reduce-scatter per step, as ZeRO-2
     zero2 = zero2 or ("torchtitan" in fw.lower() and "fsdp" in dopt and pp > 1)
     full_shard = not zero2 and ("zero-3" in dopt or "fsdp" in dopt or "zero-3" in fw.lower())
-    return deepspeed_zero3, zero2, full_shard
+    return zero2, full_shard
 
 
 def _model_section(r: dict, ctx: ReadContext, name: str) -> tuple[dict, ModelSpec] | str:
@@ -186,7 +195,8 @@ def _model_section(r: dict, ctx: ReadContext, name: str) -> tuple[dict, ModelSpe
 
 
 def _flash(fw: str, notes: str, old_megatron: bool) -> bool:
-    flash = not (old_megatron or "Megatron-DeepSpeed" in fw)  # Megatron 2021–22 (and the ZeroBubble fork) ran unfused
+    # Megatron 2021–22, the ZeroBubble fork and DeepSpeed's GPT runs (Megatron-DeepSpeed) ran unfused
+    flash = not (old_megatron or "deepspeed" in fw.lower())
     said = re.search(r"(no|without|unfused|not)?[\s-]*flash[\s-]?att", f"{fw} {notes}", re.I)
     if said:  # what the row says wins
         flash = not said.group(1)
@@ -209,16 +219,11 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     fw = ctx.text(r, "framework")
     dopt = ctx.text(r, "distributed_optimizer").lower()
     pp = ctx.count(r, "pp", 1)
-    deepspeed_zero3, zero2, full_shard = _sharding(fw, dopt, pp)
-    if deepspeed_zero3:
-        ref += " (DeepSpeed ZeRO-3)"
+    ds_stage = deepspeed_stage(fw, dopt)
+    zero2, full_shard = (False, ds_stage == 3) if ds_stage else _sharding(fw, dopt, pp)
+    if ds_stage:
+        ref += f" (DeepSpeed ZeRO-{ds_stage})"
     skip = lambda reason: SkippedRow(source=ctx.source, reference=ref, row_id=rid, model=name or "?", reason=reason)  # noqa: E731
-    if deepspeed_zero3:
-        # Narayanan et al. Table 2's comparison runs: 1,536 GPUs took as long as 768, so their time is
-        # set by DeepSpeed's 2021 implementation, not by the hardware MoFa models (its `fsdp` plugin
-        # is Megatron-Core FSDP with prefetched all-gathers)
-        return skip("DeepSpeed ZeRO-3 (2021): does not scale with its bandwidth (1,536 GPUs as slow as 768); "
-                    "MoFa's fsdp plugin models Megatron-Core FSDP, not this implementation")
     if not name:
         return skip("model_name not stated")
     hw = ctx.gpu(ctx.text(r, "gpu_type"))
@@ -295,7 +300,13 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         if megascale:
             assumed = ("MegaScale: its DP, PP and TP overlaps applied; its parallel transformer block, "
                        "sliding-window attention and LAMB are not modelled")
-    if zero2:
+    if ds_stage:
+        # DeepSpeed's own ZeRO (the `deepspeed_zero` plugin: its buckets, its overlap_comm defaults)
+        # replaces Megatron's distributed optimizer and DDP overlap
+        for other in ("distributed_optimizer", "fsdp", "dp_overlap"):
+            job["features"].pop(other, None)
+        job["features"]["deepspeed_zero"] = {"stage": ds_stage}
+    elif zero2:
         job["features"]["distributed_optimizer"] = {"shard_gradients": True}
     elif full_shard:
         job["features"]["fsdp"] = {}
@@ -303,7 +314,7 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         job["features"]["distributed_optimizer"] = {}
     if lowp:
         job["features"][lowp] = lowp_options
-    if dp > 1 and ("DDP-impl torch" in notes or not old_megatron):
+    if dp > 1 and ("DDP-impl torch" in notes or not old_megatron) and not ds_stage:
         job["features"]["dp_overlap"] = {}  # torch DDP buckets overlap the all-reduce with backward
     if model_section.get("num_layers") and spec.num_layers != ctx.count(r, "n_layers", spec.num_layers):
         assumed = "; ".join(filter(None, (assumed, f"reduced-layer proxy: {spec.num_layers} layers")))

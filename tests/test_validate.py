@@ -22,9 +22,10 @@ CALIBRATION_SET = ("megatron_selene_a100.csv", "zero_bubble.csv", "vtrain_single
 
 # Gates: set just above what the shipped profiles achieve, so they only tighten over time
 # (docs/validation.md has the figures; benchmarks/validation_report.py regenerates them).
-# achieved 6.92 % over 1,875 rows: 6.66 % over the 1,850 predicted before the Megatron-Core MoE model zoo's 25
-# TFLOPS-only rows got a step time from Megatron's FLOPs count (their MAPE 25.9 %, docs/validation.md)
-OVERALL_MAPE = 0.0695
+# achieved 7.06 % over 1,881 rows: 6.66 % over the 1,850 predicted before the Megatron-Core MoE model zoo's 25
+# TFLOPS-only rows got a step time from Megatron's FLOPs count (their MAPE 25.9 %) and Narayanan's 6 DeepSpeed
+# ZeRO-3 rows were predicted with the deepspeed_zero plugin (30–59 % too fast; docs/validation.md)
+OVERALL_MAPE = 0.0710
 OVERALL_MAX = 0.61  # achieved 60.3 % (the Megatron-Core model-zoo FSDP row; see docs/validation.md)
 # Megatron PTD-P rows (Narayanan 2021 Table 1 + Korthikanti 2022); the issue's target is 5 %,
 # Calculon reaches 3.65 % mean / 8.87 % max. One A100 profile serves three software stacks
@@ -35,7 +36,7 @@ SELENE_MAX = 0.07  # achieved 6.9 % (Korthikanti's 1T row)
 # the same rows predicted by an A100 fit that never saw them (held back; achieved 3.7 % / 7.8 %)
 SELENE_HELD_BACK_MAPE = 0.040
 SELENE_HELD_BACK_MAX = 0.080
-ZERO3_ROWS = 6  # DeepSpeed ZeRO-3 rows of Narayanan Table 2, listed as unmapped with their reason
+ZERO3_ROWS = 6  # DeepSpeed ZeRO-3 rows of Narayanan Table 2, predicted with the deepspeed_zero plugin
 VTRAIN_SPEARMAN_MIN = 0.95  # achieved ≥ 0.97 in every (architecture, GPU count) group; target 0.85
 VTRAIN_REGRET_MAX = 0.05  # predicted-best strategy within 5 % of the measured best (achieved 0 %)
 
@@ -88,14 +89,17 @@ def test_selene_mape_via_cli(cli):
     res = CliRunner().invoke(cli, ["validate", str(DATA / "megatron_selene_a100.csv"), "--format", "json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
-    assert out["overall"]["step_time"]["n"] == 28  # 3 of them from Korthikanti's MFU (eq. 7)
-    ptdp = np.array([r["error"] for r in out["rows"]])
-    # the issue's target: MAPE ≤ 5 % on these runs (Calculon: 3.65 % mean / 8.87 % max)
+    assert out["overall"]["step_time"]["n"] == 28 + ZERO3_ROWS and not out["skipped"]
+    # the issue's target: MAPE ≤ 5 % on the Megatron PTD-P runs, 3 of them from Korthikanti's MFU (eq. 7)
+    # (Calculon: 3.65 % mean / 8.87 % max)
+    ptdp = np.array([r["error"] for r in out["rows"] if "DeepSpeed" not in r["reference"]])
+    assert len(ptdp) == 28
     assert np.abs(ptdp).mean() <= SELENE_MAPE <= 0.05, ptdp
     assert np.abs(ptdp).max() <= SELENE_MAX, ptdp
-    # DeepSpeed ZeRO-3 comparison rows are listed with their reason, never dropped silently
-    zero3 = [sk for sk in out["skipped"] if "ZeRO-3" in sk["reason"]]
-    assert len(zero3) == ZERO3_ROWS
+    # Narayanan's DeepSpeed ZeRO-3 comparison runs: DeepSpeed's own pattern, predicted 30–59 % too fast
+    # (1,536 GPUs took as long as 768: the runs stopped scaling; docs/validation.md)
+    zero3 = [r for r in out["rows"] if "DeepSpeed ZeRO-3" in r["reference"]]
+    assert len(zero3) == ZERO3_ROWS and all(-0.65 < r["error"] < -0.25 for r in zero3)
 
 
 def test_selene_predicted_by_a_fit_that_never_saw_it():
@@ -109,7 +113,13 @@ def test_selene_predicted_by_a_fit_that_never_saw_it():
     text = (Path(__file__).resolve().parents[1] / "hardware_profiles" / "a100-sxm4-80gb.toml").read_text()
     params = re.findall(r"--param (\S+)", text.split("\n[efficiency]")[0])
     assert len(params) >= 5
-    r = calibrate([DATA / f for f in CALIBRATION_SET[:3]], "a100-sxm4-80gb", parameters=params, folds=0,
+    from mofa_framework.api import Predictor
+    from mofa_framework.validate import map_rows
+
+    predictor = Predictor()
+    mapped, _ = map_rows([DATA / f for f in CALIBRATION_SET[:3]], predictor.registry)
+    megatron = [m for m in mapped if "DeepSpeed" not in m.reference]  # the PTD-P runs (and ZB, vTrain)
+    r = calibrate([], "a100-sxm4-80gb", predictor, parameters=params, folds=0, mapped=megatron,
                   hold_out=("megatron_selene_a100",))
     assert set(r.rows_by_source) == {"zero_bubble", "vtrain_single_node_a100"} and r.held_back_rows == 28
     assert r.held_back_after.mape <= SELENE_HELD_BACK_MAPE and r.held_back_after.max <= SELENE_HELD_BACK_MAX
@@ -131,7 +141,7 @@ def test_csv_and_table_formats(cli):
     assert len(lines) == 1 + 12  # the 12 Korthikanti rows: 9 with an iteration time, 3 with only the MFU
     assert sum(",ok,," in line for line in lines) == 12  # status, reason, then the mapping's assumptions
     assert sum(",mfu_pct (palm FLOPs)," in line for line in lines) == 3
-    res = CliRunner().invoke(cli, ["validate", path, "--rows"])
+    res = CliRunner().invoke(cli, ["validate", str(DATA / "torchtitan_dense.csv"), "--rows"])
     assert res.exit_code == 0 and "rows not predicted" in res.output
 
 
@@ -141,16 +151,17 @@ def test_errors_grouped_by_reference_model_or_hardware(cli):
     path = DATA / "megatron_selene_a100.csv"
     result = validate([path])
     groups = group_errors(result.rows, ["reference"])
-    assert {g.key[0]: g.step_time.n for g in groups} == {"Narayanan et al. 2021": 16, "Korthikanti et al. 2022": 12}
+    assert {g.key[0]: g.step_time.n for g in groups} == {"Narayanan et al. 2021": 16, "Korthikanti et al. 2022": 12,
+                                                         "Narayanan et al. 2021 (DeepSpeed ZeRO-3)": 6}
     assert sum(g.share_of_error for g in groups) == pytest.approx(1.0)
-    assert groups[0].share_of_error >= groups[1].share_of_error
+    assert groups[0].share_of_error >= groups[1].share_of_error >= groups[2].share_of_error
     for g in groups:
         errs = [r.error for r in result.rows if r.reference == g.key[0]]
         assert g.step_time.mape == pytest.approx(np.mean(np.abs(errs)))
     res = CliRunner().invoke(cli, ["validate", str(path), "--format", "json", "--by", "reference,hardware"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)["groups"]
-    assert out["by"] == ["reference", "hardware"] and len(out["groups"]) == 2
+    assert out["by"] == ["reference", "hardware"] and len(out["groups"]) == 3
     assert out["groups"][0]["key"][1] == "a100-sxm4-80gb"
     res = CliRunner().invoke(cli, ["validate", str(path), "--by", "gpu"])
     assert res.exit_code == 2 and "num_gpus" in res.output and res.output.strip().count("\n") == 0
@@ -406,9 +417,9 @@ def test_nemo_formula_reproduces_nemos_own_tflops_and_derives_long_context_steps
     assert {s.row_id for s in skipped} == {f"NEMO-LONGSEQ-{i:03d}" for i in without_cp}
 
 
-def test_torchtitan_fsdp2_rows_are_predicted_and_deepspeed_zero3_is_not():
-    """torchtitan's FSDP2 ("ZeRO-3-like") rows map to the fsdp feature; only DeepSpeed's 2021
-    ZeRO-3 rows (Narayanan Table 2) are listed as not predicted."""
+def test_torchtitan_fsdp2_rows_are_fsdp_and_deepspeed_zero3_rows_are_deepspeeds():
+    """torchtitan's FSDP2 ("ZeRO-3-like") rows map to the fsdp feature; DeepSpeed's ZeRO-3 rows
+    (Narayanan Table 2) to the deepspeed_zero plugin at stage 3, in fp16 with unfused attention."""
     from mofa_framework.api import Predictor
     from mofa_framework.validate import map_rows
 
@@ -419,8 +430,14 @@ def test_torchtitan_fsdp2_rows_are_predicted_and_deepspeed_zero3_is_not():
     for m in titan:  # ZeRO-2 per step under a pipeline (see the next test), FSDP without
         want = "distributed_optimizer" if m.job["parallel"]["pp"] > 1 else "fsdp"
         assert want in m.job["features"], m.row_id
-    zero3 = [s for s in skipped if "DeepSpeed ZeRO-3" in s.reason]
-    assert len(zero3) == ZERO3_ROWS and all(s.source == "megatron_selene_a100" for s in zero3)
+    assert not [s for s in skipped if s.source == "megatron_selene_a100"]
+    zero3 = [m for m in mapped if "DeepSpeed ZeRO-3" in m.reference]
+    assert len(zero3) == ZERO3_ROWS and all(m.source == "megatron_selene_a100" for m in zero3)
+    for m in zero3:
+        assert m.job["features"] == {"recompute": {"granularity": "full"}, "deepspeed_zero": {"stage": 3}}
+        assert m.job["parallel"]["precision"] == "fp16" and m.job["parallel"]["flash_attention"] is False
+    assert _dense_job(_dense_row(framework="Megatron-DeepSpeed", distributed_optimizer="ZeRO stage 1",
+                                 derived_iter_time_s="5"), reg, "t").job["features"]["deepspeed_zero"] == {"stage": 1}
 
 
 def test_gpu_descriptions_resolve_to_profiles(mofa_predictor):

@@ -89,10 +89,12 @@ def parity_plot(result, path: Path) -> None:
 
 def data_options(f):
     """--builtin, --builtin-set and --reader, shared by validate and calibrate."""
+    from ..measurements import builtin_sets
+
     f = click.option("--reader", "reader", metavar="NAME",
                      help="Read every file with this measurement reader (see `mofa list-plugins`; the core's "
                           "own is `plain`) instead of the one its columns select.")(f)
-    f = click.option("--builtin-set", "builtin_set", type=click.Choice(["calibration", "newer", "duplicates", "all"]),
+    f = click.option("--builtin-set", "builtin_set", type=click.Choice(list(builtin_sets())),
                      help="Add the published measurements shipped with MoFa: the calibration set (what "
                           "--builtin adds), the sources added after the fits, the *_dense twins, or all.")(f)
     f = click.option("--builtin", "builtin", is_flag=True,
