@@ -217,11 +217,9 @@ def calibration_tables(data: Path, folds: int, fits: dict[str, dict]) -> list[st
     return lines
 
 
-#: held-back splits: (profile, sources held back, what the fit sees instead, references of rows left out of
-#: both sides: Narayanan's DeepSpeed ZeRO-3 comparison runs are no Megatron PTD-P run)
-SPLITS = (("a100-sxm4-80gb", ("megatron_selene_a100",), "ZeroBubble's and vTrain's rows (other stacks, 2023)",
-           ("DeepSpeed",)),
-          ("h100-sxm5-80gb", ("nemo_2407", "nemo_long_context"), "Megatron-Bridge's and the MoE zoo's rows", ()))
+#: held-back splits: (profile, sources held back, what the fit sees instead)
+SPLITS = (("a100-sxm4-80gb", ("megatron_selene_a100",), "ZeroBubble's and vTrain's rows (other stacks, 2023)"),
+          ("h100-sxm5-80gb", ("nemo_2407", "nemo_long_context"), "Megatron-Bridge's and the MoE zoo's rows"))
 #: references of a source's rows that are not its own stack (left out of the Selene target)
 NOT_PTDP = "DeepSpeed"
 
@@ -231,17 +229,14 @@ def held_back_fits(data: Path, fits: dict[str, dict]) -> list[tuple[str, str, ob
     from mofa_framework import Predictor
     from mofa_framework.calibrate import calibrate
 
-    from mofa_framework.validate import map_rows
-
     predictor = Predictor()
     out = []
-    for hw, held, what, leave_out in SPLITS:
+    for hw, held, what in SPLITS:
         fit = fits.get(hw)
         if fit is None:
             continue
-        mapped, _ = map_rows([data / f for f in fit["files"]], predictor.registry)
-        mapped = [m for m in mapped if not any(x in m.reference for x in leave_out)]
-        r = calibrate([], hw, predictor, parameters=fit["params"], folds=0, mapped=mapped, hold_out=held)
+        r = calibrate([data / f for f in fit["files"]], hw, predictor, parameters=fit["params"], folds=0,
+                      hold_out=held)
         if r.held_back_after is not None:
             out.append((hw, what, r))
     return out

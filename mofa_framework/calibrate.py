@@ -101,6 +101,8 @@ class CalibrationResult:
     cross_validated_by_source: dict[str, ErrorStats]
     method: str
     skipped: int
+    #: rows on the profile their reader marks as not for fitting (``MappedRow.fit``)
+    unfitted: int = 0
     #: rows of the profile left out of the fit (``hold_out``) and their error before / after it
     held_back_rows: int = 0
     held_back_before: ErrorStats | None = None
@@ -280,9 +282,12 @@ def calibrate(paths: Iterable[str | Path], hardware: str, predictor=None, *,
         mapped, _ = map_rows(paths, predictor.registry)
     mapped = resolve_unstated(mapped, predictor)  # rows given already resolved pass unchanged
     mine = [m for m in mapped if predictor.registry.hardware_profile(m.job["hardware"]["name"]).name == hw.name]
+    unfitted = sum(1 for m in mine if not m.fit)
+    mine = [m for m in mine if m.fit]  # rows their reader marks as not for fitting (validated only)
     if not mine:
+        marked = f"; {unfitted} are marked by their reader as not for fitting" if unfitted else ""
         raise ConfigError(f"no mappable rows on hardware {hw.name!r} in the given files (their GPU columns name "
-                          f"other profiles: --all-rows fits every row on {hw.name!r}; see `mofa validate`)")
+                          f"other profiles{marked}: --all-rows fits every row on {hw.name!r}; see `mofa validate`)")
     current = {name: float(getattr(hw.efficiency, name)) for name in parameters}
     base = dict(current)
     # the fit starts from, and is weakly held towards, the library's defaults (EfficiencySpec), not
@@ -358,7 +363,7 @@ def calibrate(paths: Iterable[str | Path], hardware: str, predictor=None, *,
         hardware=hw.name, start=current, fitted=fitted, not_identifiable=frozen, rows=int(ok.sum()),
         rows_by_source=dict(counts), before=before, after=after, after_by_source=by_source,
         folds=tuple(fold_results), cross_validated=cv, cross_validated_by_source=cv_by, method=method,
-        skipped=int((~feasible).sum()), **held_back)
+        skipped=int((~feasible).sum()), unfitted=unfitted, **held_back)
 
 
 # ====================================================================== writing the profile

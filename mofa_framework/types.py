@@ -628,6 +628,10 @@ class MappedRow:
     variants: tuple[dict, ...] = ()
     #: what the mapping assumed beyond the row (an unstated setting chosen, a column overruled)
     assumptions: str = ""
+    #: whether ``mofa calibrate`` may fit a profile to the row. A reader sets False (saying why in
+    #: ``assumptions``) for a row its source presents as other than the hardware's steady speed
+    #: under the stack the reader maps: a step of an optimisation history, a run that stopped scaling
+    fit: bool = True
 
     @measured_s.validator
     def _finite_positive(self, attribute, value):

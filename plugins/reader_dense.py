@@ -318,12 +318,18 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         job["features"]["dp_overlap"] = {}  # torch DDP buckets overlap the all-reduce with backward
     if model_section.get("num_layers") and spec.num_layers != ctx.count(r, "n_layers", spec.num_layers):
         assumed = "; ".join(filter(None, (assumed, f"reduced-layer proxy: {spec.num_layers} layers")))
+    # Narayanan et al. 2021 Table 2: DeepSpeed's 2021 ZeRO-3 stopped scaling (1,536 GPUs as slow as 768,
+    # 30-59 % slower than its own communication pattern allows): predicted, never fitted to
+    stalled = ds_stage == 3 and re.search(r"\b2021\b", ctx.text(r, "source")) is not None
+    if stalled:
+        assumed = "; ".join(filter(None, (assumed, "DeepSpeed's 2021 ZeRO-3 runs stopped scaling: not for fitting")))
     return MappedRow(source=ctx.source, reference=ref, row_id=rid, job=job, measured_s=measured, target=tcol,
                      group=(ctx.source, name, hw.name, n_gpus, seq),
                      measured_tflops=ctx.number(r, "measured_tflops_per_gpu"),
                      tflops_convention=ctx.text(r, "flops_convention")[:60],
                      measured_memory_gib=ctx.number(r, "measured_memory_gb", unit_ok=True),
-                     ignore_constraints=ignore, notes=notes[:200], variants=variants, assumptions=assumed)
+                     ignore_constraints=ignore, notes=notes[:200], variants=variants, assumptions=assumed,
+                     fit=not stalled)
 
 
 READER = MeasurementReader(

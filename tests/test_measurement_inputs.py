@@ -140,7 +140,7 @@ def test_a_non_measurement_file_among_others_is_skipped_with_a_note(cli):
     code, out, err = run(cli, "validate", DATA / "gpu_specs.csv", DATA / "megatron_selene_a100.csv", "--format", "json")
     assert code == 0, out + err
     assert "note: " in err and "gpu_specs.csv: skipped, not a measurement file" in err
-    assert json.loads(out)["notes"] and len(json.loads(out)["rows"]) == 28
+    assert json.loads(out)["notes"] and len(json.loads(out)["rows"]) == 34
     code, out, _ = run(cli, "validate", DATA / "gpu_specs.csv")  # alone: an error
     assert code == 2 and one_line(out) and "not a measurement file" in out
 

@@ -272,7 +272,9 @@ def calibrate_cmd(state, files, builtin, builtin_set, reader, hardware, params, 
     _table([[k, f"{result.start[k]:.4g}", f"{result.fitted[k]:.4g}",
              left if k in result.not_identifiable else "fitted"]
             for k in result.fitted], ["coefficient", "start", "fitted", ""],
-           title=f"{result.hardware}: {result.rows} rows, {result.method}", fmt=fmt)
+           title=f"{result.hardware}: {result.rows} rows"
+                 + (f" ({result.unfitted} more marked not for fitting by their reader)" if result.unfitted else "")
+                 + f", {result.method}", fmt=fmt)
     rows = [["all (in-sample)", str(result.rows), _pct(result.before.mape), _pct(result.after.mape),
              _pct(result.after.p90), _pct(result.after.max),
              _pct(result.cross_validated.mape) if result.cross_validated else "—",
