@@ -176,19 +176,24 @@ def shown_path(path) -> str:
     return text if len(text) <= 120 else f"{text[:50]}…{text[-60:]} ({len(text):,} characters)"
 
 
-def read_toml(path: str | Path) -> dict:
-    """A TOML file as a dict; ConfigError (one line naming the file) for anything unreadable."""
+def read_bytes(path: str | Path, what: str = "a job file") -> tuple[bytes, str]:
+    """(the file's bytes, its path as shown in messages); ConfigError (one line naming the file) when
+    it cannot be read. `what` names what the file should have been ("a job file", "a CSV file")."""
     p = Path(path)
     shown = shown_path(p)
     try:
-        data = p.read_bytes()
+        return p.read_bytes(), shown
     except FileNotFoundError:
         raise ConfigError(f"{shown}: no such file") from None
     except IsADirectoryError:
-        raise ConfigError(f"{shown}: is a directory, not a job file") from None
+        raise ConfigError(f"{shown}: is a directory, not {what}") from None
     except OSError as exc:  # a symlink loop, a name too long, no permission, a device
         raise ConfigError(f"{shown}: cannot read: {exc.strerror or type(exc).__name__}") from None
-    return parse_toml(data, shown)
+
+
+def read_toml(path: str | Path) -> dict:
+    """A TOML file as a dict; ConfigError (one line naming the file) for anything unreadable."""
+    return parse_toml(*read_bytes(path))
 
 
 def parse_toml(data: bytes, where: str) -> dict:

@@ -27,7 +27,7 @@ from typing import Any
 
 import attrs
 
-from .config import listing
+from .config import listing, read_bytes
 from .errors import ConfigError, MofaError, UnknownRecordError
 from .types import MappedRow, MeasurementReader, ModelSpec, SkippedRow
 
@@ -357,15 +357,7 @@ def readers(registry) -> dict[str, MeasurementReader]:
 
 def read_rows(path: str | Path) -> tuple[tuple[str, ...], list[dict[str, str]], dict[int, int]]:
     """(header, rows, irregular rows: index → cells) of a CSV; one-line ConfigError if it cannot be read."""
-    p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{p}: is a directory; give CSV files") from None
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    raw, p = read_bytes(path, "a CSV file")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
