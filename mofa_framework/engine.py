@@ -528,13 +528,16 @@ def _expand(obj, inverse: np.ndarray):
     return obj
 
 
-def _priced(ctx: Context, batch: CandidateBatch) -> dict:
-    """Everything the providers price: layer costs, embedding/head, p2p τ, DP and the update."""
+def _priced(ctx: Context, batch: CandidateBatch, layers_only: bool = False) -> dict:
+    """Everything the providers price: layer costs, embedding/head, p2p τ, DP and the update
+    (only the layer costs with `layers_only`)."""
     model, g = ctx.model, ctx.geometry
     n = len(batch)
     z = np.zeros(n)
     kinds = ["dense"] + (["moe"] if model.is_moe else [])
     out: dict = {"layers": {k: _layer_costs(ctx, k) for k in kinds}}
+    if layers_only:
+        return out
     emb_ops, head_ops = embedding_operators(model, g), head_operators(model, g)
     et = price_operators(ctx, emb_ops + head_ops)
     emb_t, head_t = et[: len(emb_ops)], et[len(emb_ops):]
@@ -554,40 +557,39 @@ def _priced(ctx: Context, batch: CandidateBatch) -> dict:
     return out
 
 
-def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile, pm,
-             structure: tuple[np.ndarray, np.ndarray] | None = None, check: bool = True) -> Prediction:
-    """Cost every row of `batch` for `model` on `hardware` with the plugins of `pm`.
+def layer_phase(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile, pm,
+                structure: tuple[np.ndarray, np.ndarray] | None = None, trail: dict | None = None,
+                layers_only: bool = False) -> tuple[CostState, dict]:
+    """The state after the layer phase (priced layer costs, stage layout, layer-phase features)
+    and everything else the providers priced once per structure (see :func:`evaluate`).
 
-    `structure` = ``(first_rows, inverse)`` says that rows share everything the providers
-    price (parallel sizes, batch shape, precision) with row ``first_rows[inverse[i]]``, so
-    operators and collectives are priced once per structure (the tuner's case: one
-    structure × many feature combinations). Results are identical either way.
-
-    Every row's outputs are checked against :mod:`~mofa_framework.invariants` (finite, ≥ 0,
-    additive, MFU within the peak, layers conserved); a violation raises an InvariantError naming
-    the plugin at fault. ``check=False`` skips that (the diagnosis re-evaluates with it off).
+    With `layers_only` nothing but the layer costs is priced (the tuner's bounds need no more).
     """
-    registry = pm.registry
-    g = Geometry.of(batch)
-    ctx = Context(model=model, hardware=hardware, geometry=g, pm=pm, structure=structure)
-    n = len(batch)
-    z = np.zeros(n)
-    trail: dict[str, list[str]] = {}
-
-    # ---- priced once per structure
+    ctx = Context(model=model, hardware=hardware, geometry=Geometry.of(batch), pm=pm, structure=structure)
     if structure is None:
-        priced = _priced(ctx, batch)
+        priced = _priced(ctx, batch, layers_only)
     else:
         first, inverse = structure
         sub = batch.take(first)
-        priced = _expand(_priced(attrs.evolve(ctx, geometry=Geometry.of(sub), structure=None), sub), inverse)
+        priced = _expand(_priced(attrs.evolve(ctx, geometry=Geometry.of(sub), structure=None), sub, layers_only),
+                         inverse)
+    state = CostState(batch=batch, ctx=ctx, layers=priced["layers"], layout=stage_layout(model, batch))
+    return _apply_phase(state, pm.registry, Phase.layer, {} if trail is None else trail), priced
 
-    # ---- layer level
-    lay = stage_layout(model, batch)
-    state = CostState(batch=batch, ctx=ctx, layers=priced["layers"], layout=lay)
-    state = _apply_phase(state, registry, Phase.layer, trail)
 
-    # ---- stages: first / worst middle / last; embedding on the first, head (+MTP) on the last
+def stages_present(batch: CandidateBatch) -> BoolArray:
+    """(3, N): whether the first, a middle and a last stage exist (p > 2 has middle stages, p > 1 a last)."""
+    return np.stack([np.ones(len(batch), bool), batch.pp > 2, batch.pp > 1])
+
+
+def _stage_components(state: CostState, priced: Mapping) -> dict[str, np.ndarray]:
+    """(3, N) per-micro-batch time of each component on the first / worst middle / last stage.
+
+    Affine in the layer costs: the stage's layers of each type times their costs, plus the
+    embedding (first stage), head and MTP modules (last stage) and the per-chunk host time.
+    """
+    batch, model, hardware, lay = state.batch, state.ctx.model, state.ctx.hardware, state.layout
+    n = len(batch)
     emb_f, emb_b = priced["emb_f"], priced["emb_b"]
     head_f, head_bi, head_bw, head_comm = priced["head_f"], priced["head_bi"], priced["head_bw"], priced["head_comm"]
     L = state.layers
@@ -631,6 +633,55 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
     # the training loop's host time per micro-batch, once per model chunk, on every stage
     comp["microbatch_overhead"] = np.broadcast_to(
         hardware.efficiency.microbatch_overhead_s * batch.vpp.astype(np.float64), (3, n)).copy()
+    return comp
+
+
+def layer_work_s(c: LayerCosts) -> FloatArray:
+    """A layer's forward + backward-input + backward-weight time per micro-batch (F + B + W)."""
+    return c.fwd_s + c.bwd_input_total_s + c.bwd_weight_s
+
+
+def busy_terms(state: CostState, priced: Mapping) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Per stage, the layers of each type and the work that is not in layers: ``(counts, const)``,
+    each (3, N), such that a stage's work per micro-batch is ``Σ_k counts[k]·layer_work_s(c_k) + const``
+    for any layer costs ``c_k`` on the same rows (the stage sums are affine in the layer costs, so
+    probing them with zero and unit layers recovers the coefficients exactly). The critical stage's
+    busy time per step is then ``m·max`` of that over the stages present (:func:`stages_present`).
+    """
+    zero = {k: LayerCosts(**{f.name: np.zeros(len(state.batch)) for f in attrs.fields(LayerCosts)})
+            for k in state.layers}
+    work = lambda layers: sum(v for k, v in _stage_components(attrs.evolve(state, layers=layers), priced).items()  # noqa: E731
+                              if not k.startswith("hidden_"))  # what overlaps hid is not work
+    const = work(zero)
+    counts = {k: work({**zero, k: attrs.evolve(zero[k], fwd_compute_s=np.ones(len(state.batch)))}) - const
+              for k in state.layers}
+    return counts, const
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class Pipelined:
+    """The engine through the pipeline schedules: what the optimizer and memory phases build on."""
+
+    state: CostState
+    priced: Mapping
+    #: (3, N) per-micro-batch time of each component per stage (see :func:`_stage_components`)
+    comp: Mapping[str, np.ndarray]
+    times: PipelineTimes
+    inflight: Inflight
+    #: the critical stage of each row: 0 first, 1 worst middle, 2 last
+    crit: np.ndarray
+    #: per pass, before the fwd and bwd merge, and what overlaps hid (see :class:`Prediction`)
+    stage_parts: Mapping[str, np.ndarray] = attrs.field(factory=dict)
+    hidden: Mapping[str, np.ndarray] = attrs.field(factory=dict)
+
+
+def pipeline_phase(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile, pm,
+                   structure: tuple[np.ndarray, np.ndarray] | None = None, trail: dict | None = None) -> Pipelined:
+    """The layer phase, the stages, the pipeline phase and each row's schedule (see :func:`evaluate`)."""
+    registry = pm.registry
+    trail = {} if trail is None else trail
+    state, priced = layer_phase(batch, model, hardware, pm, structure, trail)
+    comp = _stage_components(state, priced)
     hidden = {k.removeprefix("hidden_"): comp.pop(k) for k in [k for k in comp if k.startswith("hidden_")]}
     stage_parts = dict(comp)  # per pass, before fwd and bwd merge: what the trace lays out
     F = (comp["compute_fwd"] + comp["tp_fwd"] + comp["cp_fwd"] + comp["ep_fwd"] + comp["offload_fwd"]
@@ -647,7 +698,7 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
     work = F + B + W
     # the middle row stands for p−2 stages; with p == 2 there is no middle stage, p == 1 one stage
     mid_count = np.maximum(p - 2.0, 0.0)
-    exists = np.stack([np.ones(n, bool), p > 2, p > 1])
+    exists = stages_present(batch)
     crit = np.argmax(np.where(exists, work, -np.inf), axis=0)
     pick = lambda arr: np.take_along_axis(arr, crit[None, :], axis=0)[0]  # noqa: E731
     total_of = lambda arr: np.where(p > 1, arr[0] + arr[2] + mid_count * arr[1], arr[0])  # noqa: E731
@@ -658,6 +709,34 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
     state = attrs.evolve(state, pipe=pipe)
     state = _apply_phase(state, registry, Phase.pipeline, trail)
     times, inflight = run_schedules(state, registry)
+    return Pipelined(state=state, priced=priced, comp=comp, times=times, inflight=inflight, crit=crit,
+                     stage_parts=stage_parts, hidden=hidden)
+
+
+def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile, pm,
+             structure: tuple[np.ndarray, np.ndarray] | None = None, check: bool = True) -> Prediction:
+    """Cost every row of `batch` for `model` on `hardware` with the plugins of `pm`.
+
+    `structure` = ``(first_rows, inverse)`` says that rows share everything the providers
+    price (parallel sizes, batch shape, precision) with row ``first_rows[inverse[i]]``, so
+    operators and collectives are priced once per structure (the tuner's case: one
+    structure × many feature combinations). Results are identical either way.
+
+    Every row's outputs are checked against :mod:`~mofa_framework.invariants` (finite, ≥ 0,
+    additive, MFU within the peak, layers conserved); a violation raises an InvariantError naming
+    the plugin at fault. ``check=False`` skips that (the diagnosis re-evaluates with it off).
+    """
+    registry = pm.registry
+    n = len(batch)
+    z = np.zeros(n)
+    trail: dict[str, list[str]] = {}
+    pl = pipeline_phase(batch, model, hardware, pm, structure, trail)
+    state, priced, comp, times, inflight = pl.state, pl.priced, pl.comp, pl.times, pl.inflight
+    stage_parts, hidden, crit = pl.stage_parts, pl.hidden, pl.crit
+    lay = state.layout
+    m = batch.num_microbatches.astype(np.float64)
+    exists = stages_present(batch)
+    pick = lambda arr: np.take_along_axis(arr, pl.crit[None, :], axis=0)[0]  # noqa: E731
 
     # ---- optimizer level
     state = attrs.evolve(state, opt=priced["opt"])

@@ -453,6 +453,12 @@ class Feature:
     #: ("fp8", "fp4"); MFU and HFU of its rows are measured against that format's peak when it is
     #: faster than the row's precision. None: the feature leaves the GEMMs' format alone
     gemm_precision: str | None = attrs.field(default=None, validator=v.optional(v.in_(tuple(DTYPE_BYTES))))
+    #: whether it only ever adds time to a layer (it trades time for memory, as recompute and
+    #: offloading do): with any set of such features on, a layer's forward + backward time is never
+    #: below its time with all of them off, whatever else is on. The tuner bounds a configuration
+    #: by its time with these off and tries them only where that bound can still win; False (the
+    #: default) is always safe
+    adds_time_only: bool = False
 
     def acts_in(self, phase: Phase) -> Callable | None:
         return getattr(self, phase.value)

@@ -113,6 +113,7 @@ FEATURE = MemoryOptimizer(
     from_megatron=from_megatron,
     options_type=ActivationOffloadOptions,
     layer=layer,
+    adds_time_only=True,  # trades time for memory: never makes a layer faster
     memory=memory,
     after=("recompute", "memfine", "fp8", "kernel_scaling", "tp_overlap", "cp_overlap", "ep_overlap"),
 )

@@ -235,6 +235,7 @@ FEATURE = MemoryOptimizer(
     equation="M = P·(2+d_g+12)/D + (1+prefetch)·P_ℓ·2 + P_ℓ·d_g;  E = max(α·comp_ℓ, β·(AG_ℓ [+AG_ℓ] + RS_ℓ)) − comp_ℓ",
     options_type=FsdpOptions,
     layer=layer,
+    adds_time_only=True,  # trades time for memory: never makes a layer faster
     optimizer=optimizer,
     memory=memory,
     megatron_args=megatron_args,

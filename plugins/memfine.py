@@ -98,6 +98,7 @@ FEATURE = MemoryOptimizer(
     megatron_args=megatron_args,
     options_type=MemFineOptions,
     layer=layer,
+    adds_time_only=True,  # trades time for memory: never makes a layer faster
     after=("fp8", "kernel_scaling", "tp_overlap", "ep_overlap"),
     before=("recompute", "activation_offload"),
     applies=lambda batch, model, hardware: np.full(len(batch), model.is_moe),

@@ -257,6 +257,7 @@ FEATURE = MemoryOptimizer(
     from_megatron=from_megatron,
     options_type=RecomputeOptions,
     layer=layer,
+    adds_time_only=True,  # trades time for memory: never makes a layer faster
     after=("fp8", "kernel_scaling", "tp_overlap", "cp_overlap", "ep_overlap"),
     before=("activation_offload",),
 )
