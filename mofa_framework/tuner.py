@@ -1,20 +1,38 @@
-"""The tuner (paper §4): a vectorised joint search over parallel strategies and features.
+"""The tuner (paper §4): an exact branch-and-bound search over parallel strategies and features.
 
-The space is TP × PP × VPP × CP × EP × ETP × micro-batch × schedule (the *structure*)
-crossed with every installed feature's options (each feature off, or on with each value of
-its options' ``search`` tuples). Structures are pruned first with every plugin's
+The space is TP × PP × VPP × CP × EP × ETP × micro-batch × schedule × end-stage split (the
+*structure*) crossed with every installed feature's options (each feature off, or on with each
+value of its options' ``search`` tuples). Structures are pruned first with every plugin's
 ``mofa_candidate_constraints`` and the paper's rules (§4.1: TP within a scale-up domain,
-m ≥ the schedule's minimum, GBS divisibility); the surviving structures × feature combinations
-are evaluated in vectorised chunks — operator and collective pricing once per structure,
-feature transforms per row — and the best rows that fit in memory are kept.
+m ≥ the schedule's minimum, GBS divisibility); a feature whose ``applies`` is false on a
+structure is only tried off there (on and off are the same row).
+
+The rest is a best-first branch and bound over four levels, each with a lower bound of the
+objective of every configuration below it:
+
+0. a structure: the compute its critical stage runs per step (features off, except those
+   that may reduce compute, tried in every combination);
+1. a structure with the layer-phase features that may make layers faster (overlaps, faster
+   dispatch, kernels) set, the others off: the critical stage's busy time ``m·(F+B+W)`` after
+   the layer phase. Features flagged ``adds_time_only`` (recompute, offloading, FSDP, MemFine)
+   can only add to it, so it bounds every setting of theirs;
+2. a structure with every layer-phase feature set: its exact busy time;
+3. a configuration (every feature set): evaluated by the engine.
+
+The step time is the busy time plus bubble, exposed pipeline and DP communication, the optimizer
+and a fixed overhead, all ≥ 0; a schedule's busy time is ``m·v·(F+B+W)`` per chunk. Levels 1–2
+only run the engine's layer phase (the pipeline, optimizer and memory phases merely recombine
+layer costs) and read the busy time off the engine's stage sums (:func:`engine.busy_terms`).
+The pending node with the smallest bound is expanded first (in vectorised chunks), so the
+search stops as soon as no pending bound can beat the k-th best configuration found: the
+answer equals brute force. End-to-end objectives grow with the step time and are bounded
+through it.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import multiprocessing as mp
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -22,6 +40,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from . import engine
 from .batch import PRECISIONS, CandidateBatch, FeatureRows
 from .engine import Prediction
 from .errors import ConfigError
@@ -30,6 +49,8 @@ from .types import HardwareProfile, ModelSpec
 from .units import GIB
 
 OBJECTIVES = ("step_time", "e2e_time", "gpu_hours")
+#: a bound prunes only when above the k-th best by more than float rounding of the stage sums
+_REL_EPS = 1e-9
 
 
 def _pow2_upto(n: int) -> tuple[int, ...]:
@@ -43,7 +64,16 @@ def _divisors(n: int) -> list[int]:
 @attrs.frozen(kw_only=True)
 class SearchSpace:
     """Values to try per dimension; `features` maps a feature name to the option dicts to try
-    (``None`` in the tuple = the feature off)."""
+    (``None`` in the tuple = the feature off).
+
+    ``lighter_ends``: how many layers fewer the first and the last pipeline stage hold than each
+    middle stage. 0 is Megatron's default split (balanced; when pp does not divide the layers the
+    end stages take the remainder off); d ≥ 1 places ``(L + 2d)/pp − d`` layers on each end stage
+    and ``(L + 2d)/pp`` on the others, where that divides (d = 1 is Megatron-Core's
+    ``--account-for-embedding/loss-in-pipeline-split``: the embedding and the loss count as a
+    layer each, as Llama 3 405B ran on 16 stages: 7 + 14 × 8 + 7). Explicit end stages may split
+    into virtual chunks unevenly, so they combine with interleaving where the default split cannot.
+    """
 
     tp: tuple[int, ...]
     pp: tuple[int, ...]
@@ -54,11 +84,12 @@ class SearchSpace:
     micro_batch_size: tuple[int, ...]
     schedules: tuple[str, ...]
     features: Mapping[str, tuple[Mapping[str, Any] | None, ...]] = attrs.field(factory=dict)
+    lighter_ends: tuple[int, ...] = (0,)
 
     @property
     def structures(self) -> int:
         return math.prod(len(x) for x in (self.tp, self.pp, self.vpp, self.cp, self.ep, self.etp,
-                                          self.micro_batch_size, self.schedules))
+                                          self.micro_batch_size, self.schedules, self.lighter_ends))
 
     @property
     def feature_combinations(self) -> int:
@@ -87,7 +118,8 @@ def feature_choices(registry, name: str, fixed: Mapping[str, Any] | None = None,
 
 def default_space(registry, model: ModelSpec, hardware: HardwareProfile, num_gpus: int, seq: int,
                   features: Iterable[str] | None = None) -> SearchSpace:
-    """The paper's space: powers of two within sensible bounds, every schedule and feature."""
+    """The paper's space: powers of two within sensible bounds, every schedule and feature, and
+    end stages balanced or one layer lighter (where that divides)."""
     G = hardware.scaleup_domain_gpus
     tp = tuple(t for t in _pow2_upto(min(G, num_gpus, model.num_attention_heads)))
     pp = tuple(sorted({p for p in (*_pow2_upto(min(num_gpus, model.num_layers)),
@@ -100,7 +132,7 @@ def default_space(registry, model: ModelSpec, hardware: HardwareProfile, num_gpu
     etp = (1,) if not model.is_moe else (1, 2, 4, 8)
     names = list(registry.features) if features is None else list(features)
     return SearchSpace(tp=tp, pp=pp, vpp=vpp, cp=cp or (1,), ep=ep, etp=etp, micro_batch_size=(1, 2, 4),
-                       schedules=tuple(registry.schedules),
+                       schedules=tuple(registry.schedules), lighter_ends=(0, 1),
                        features={n: feature_choices(registry, n) for n in names if n in registry.features})
 
 
@@ -115,13 +147,15 @@ class TuneRequest:
     precision: str = attrs.field(default="bf16", validator=attrs.validators.in_(PRECISIONS))
     objective: str = attrs.field(default="step_time", validator=attrs.validators.in_(OBJECTIVES))
     top_k: int = attrs.field(default=10, validator=attrs.validators.ge(1))
-    #: e2e objectives: ``(step_time_s array, batch) -> total seconds array``
+    #: e2e objectives: ``(step_time_s array, batch) -> E2EResult`` (or the total seconds array)
     e2e: Callable | None = None
-    chunk_rows: int = 262_144
+    #: candidates per engine call (bounds peak memory)
+    chunk_rows: int = attrs.field(default=32_768, validator=attrs.validators.ge(1))
     pareto: bool = False
-    #: worker processes; 0 = one per core for large searches (forked; results are identical)
-    workers: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     flash_attention: bool = True
+    #: stop after this many seconds (wall clock) with the best found so far, not proven optimal
+    time_budget_s: float | None = attrs.field(default=None, validator=attrs.validators.optional(
+        attrs.validators.gt(0.0)))
 
 
 @attrs.frozen(kw_only=True)
@@ -145,6 +179,12 @@ class Candidate:
     breakdown: Mapping[str, float]
     memory_breakdown: Mapping[str, float]
     total_time_s: float | None = None
+    #: e2e objectives: the checkpoint interval used (steps) and the effective training time ratio
+    checkpoint_interval_steps: float | None = None
+    ettr: float | None = None
+    #: the feature sets of configurations identical to this one in every number (same structure,
+    #: step time and memory): the features they differ in change nothing here
+    variants: tuple[Mapping[str, Mapping[str, Any]], ...] = ()
 
     def to_dict(self) -> dict:
         return attrs.asdict(self)
@@ -164,10 +204,14 @@ class TuneResult:
     pareto: tuple[Candidate, ...] = ()
     #: the smallest peak memory among evaluated candidates (explains an all-over-memory result)
     min_peak_memory_gib: float = float("inf")
-    #: feasible candidates never evaluated because their structure's lower bound could not
-    #: beat the k-th best found (exact branch and bound)
+    #: feasible candidates never evaluated because a lower bound showed they could not beat the
+    #: k-th best found (exact branch and bound)
     skipped_by_bound: int = 0
-    workers: int = 1
+    #: False when the time budget ran out first: `best` is the best found, `unexplored` were not looked at
+    proven_optimal: bool = True
+    unexplored: int = 0
+    #: candidates whose time the bounds priced without a full evaluation (levels 1 and 2)
+    bounded_rows: int = 0
 
     @property
     def candidates_per_s(self) -> float:
@@ -175,6 +219,9 @@ class TuneResult:
 
     def why_empty(self) -> str:
         """One line: which rules emptied the space (rows counted under the first rule they fail)."""
+        if not self.proven_optimal and not self.evaluated:
+            return (f"the time budget ran out after {self.elapsed_s:.1f} s before any candidate was evaluated: "
+                    "give a larger --time-budget")
         if not self.removed_by:
             return "the search space is empty"
         ranked = sorted(self.removed_by.items(), key=lambda kv: -kv[1])
@@ -186,24 +233,74 @@ class TuneResult:
         return head
 
 
+@attrs.frozen(kw_only=True)
+class TuneProgress:
+    """Where a search stands: candidates evaluated, ruled out by a bound, and left."""
+
+    evaluated: int
+    skipped: int
+    total: int
+    best: float | None
+    elapsed_s: float
+
+    @property
+    def fraction(self) -> float:
+        return min(1.0, (self.evaluated + self.skipped) / self.total) if self.total else 1.0
+
+    @property
+    def eta_s(self) -> float | None:
+        f = self.fraction
+        return self.elapsed_s * (1.0 - f) / f if f > 0 else None
+
+
 # ---------------------------------------------------------------------- enumeration
 
 
-def _structure_batch(req: TuneRequest, registry) -> CandidateBatch:
+def end_stage_layers(num_layers: int, pp, lighter) -> tuple[np.ndarray, np.ndarray]:
+    """(layers on each end stage, valid) of ``lighter_ends`` = d: 0 for the default split (the
+    engine's balanced placement), else ``(L + 2d)/pp − d`` where pp ≥ 3 divides ``L + 2d``."""
+    pp, d = np.asarray(pp), np.asarray(lighter)
+    mid = (num_layers + 2 * d) // np.maximum(pp, 1)
+    ok = (d == 0) | ((pp >= 3) & ((num_layers + 2 * d) % np.maximum(pp, 1) == 0) & (mid - d >= 1))
+    return np.where(d > 0, mid - d, 0), ok
+
+
+def _default_split_covers(num_layers: int, pp, vpp, ends) -> np.ndarray:
+    """Rows whose explicit end stages are what the default split places anyway, and interleave
+    as well: the same configuration as lighter_ends = 0."""
+    p = np.maximum(np.asarray(pp), 1)
+    base = -(-num_layers // p)
+    deficit = base * p - num_layers
+    auto_first, auto_last = base - (deficit + 1) // 2, base - deficit // 2
+    return (auto_first == ends) & (auto_last == ends) & (ends % vpp == 0)
+
+
+def _structure_batch(req: TuneRequest, registry) -> tuple[CandidateBatch, dict[str, int]]:
     s = req.space
     grids = np.meshgrid(np.array(s.tp), np.array(s.pp), np.array(s.vpp), np.array(s.cp), np.array(s.ep),
                         np.array(s.etp), np.array(s.micro_batch_size),
-                        np.array([registry.schedule_code(x) for x in s.schedules]), indexing="ij")
-    tp, pp, vpp, cp, ep, etp, mbs, sched = (g.ravel() for g in grids)
-    denom = tp * pp * cp
-    keep = (req.num_gpus % denom == 0) & (etp <= tp)
-    tp, pp, vpp, cp, ep, etp, mbs, sched = (a[keep] for a in (tp, pp, vpp, cp, ep, etp, mbs, sched))
+                        np.array([registry.schedule_code(x) for x in s.schedules]), np.array(s.lighter_ends),
+                        indexing="ij")
+    tp, pp, vpp, cp, ep, etp, mbs, sched, lighter = (g.ravel() for g in grids)
+    L = req.model.num_layers
+    ends, split_ok = end_stage_layers(L, pp, lighter)
+    removed = {}
+    keep = (req.num_gpus % (tp * pp * cp) == 0) & (etp <= tp)
+    removed["hardware.num_gpus must be a multiple of tp × pp × cp (and etp ≤ tp)"] = int((~keep).sum())
+    bad = keep & ~split_ok
+    removed["lighter end stages need pp ≥ 3 dividing the layers + 2 × (layers fewer per end stage)"] = int(bad.sum())
+    keep &= split_ok
+    dup = keep & (lighter > 0) & _default_split_covers(L, pp, vpp, ends)
+    removed["the default split already places the end stages so"] = int(dup.sum())
+    keep &= ~dup
+    tp, pp, vpp, cp, ep, etp, mbs, sched, ends = (a[keep] for a in (tp, pp, vpp, cp, ep, etp, mbs, sched, ends))
     n = len(tp)
-    return CandidateBatch(
+    batch = CandidateBatch(
         tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=req.num_gpus // (tp * pp * cp), micro_batch_size=mbs,
         global_batch_size=np.full(n, req.global_batch_size), sequence_length=np.full(n, req.sequence_length),
         sequence_parallel=tp > 1, precision=np.full(n, PRECISIONS.index(req.precision)), schedule=sched,
-        first_stage_layers=np.zeros(n), last_stage_layers=np.zeros(n), flash_attention=np.full(n, req.flash_attention))
+        first_stage_layers=ends, last_stage_layers=ends, flash_attention=np.full(n, req.flash_attention))
+    return batch, removed
 
 
 def _paper_rules(req: TuneRequest, registry, batch: CandidateBatch) -> list[tuple[str, np.ndarray]]:
@@ -227,30 +324,45 @@ def _paper_rules(req: TuneRequest, registry, batch: CandidateBatch) -> list[tupl
     ]
 
 
-def _combos(req: TuneRequest, registry, names: list[str]) -> list[tuple]:
-    """Conflict-free combinations of the given features' choices (None = off)."""
-    out = []
-    for combo in itertools.product(*[req.space.features[n] for n in names]) if names else [()]:
-        on = {n for n, o in zip(names, combo) if o is not None}
-        if any(c in on for n in on for c in registry.features[n].conflicts):
-            continue
-        out.append(combo)
-    return out
+def _combos(req: TuneRequest, registry, names: list[str]) -> np.ndarray:
+    """Conflict-free combinations of the given features' choices: an int array (combinations ×
+    features) of indices into ``req.space.features[name]`` (whose ``None`` = off), in
+    lexicographic order."""
+    if not names:
+        return np.zeros((1, 0), np.int64)
+    choices = [req.space.features[n] for n in names]
+    grid = np.indices([len(c) for c in choices]).reshape(len(names), -1).T
+    on = np.stack([np.array([o is not None for o in c])[grid[:, j]] for j, c in enumerate(choices)], axis=1)
+    ok = np.ones(len(grid), bool)
+    pos = {n: j for j, n in enumerate(names)}
+    for j, n in enumerate(names):
+        for other in registry.features[n].conflicts:
+            if other in pos:
+                ok &= ~(on[:, j] & on[:, pos[other]])
+    return grid[ok]
 
 
-def _feature_tables(names, combos, registry) -> dict[str, tuple[np.ndarray, dict, dict]]:
-    """Per feature: on/off and option values of every combination (indexed by combination)."""
+def _choice_table(registry, name: str, choices) -> tuple[np.ndarray, dict, dict]:
+    """One feature's choices as arrays: on/off and each option's value (categorical: its index)."""
+    feat = registry.features[name]
+    fields = attrs.fields(feat.options_type) if attrs.has(feat.options_type) else ()
+    enabled = np.array([c is not None for c in choices], bool)
+    opts = {}
+    for f in fields:
+        cat = f.metadata.get("choices")
+        vals = [(c or {}).get(f.name, f.default) for c in choices]
+        opts[f.name] = np.array([float(cat.index(v)) if cat else float(v) for v in vals])
+    return enabled, opts, {f.name: f.metadata["choices"] for f in fields if f.metadata.get("choices")}
+
+
+def _feature_tables(req: TuneRequest, registry, names, grid: np.ndarray) -> dict[str, tuple[np.ndarray, dict, dict]]:
+    """Per feature: on/off and option values of every combination (rows of `grid`, choice
+    indices per name)."""
     tables = {}
     for j, name in enumerate(names):
-        feat = registry.features[name]
-        fields = attrs.fields(feat.options_type) if attrs.has(feat.options_type) else ()
-        enabled = np.array([c[j] is not None for c in combos])
-        opts = {}
-        for f in fields:
-            choices = f.metadata.get("choices")
-            vals = [(c[j] or {}).get(f.name, f.default) for c in combos]
-            opts[f.name] = np.array([float(choices.index(v)) if choices else float(v) for v in vals])
-        tables[name] = (enabled, opts, {f.name: f.metadata["choices"] for f in fields if f.metadata.get("choices")})
+        enabled, opts, cats = _choice_table(registry, name, req.space.features[name])
+        col = grid[:, j]
+        tables[name] = (enabled[col], {k: v[col] for k, v in opts.items()}, cats)
     return tables
 
 
@@ -261,53 +373,362 @@ def _feature_rows(tables, combo_idx: np.ndarray) -> dict[str, FeatureRows]:
             for name, (enabled, opts, choices) in tables.items()}
 
 
-# ---------------------------------------------------------------------- search
+def _csr(parent: np.ndarray, n_parents: int) -> tuple[np.ndarray, np.ndarray]:
+    """Children of each parent: (offsets, child ids sorted by parent)."""
+    order = np.argsort(parent, kind="stable")
+    offsets = np.zeros(n_parents + 1, np.int64)
+    np.cumsum(np.bincount(parent, minlength=n_parents), out=offsets[1:])
+    return offsets, order
 
 
-def _objective(req: TuneRequest, pred: Prediction) -> np.ndarray:
-    if req.objective == "step_time":
-        return pred.step_time_s
+#: the search's levels below the structures: (bound, which features a node of the level has set)
+LEVELS = (
+    ("busy", lambda f: f.layer is not None and not f.adds_time_only),  # layer features that may speed layers up
+    ("busy", lambda f: f.layer is not None),  # every layer feature
+    ("pipeline", lambda f: f.layer is not None or f.pipeline is not None),  # and the pipeline-phase ones
+)
+
+
+@attrs.define
+class _Group:
+    """Structures on which the same features apply, and their feature combinations: the leaves
+    (every feature set) and, per level of :data:`LEVELS`, the distinct settings of the level's
+    features, each with its parent in the level above (level 0's parent is the structure)."""
+
+    names: list[str]
+    grid: np.ndarray  #: per leaf combination, each feature's choice index
+    tables: dict  #: feature tables of the leaves
+    level_tables: list[dict]
+    level_size: list[int]
+    #: CSR children of each node of a level (level 0: its nodes; last: the leaves)
+    children: list[tuple[np.ndarray, np.ndarray]]
+    #: the level sets no feature its parent level did not: same layer costs, copy its bound
+    same_as_parent: list[bool]
+    leaves_below: list[np.ndarray]
+    n_on: np.ndarray  #: features on per leaf (ties go to fewer)
+
+    @classmethod
+    def build(cls, req: TuneRequest, registry, names: list[str]) -> _Group:
+        feats = registry.features
+        grid = _combos(req, registry, names)
+        ids, tables, size, positions = [], [], [], []
+        for _, wanted in LEVELS:
+            pos = [j for j, n in enumerate(names) if wanted(feats[n])]
+            uniq, of = np.unique(grid[:, pos], axis=0, return_inverse=True) if pos else (grid[:1, :0], None)
+            of = np.zeros(len(grid), np.int64) if of is None else np.asarray(of, np.int64).reshape(-1)
+            ids.append(of)
+            size.append(len(uniq))
+            positions.append(pos)
+            tables.append(_feature_tables(req, registry, [names[j] for j in pos], uniq))
+        children = []
+        for k in range(1, len(LEVELS)):
+            parent = np.zeros(size[k], np.int64)
+            parent[ids[k]] = ids[k - 1]
+            children.append(_csr(parent, size[k - 1]))
+        children.append(_csr(ids[-1], size[-1]))
+        same = [False] + [positions[k] == positions[k - 1] and LEVELS[k][0] == LEVELS[k - 1][0]
+                          for k in range(1, len(LEVELS))]
+        n_on = np.zeros(len(grid), np.int64)
+        for j, n in enumerate(names):
+            n_on += np.array([o is not None for o in req.space.features[n]])[grid[:, j]]
+        return cls(names=names, grid=grid, tables=_feature_tables(req, registry, names, grid), level_tables=tables,
+                   level_size=size, children=children, same_as_parent=same,
+                   leaves_below=[np.bincount(i, minlength=n) for i, n in zip(ids, size)],
+                   n_on=np.asarray(n_on, np.int64))
+
+
+def _children(csr, parents: np.ndarray, owners: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(owner of each child, child id) for every child of each parent (parents repeat freely)."""
+    offsets, ids = csr
+    counts = offsets[parents + 1] - offsets[parents]
+    rep = np.repeat(np.arange(len(parents)), counts)
+    pos = np.arange(len(rep)) - np.repeat(np.cumsum(counts) - counts, counts)
+    return owners[rep], ids[offsets[parents][rep] + pos]
+
+
+def _runs(s_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first row, inverse) of a structure index array sorted into runs: the engine's
+    ``structure`` argument (price once per structure)."""
+    change = np.r_[True, s_idx[1:] != s_idx[:-1]]
+    return np.flatnonzero(change), np.cumsum(change) - 1
+
+
+# ---------------------------------------------------------------------- objective
+
+
+def _e2e(req: TuneRequest, step, batch):
     if req.e2e is None:
         raise ConfigError(f"objective {req.objective!r} needs training.tokens (the tokens to train on)")
-    total = req.e2e(pred.step_time_s, pred.batch)
+    return req.e2e(np.asarray(step, dtype=np.float64), batch)
+
+
+def _objective(req: TuneRequest, step, batch) -> np.ndarray:
+    """The objective of step times `step` on `batch` (minimised)."""
+    if req.objective == "step_time":
+        return np.asarray(step, dtype=np.float64)
+    out = _e2e(req, step, batch)
+    total = np.asarray(getattr(out, "total_time_s", out), dtype=np.float64)
     return total if req.objective == "e2e_time" else total * req.num_gpus / 3600.0
 
 
 class _TopK:
-    """The k best (value, tie-break key, candidate) seen so far, across chunks."""
+    """The k best configurations seen so far; configurations identical in every number (same
+    structure, step time and memory) are one entry listing its variants."""
 
     def __init__(self, k: int):
         self.k = k
-        self.items: list[tuple[float, tuple, Candidate]] = []
+        self.entries: dict[tuple, list] = {}  # same-key → [value, members: [(tie key, candidate)]]
+        self._order: list[tuple[float, tuple, tuple]] = []
 
     def threshold(self) -> float:
-        return self.items[-1][0] if len(self.items) >= self.k else np.inf
+        return self._order[-1][0] if len(self._order) >= self.k else np.inf
 
-    def offer(self, value: float, key: tuple, make: Callable[[], Candidate]) -> None:
-        if value > self.threshold() or (len(self.items) >= self.k and (value, key) >= self.items[-1][:2]):
+    def offer(self, value: float, same: tuple, tie: tuple, make: Callable[[], Candidate]) -> None:
+        entry = self.entries.get(same)
+        if entry is not None:
+            entry[1].append((tie, make()))
             return
-        self.items.append((value, key, make()))
-        self.items.sort(key=lambda x: (x[0], x[1]))
-        del self.items[self.k:]
+        if len(self._order) >= self.k and (value, tie) >= self._order[-1][:2]:
+            return
+        self.entries[same] = [value, [(tie, make())]]
+        self._order.append((value, tie, same))
+        self._order.sort(key=lambda x: (x[0], x[1]))
+        for _, _, gone in self._order[self.k:]:
+            del self.entries[gone]
+        del self._order[self.k:]
+
+    def best(self) -> tuple[Candidate, ...]:
+        out = []
+        for rank, (_, _, same) in enumerate(self._order, start=1):
+            members = sorted(self.entries[same][1], key=lambda m: m[0])
+            head = members[0][1]
+            out.append(attrs.evolve(head, rank=rank, variants=tuple(m[1].features for m in members[1:])))
+        return tuple(out)
 
 
-def tune(predictor, req: TuneRequest, progress: Callable[[int, int], None] | None = None) -> TuneResult:
-    """Search `req.space` exhaustively (with exact pruning) and return the best configurations.
+# ---------------------------------------------------------------------- search
 
-    Exact pruning: structures failing a constraint are dropped before feature combinations
-    are formed, and a feature that cannot change a structure (its ``applies`` is false there,
-    e.g. TP overlap at tp = 1) is only tried off on it, since on and off give the same row.
-    """
+
+@attrs.define
+class _Level:
+    """Pending nodes of one level: group, structure, combination id, bound, leaves below."""
+
+    grp: np.ndarray = attrs.Factory(lambda: np.zeros(0, np.int64))
+    s: np.ndarray = attrs.Factory(lambda: np.zeros(0, np.int64))
+    sub: np.ndarray = attrs.Factory(lambda: np.zeros(0, np.int64))
+    bound: np.ndarray = attrs.Factory(lambda: np.zeros(0))
+    count: np.ndarray = attrs.Factory(lambda: np.zeros(0, np.int64))
+
+    def push(self, grp, s, sub, bound, count) -> None:
+        self.grp = np.concatenate([self.grp, grp])
+        self.s = np.concatenate([self.s, s])
+        self.sub = np.concatenate([self.sub, sub])
+        self.bound = np.concatenate([self.bound, bound])
+        self.count = np.concatenate([self.count, count])
+
+    def min(self) -> float:
+        return float(self.bound.min()) if len(self.bound) else np.inf
+
+    def pop(self, limit: float, fanout: np.ndarray, budget: int):
+        """Nodes with bound ≤ `limit`, smallest first, whose children total about `budget` rows."""
+        live = np.flatnonzero(self.bound <= limit)
+        if not len(live):
+            return None
+        cap = max(1, min(len(live), budget // max(1, int(fanout[live].min()))))
+        if cap < len(live):
+            live = live[np.argpartition(self.bound[live], cap - 1)[:cap]]
+        live = live[np.argsort(self.bound[live], kind="stable")]
+        take = live[:max(1, int(np.searchsorted(np.cumsum(fanout[live]), budget, side="right")))]
+        out = (self.grp[take], self.s[take], self.sub[take], self.bound[take])
+        keep = np.ones(len(self.bound), bool)
+        keep[take] = False
+        for f in ("grp", "s", "sub", "bound", "count"):
+            setattr(self, f, getattr(self, f)[keep])
+        return out
+
+
+class _Search:
+    """The best-first branch and bound (see the module docstring)."""
+
+    def __init__(self, predictor, req: TuneRequest, structs: CandidateBatch, groups: list[_Group],
+                 group_of: np.ndarray):
+        self.predictor, self.req, self.structs = predictor, req, structs
+        self.groups, self.group_of = groups, group_of
+        self.registry = predictor.registry
+        self.all_names = sorted(req.space.features)
+        self.top = _TopK(req.top_k)
+        self.pareto: list[Candidate] = []
+        self.removed: dict[str, int] = {}
+        self.evaluated = self.feasible = self.bounded_rows = 0
+        self.min_peak = np.inf
+        self.levels: list[_Level] = []
+        self.overhead_s = req.hardware.efficiency.step_overhead_s
+        state, priced = engine.layer_phase(structs, req.model, req.hardware, predictor.pm)
+        self.counts, self.const = engine.busy_terms(state, priced)
+        self.exists = engine.stages_present(structs)
+        self.m = structs.num_microbatches.astype(np.float64)
+
+    # ---- bounds
+    def threshold(self) -> float:
+        if self.req.pareto:
+            return np.inf
+        t = self.top.threshold()
+        return t + abs(t) * _REL_EPS if np.isfinite(t) else t
+
+    def _busy(self, s_idx: np.ndarray, tables, combo: np.ndarray) -> np.ndarray:
+        """Objective bound of rows (structure, layer-feature combination): busy time + overhead."""
+        order = np.argsort(s_idx, kind="stable")
+        s_sorted = s_idx[order]
+        batch = attrs.evolve(self.structs.take(s_sorted), features=_feature_rows(tables, combo[order]))
+        state, _ = engine.layer_phase(batch, self.req.model, self.req.hardware, self.predictor.pm,
+                                      structure=_runs(s_sorted), layers_only=True)
+        work = self.const[:, s_sorted] + sum(self.counts[k][:, s_sorted] * engine.layer_work_s(c)[None, :]
+                                             for k, c in state.layers.items())
+        busy = self.m[s_sorted] * np.where(self.exists[:, s_sorted], work, -np.inf).max(axis=0)
+        self.bounded_rows += len(s_idx)
+        out = np.empty(len(s_idx))
+        out[order] = _objective(self.req, busy + self.overhead_s, batch)
+        return out
+
+    def _pipeline(self, s_idx: np.ndarray, tables, combo: np.ndarray) -> np.ndarray:
+        """Objective bound of rows (structure, layer- and pipeline-feature combination): the
+        pipeline time (busy, bubble, exposed p2p) + overhead; DP and the optimizer only add."""
+        order = np.argsort(s_idx, kind="stable")
+        s_sorted = s_idx[order]
+        batch = attrs.evolve(self.structs.take(s_sorted), features=_feature_rows(tables, combo[order]))
+        pl = engine.pipeline_phase(batch, self.req.model, self.req.hardware, self.predictor.pm,
+                                   structure=_runs(s_sorted))
+        self.bounded_rows += len(s_idx)
+        out = np.empty(len(s_idx))
+        out[order] = _objective(self.req, pl.times.total_s + self.overhead_s, batch)
+        return out
+
+    # ---- expansions
+    def expand(self, depth: int, grp: np.ndarray, s: np.ndarray, sub: np.ndarray, bound: np.ndarray) -> None:
+        """Children of popped nodes of level `depth` (0 = structures): bounded and pushed one level
+        down, or evaluated when they are leaves."""
+        for gi in np.unique(grp):
+            g = self.groups[gi]
+            sel = grp == gi
+            if depth == 0:
+                rows_s = np.repeat(s[sel], g.level_size[0])
+                rows_c = np.tile(np.arange(g.level_size[0]), int(sel.sum()))
+            else:
+                rows_s, rows_c = _children(g.children[depth - 1], sub[sel], s[sel])
+            if depth == len(LEVELS):
+                for lo in range(0, len(rows_s), self.req.chunk_rows):
+                    self.evaluate(g, rows_s[lo:lo + self.req.chunk_rows], rows_c[lo:lo + self.req.chunk_rows])
+                continue
+            kind = LEVELS[depth][0]
+            if depth > 0 and g.same_as_parent[depth]:  # the same layer costs: the same bound
+                b = _children(g.children[depth - 1], sub[sel], bound[sel])[0]
+            else:
+                b = (self._busy if kind == "busy" else self._pipeline)(rows_s, g.level_tables[depth], rows_c)
+            self.levels[depth + 1].push(np.full(len(rows_s), gi), rows_s, rows_c, b, g.leaves_below[depth][rows_c])
+
+    def evaluate(self, g: _Group, s_idx: np.ndarray, c_idx: np.ndarray) -> None:
+        """Leaves: full predictions, feature feasibility and memory, offered to the top-k."""
+        req, registry = self.req, self.registry
+        order = np.lexsort((c_idx, s_idx))
+        s_idx, c_idx = s_idx[order], c_idx[order]
+        batch = attrs.evolve(self.structs.take(s_idx), features=_feature_rows(g.tables, c_idx))
+        ok = np.ones(len(batch), bool)
+        for feat in registry.features.values():
+            rows = batch.feature(feat.name)
+            if feat.feasible is not None and rows.enabled.any():
+                r = feasible_result(registry, "features", feat, batch, rows)
+                bad = ~r.feasible & rows.enabled & ok
+                self.removed[r.reason] = self.removed.get(r.reason, 0) + int(bad.sum())
+                ok &= ~bad
+        idx = np.flatnonzero(ok)
+        if not len(idx):
+            return
+        sub = batch.take(idx) if len(idx) < len(batch) else batch
+        s_idx, c_idx = s_idx[idx], c_idx[idx]
+        pred = self.predictor.evaluate(sub, req.model, req.hardware, structure=_runs(s_idx))
+        self.evaluated += len(idx)
+        fits = pred.fits_in_memory
+        self.min_peak = min(self.min_peak, float(pred.peak_memory_bytes.min()) / GIB)
+        mem_reason = "peak memory exceeds the GPU's HBM"
+        self.removed[mem_reason] = self.removed.get(mem_reason, 0) + int((~fits).sum())
+        self.feasible += int(fits.sum())
+        e2e = _e2e(req, pred.step_time_s, pred.batch) if req.objective != "step_time" else None
+        val = np.where(fits, _objective(req, pred.step_time_s, pred.batch), np.inf)
+        for t in np.argsort(val, kind="stable"):
+            if not np.isfinite(val[t]) or val[t] > self.threshold():
+                break
+            t = int(t)
+            same = (int(s_idx[t]), float(pred.step_time_s[t]), float(pred.peak_memory_bytes[t]))
+            tie = (int(g.n_on[c_idx[t]]), int(s_idx[t]), tuple(g.grid[c_idx[t]].tolist()))
+            self.top.offer(float(val[t]), same, tie,
+                           lambda t=t: _candidate(0, pred, t, self.all_names, registry, req, float(val[t]), e2e))
+        if req.pareto:
+            ok_rows = np.flatnonzero(fits)
+            for t in _pareto(pred.step_time_s[ok_rows], pred.peak_memory_bytes[ok_rows]):
+                r = int(ok_rows[t])
+                self.pareto.append(_candidate(0, pred, r, self.all_names, registry, req, float(val[r]), e2e))
+
+    # ---- the loop
+    def run(self, structure_bound: np.ndarray, total: int, t0: float, progress) -> bool:
+        """Expand the most promising pending node until none can beat the k-th best; False when
+        the time budget ran out first."""
+        req = self.req
+        n = len(self.structs)
+        leaves = np.array([len(g.grid) for g in self.groups], np.int64)[self.group_of]
+        self.levels = levels = [_Level(grp=self.group_of.copy(), s=np.arange(n), sub=np.zeros(n, np.int64),
+                                       bound=np.asarray(structure_bound, np.float64), count=leaves)]
+        levels += [_Level() for _ in LEVELS]
+        last_report = -np.inf
+        while True:
+            if req.time_budget_s is not None and time.perf_counter() - t0 > req.time_budget_s:
+                return False
+            limit = self.threshold()
+            pending = [i for i, lv in enumerate(levels) if len(lv.bound)]
+            if not pending:
+                return True
+            # the smallest bound first; on a tie the deepest level (it reaches a leaf sooner)
+            depth = min(pending, key=lambda i: (levels[i].min(), -i))
+            popped = levels[depth].pop(limit, self._fanout(depth, levels[depth]), req.chunk_rows)
+            if popped is None:  # no pending bound can beat the k-th best
+                return True
+            self.expand(depth, *popped)
+            now = time.perf_counter()
+            if progress is not None and now - last_report > 0.25:
+                last_report = now
+                progress(self.progress(levels, total, now - t0))
+
+    def _fanout(self, depth: int, level: _Level) -> np.ndarray:
+        """Children of each pending node of level `depth`."""
+        if depth == 0:
+            return np.array([g.level_size[0] for g in self.groups], np.int64)[level.grp]
+        out = np.ones(len(level.grp), np.int64)
+        for gi, g in enumerate(self.groups):
+            sel = level.grp == gi
+            out[sel] = np.diff(g.children[depth - 1][0])[level.sub[sel]]
+        return out
+
+    def skipped(self, levels, limit: float) -> tuple[int, int]:
+        """(leaves below pending nodes whose bound cannot win, leaves below the others)."""
+        pruned = sum(int(lv.count[lv.bound > limit].sum()) for lv in levels)
+        return pruned, sum(int(lv.count.sum()) for lv in levels) - pruned
+
+    def progress(self, levels, total: int, elapsed: float) -> TuneProgress:
+        pruned, _ = self.skipped(levels, self.threshold())
+        best = self.top._order[0][0] if self.top._order else None
+        return TuneProgress(evaluated=self.evaluated, skipped=pruned, total=total, best=best, elapsed_s=elapsed)
+
+
+def tune(predictor, req: TuneRequest, progress: Callable[[TuneProgress], None] | None = None) -> TuneResult:
+    """Search `req.space` exactly (branch and bound, see the module docstring) and return the
+    best configurations; `progress` is called with a :class:`TuneProgress` as the search goes."""
     t0 = time.perf_counter()
     registry = predictor.registry
     all_names = sorted(req.space.features)
     for f in all_names:
         registry.feature(f, field=f"search.features.{f}")
-    removed: dict[str, int] = {}
-    sb = _structure_batch(req, registry)
-    n_combo_full = len(_combos(req, registry, all_names)) if all_names else 1
-    removed["hardware.num_gpus must be a multiple of tp × pp × cp (and etp ≤ tp)"] = \
-        (req.space.structures - len(sb)) * n_combo_full
+    sb, removed_s = _structure_batch(req, registry)
+    n_combo_full = len(_combos(req, registry, all_names))
+    removed = {k: v * n_combo_full for k, v in removed_s.items()}
     keep = np.ones(len(sb), bool)
     if len(sb):
         checks = [(r.reason, np.asarray(r.feasible, bool))
@@ -317,166 +738,39 @@ def tune(predictor, req: TuneRequest, progress: Callable[[int, int], None] | Non
             removed[reason] = removed.get(reason, 0) + int((~ok & keep).sum()) * n_combo_full
             keep &= ok
     structs = sb.take(np.flatnonzero(keep))
-    # which features can change each structure
+    # which features can change each structure: one group per pattern
     applic = np.ones((len(structs), len(all_names)), bool)
     for j, name in enumerate(all_names):
         fn = registry.features[name].applies
         if fn is not None and len(structs):
             applic[:, j] = np.asarray(fn(structs, req.model, req.hardware), bool)
-    groups: dict[tuple, list[int]] = {}
-    for i, sig in enumerate(map(tuple, applic)):
-        groups.setdefault(sig, []).append(i)
-    bound = _lower_bounds(predictor, req, structs, all_names)
-    plan = []
-    for sig, members in sorted(groups.items()):
-        names = [n for n, on in zip(all_names, sig) if on]
-        members = np.array(members)
-        if bound is not None:  # most promising structures first, so the bound bites early
-            members = members[np.argsort(bound[members], kind="stable")]
-        plan.append((names, _combos(req, registry, names), members))
-    if bound is not None:
-        plan.sort(key=lambda g: bound[g[2][0]] if len(g[2]) else np.inf)
-    total = sum(len(m) * len(c) for _, c, m in plan)
-    # tasks: slices of one group's structures, each about `chunk_rows` candidates
-    tasks = []
-    for names, combos, members in plan:
-        per_chunk = max(1, req.chunk_rows // len(combos))
-        tasks += [(names, combos, members[lo:lo + per_chunk]) for lo in range(0, len(members), per_chunk)]
-    workers = req.workers or (min(os.cpu_count() or 1, 8) if total > 2 * req.chunk_rows else 1)
-    if workers > 1 and "fork" not in mp.get_all_start_methods():
-        workers = 1
-    parts: list[_Partial] = []
-    done = 0
-    if workers > 1 and len(tasks) > 1:
-        ctx = mp.get_context("fork")
-        shared = ctx.Value("d", np.inf)
-        _FORKED.update(predictor=predictor, req=req, structs=structs, tasks=tasks, names=all_names, bound=bound,
-                       shared=shared)
-        try:
-            with ctx.Pool(workers) as pool:
-                for part in pool.imap_unordered(_run_task, range(len(tasks))):
-                    parts.append(part)
-                    done += part.done
-                    if progress:
-                        progress(done, total)
-        finally:
-            _FORKED.clear()
-    else:
-        part = _Partial()
-        for task in tasks:
-            _search_task(predictor, req, structs, task, all_names, bound, part, None)
-            if progress:
-                progress(part.done, total)
-        parts.append(part)
-    top = _TopK(req.top_k)
-    pareto_items: list[Candidate] = []
-    for part in parts:
-        for value, key, cand in part.top:
-            top.offer(value, key, lambda cand=cand: cand)
-        pareto_items += part.pareto
-        for k, v in part.removed.items():
+    sigs, group_of = np.unique(applic, axis=0, return_inverse=True) if len(structs) else (np.zeros((0, 0)), [])
+    groups = [_Group.build(req, registry, [n for n, on in zip(all_names, sig) if on]) for sig in sigs]
+    group_of = np.asarray(group_of, np.int64).reshape(-1)
+    total = int(np.array([len(g.grid) for g in groups], np.int64)[group_of].sum()) if len(group_of) else 0
+    proven, unexplored, skipped = True, 0, 0
+    search = None
+    if len(structs):
+        search = _Search(predictor, req, structs, groups, group_of)
+        bound = _lower_bounds(predictor, req, structs, all_names)
+        proven = search.run(bound if bound is not None else np.zeros(len(structs)), total, t0, progress)
+        # whatever is still pending could not win (or was not reached within the time budget)
+        skipped, unexplored = search.skipped(search.levels, search.threshold())
+        for k, v in search.removed.items():
             removed[k] = removed.get(k, 0) + v
-    best = tuple(attrs.evolve(c, rank=i + 1) for i, (_, _, c) in enumerate(top.items))
+    best = search.top.best() if search else ()
     front: tuple[Candidate, ...] = ()
-    if pareto_items:
-        t = np.array([c.step_time_s for c in pareto_items])
-        mem = np.array([c.peak_memory_gib for c in pareto_items])
-        front = tuple(pareto_items[i] for i in sorted(_pareto(t, mem), key=lambda i: t[i]))
-    return TuneResult(best=best, evaluated=sum(p.evaluated for p in parts), feasible=sum(p.feasible for p in parts),
-                      space_size=req.space.size, skipped_by_bound=sum(p.bounded for p in parts),
-                      structures=req.space.structures, structures_feasible=len(structs),
+    if search and search.pareto:
+        t = np.array([c.step_time_s for c in search.pareto])
+        mem = np.array([c.peak_memory_gib for c in search.pareto])
+        front = tuple(search.pareto[i] for i in sorted(_pareto(t, mem), key=lambda i: t[i]))
+    return TuneResult(best=best, evaluated=search.evaluated if search else 0,
+                      feasible=search.feasible if search else 0, space_size=req.space.size,
+                      skipped_by_bound=skipped, structures=req.space.structures, structures_feasible=len(structs),
                       elapsed_s=time.perf_counter() - t0, removed_by={k: v for k, v in removed.items() if v},
-                      pareto=front, min_peak_memory_gib=min((p.min_peak for p in parts), default=float("inf")),
-                      workers=workers)
-
-
-@attrs.define
-class _Partial:
-    """What one worker (or the sequential loop) found."""
-
-    top: list = attrs.Factory(list)
-    pareto: list = attrs.Factory(list)
-    removed: dict = attrs.Factory(dict)
-    evaluated: int = 0
-    feasible: int = 0
-    bounded: int = 0
-    done: int = 0
-    min_peak: float = float("inf")
-
-
-#: what forked workers inherit (set just before the pool forks, cleared after)
-_FORKED: dict = {}
-
-
-def _run_task(i: int) -> _Partial:
-    st = _FORKED
-    part = _Partial()
-    _search_task(st["predictor"], st["req"], st["structs"], st["tasks"][i], st["names"], st["bound"], part,
-                 st["shared"])
-    return part
-
-
-def _search_task(predictor, req: TuneRequest, structs: CandidateBatch, task, all_names, bound, part: _Partial,
-                 shared) -> None:
-    """Evaluate one slice of structures × its group's feature combinations into `part`."""
-    registry = predictor.registry
-    names, combos, sel = task
-    n_combo = len(combos)
-    top = _TopK(req.top_k)
-    top.items = part.top
-    threshold = (lambda: min(top.threshold(), shared.value)) if shared is not None else top.threshold
-    mem_reason = "peak memory exceeds the GPU's HBM"
-    removed = part.removed
-    if bound is not None:  # exact: no feature combination can beat its structure's bound
-        beatable = bound[sel] <= threshold()
-        skipped = int((~beatable).sum()) * n_combo
-        part.bounded += skipped
-        part.done += skipped
-        sel = sel[beatable]
-        if not len(sel):
-            return
-    tables = _feature_tables(names, combos, registry)
-    s_idx = np.repeat(sel, n_combo)
-    c_idx = np.tile(np.arange(n_combo), len(sel))
-    batch = attrs.evolve(structs.take(s_idx), features=_feature_rows(tables, c_idx))
-    ok = np.ones(len(batch), bool)
-    for feat in registry.features.values():
-        rows = batch.feature(feat.name)
-        if feat.feasible is not None and rows.enabled.any():
-            r = feasible_result(registry, "features", feat, batch, rows)
-            bad = ~r.feasible & rows.enabled & ok
-            removed[r.reason] = removed.get(r.reason, 0) + int(bad.sum())
-            ok &= ~bad
-    idx = np.flatnonzero(ok)
-    part.done += len(batch)
-    if not len(idx):
-        return
-    sub = batch.take(idx) if len(idx) < len(batch) else batch
-    first = np.flatnonzero(np.r_[True, np.diff(s_idx[idx]) != 0])
-    inverse = np.cumsum(np.r_[False, np.diff(s_idx[idx]) != 0])
-    pred = predictor.evaluate(sub, req.model, req.hardware, structure=(first, inverse))
-    part.evaluated += len(idx)
-    fits = pred.fits_in_memory
-    part.min_peak = min(part.min_peak, float(pred.peak_memory_bytes.min()) / GIB)
-    removed[mem_reason] = removed.get(mem_reason, 0) + int((~fits).sum())
-    part.feasible += int(fits.sum())
-    val = np.where(fits, _objective(req, pred), np.inf)
-    k = min(req.top_k, len(val))
-    best = np.argpartition(val, k - 1)[:k]
-    for t in best[np.isfinite(val[best])]:
-        combo = combos[c_idx[idx][t]]
-        # ties go to the simpler configuration: fewer features on
-        key = (sum(o is not None for o in combo), int(s_idx[idx][t]), repr(_combo_key(combo, names)))
-        top.offer(float(val[t]), key, lambda t=t: _candidate(0, pred, int(t), all_names, registry, req, float(val[t])))
-    part.top = top.items
-    if shared is not None and np.isfinite(top.threshold()):
-        with shared.get_lock():
-            shared.value = min(shared.value, top.threshold())
-    if req.pareto:
-        ok_rows = np.flatnonzero(fits)
-        for t in _pareto(pred.step_time_s[ok_rows], pred.peak_memory_bytes[ok_rows]):
-            r = int(ok_rows[t])
-            part.pareto.append(_candidate(0, pred, r, all_names, registry, req, float(val[r])))
+                      pareto=front, min_peak_memory_gib=search.min_peak if search else float("inf"),
+                      proven_optimal=proven, unexplored=unexplored if not proven else 0,
+                      bounded_rows=search.bounded_rows if search else 0)
 
 
 def _lower_bounds(predictor, req: TuneRequest, structs: CandidateBatch, names: list[str]) -> np.ndarray | None:
@@ -494,10 +788,9 @@ def _lower_bounds(predictor, req: TuneRequest, structs: CandidateBatch, names: l
     if req.pareto or not len(structs):
         return None
     reducers = [n for n in names if reg.features[n].may_reduce_compute]
-    combos = _combos(req, reg, reducers) if reducers else [()]
-    tables = _feature_tables(reducers, combos, reg)
+    combos = _combos(req, reg, reducers)
+    tables = _feature_tables(req, reg, reducers, combos)
     lb = np.full(len(structs), np.inf)
-    pred = None
     for ci in range(len(combos)):
         idx = np.full(len(structs), ci)
         batch = attrs.evolve(structs, features=_feature_rows(tables, idx)) if reducers else structs
@@ -506,13 +799,7 @@ def _lower_bounds(predictor, req: TuneRequest, structs: CandidateBatch, names: l
         compute = (bd["compute_fwd"] + bd["compute_bwd_input"] + bd["compute_bwd_weight"]
                    + np.minimum(bd["schedule_adjust"], 0))
         lb = np.minimum(lb, np.maximum(compute, 0.0))
-    if req.objective == "step_time":
-        return lb
-    return _objective(req, attrs.evolve(pred, step_time_s=lb))
-
-
-def _combo_key(combo, names) -> tuple:
-    return tuple((n, tuple(sorted((o or {}).items())) if o is not None else None) for n, o in zip(names, combo))
+    return _objective(req, lb, structs)
 
 
 def _pareto(time_s: np.ndarray, mem: np.ndarray) -> list[int]:
@@ -526,7 +813,7 @@ def _pareto(time_s: np.ndarray, mem: np.ndarray) -> list[int]:
     return out
 
 
-def _candidate(rank, pred: Prediction, row: int, names, registry, req: TuneRequest, value) -> Candidate:
+def _candidate(rank, pred: Prediction, row: int, names, registry, req: TuneRequest, value, e2e=None) -> Candidate:
     b = pred.batch
     f = lambda a: float(np.asarray(a)[row])  # noqa: E731
     feats = {}
@@ -545,8 +832,13 @@ def _candidate(rank, pred: Prediction, row: int, names, registry, req: TuneReque
                 "ep": int(b.ep[row]), "etp": int(b.etp[row]), "dp": int(b.dp[row]),
                 "micro_batch_size": int(b.micro_batch_size[row]), "global_batch_size": int(b.global_batch_size[row]),
                 "sequence_length": int(b.sequence_length[row]), "sequence_parallel": bool(b.sequence_parallel[row]),
-                "precision": PRECISIONS[int(b.precision[row])]}
+                "precision": PRECISIONS[int(b.precision[row])],
+                "first_stage_layers": int(b.first_stage_layers[row]), "last_stage_layers": int(b.last_stage_layers[row])}
     compute = bd["compute_fwd"] + bd["compute_bwd_input"] + bd["compute_bwd_weight"] + bd["recompute"]
+    interval = ettr = None
+    if e2e is not None and hasattr(e2e, "checkpoint_interval_steps"):
+        interval = float(np.asarray(e2e.checkpoint_interval_steps)[row])
+        ettr = float(np.asarray(e2e.ettr)[row])
     return Candidate(
         rank=rank, parallel=parallel, schedule=list(registry.schedules)[int(b.schedule[row])], features=feats,
         step_time_s=f(pred.step_time_s), objective_value=float(value), model_tflops_per_gpu=f(pred.model_tflops_per_gpu),
@@ -554,6 +846,7 @@ def _candidate(rank, pred: Prediction, row: int, names, registry, req: TuneReque
         pp_comm_s=bd["pp_comm"], dp_comm_s=bd["dp_comm"], optimizer_s=bd["optimizer"] + bd["optimizer_host"],
         breakdown=bd, memory_breakdown={k: f(v) / GIB for k, v in pred.memory_breakdown.items()},
         total_time_s=float(value) if req.objective == "e2e_time" else None,
+        checkpoint_interval_steps=interval, ettr=ettr,
     )
 
 
