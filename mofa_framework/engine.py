@@ -232,6 +232,19 @@ class Context:
     def group_nodes(self, group_size, stride) -> FloatArray:
         return nodes_spanned(group_size, stride, self.hardware.scaleup_domain_gpus)
 
+    def per_structure(self, fn):
+        """``fn(ctx)`` computed once per structure and repeated to every row: for values that
+        depend only on the structure (parallel sizes, batch shape, precision — the geometry), not
+        on feature options, such as a layer's operator FLOPs or a collective's time. `fn` returns
+        an array over rows, or a tuple/list/mapping of them."""
+        if self.structure is None:
+            return fn(self)
+        first, inverse = self.structure
+        out = fn(attrs.evolve(self, geometry=_take_geometry(self.geometry, first), structure=None))
+        if isinstance(out, (tuple, list)):
+            return type(out)(_expand(np.asarray(x), inverse) if np.ndim(x) else x for x in out)
+        return _expand(out, inverse)
+
 
 def _take_geometry(g: Geometry, rows: np.ndarray) -> Geometry:
     return attrs.evolve(g, **{f.name: getattr(g, f.name)[rows] for f in attrs.fields(Geometry)})
@@ -726,12 +739,46 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
     additive, MFU within the peak, layers conserved); a violation raises an InvariantError naming
     the plugin at fault. ``check=False`` skips that (the diagnosis re-evaluates with it off).
     """
+    trail: dict[str, list[str]] = {}
+    return finish(pipeline_phase(batch, model, hardware, pm, structure, trail), trail, check=check)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class Outcome:
+    """What :func:`finish` computes with ``lean=True``: the numbers a search ranks by."""
+
+    batch: CandidateBatch
+    step_time_s: FloatArray
+    peak_memory_bytes: FloatArray
+    fits_in_memory: BoolArray
+
+
+def expand_pipelined(pl: Pipelined, parent: np.ndarray, batch: CandidateBatch,
+                     structure: tuple[np.ndarray, np.ndarray] | None = None, lean: bool = False) -> Pipelined:
+    """`pl` for the rows of `batch`, row i taking parent row ``parent[i]``: rows that differ
+    only in features acting after the pipeline phase (optimizer, memory) share everything
+    up to it. `structure` maps the new rows to their structures (see :func:`evaluate`). With
+    `lean` the per-component stage times are left out (``finish(..., lean=True)`` needs none)."""
+    state = pl.state
+    ctx = attrs.evolve(state.ctx, geometry=_take_geometry(state.ctx.geometry, parent), structure=structure)
+    state = attrs.evolve(state, batch=batch, ctx=ctx, layers=_expand(state.layers, parent),
+                         layout=_expand(state.layout, parent), pipe=_expand(state.pipe, parent))
+    parts = (lambda d: {}) if lean else (lambda d: _expand(d, parent))  # noqa: E731
+    return Pipelined(state=state, priced={"opt": _expand(pl.priced["opt"], parent)}, comp=parts(pl.comp),
+                     times=_expand(pl.times, parent), inflight=_expand(pl.inflight, parent), crit=pl.crit[parent],
+                     stage_parts=parts(pl.stage_parts), hidden=parts(pl.hidden))
+
+
+def finish(pl: Pipelined, trail: dict | None = None, lean: bool = False, check: bool = True) -> Prediction | Outcome:
+    """The optimizer and memory phases and the results, after :func:`pipeline_phase`. With
+    `lean`, only the step time, the peak memory and whether it fits (:class:`Outcome`); `check`
+    as in :func:`evaluate` (a lean outcome is not checked: the search re-evaluates what it keeps)."""
+    state, priced, comp, times, inflight = pl.state, pl.priced, pl.comp, pl.times, pl.inflight
+    batch, model, hardware, pm = state.batch, state.ctx.model, state.ctx.hardware, state.ctx.pm
     registry = pm.registry
+    trail = {} if trail is None else trail
     n = len(batch)
     z = np.zeros(n)
-    trail: dict[str, list[str]] = {}
-    pl = pipeline_phase(batch, model, hardware, pm, structure, trail)
-    state, priced, comp, times, inflight = pl.state, pl.priced, pl.comp, pl.times, pl.inflight
     stage_parts, hidden, crit = pl.stage_parts, pl.hidden, pl.crit
     lay = state.layout
     m = batch.num_microbatches.astype(np.float64)
@@ -749,18 +796,7 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
     # ---- results
     opt, mem = state.opt, state.mem
     overhead = np.full(n, hardware.efficiency.step_overhead_s)
-    breakdown = {k: m * pick(a) for k, a in comp.items()}
-    breakdown["pp_comm"] = times.pp_comm_s
-    breakdown["bubble"] = times.bubble_s
-    breakdown["dp_comm"] = opt.dp_exposed_s
-    breakdown["optimizer"] = opt.update_s
-    breakdown["optimizer_host"] = opt.host_s
-    breakdown["overhead"] = overhead
-    # schedules may reorder work (and so change busy time, e.g. DualPipe); keep the sum exact
-    busy_sum = sum((breakdown[k] for k in comp), z)
-    breakdown["schedule_adjust"] = times.busy_s - busy_sum
     step = times.total_s + opt.dp_exposed_s + opt.update_s + opt.host_s + overhead
-
     gpu = mem.gpu_bytes + hardware.reserved_memory_bytes
     gpu = np.where(exists, gpu, -np.inf)
     worst = np.argmax(gpu, axis=0)
@@ -771,8 +807,21 @@ def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
         "buffers": wpick(mem.buffers_bytes), "reserved": np.full(n, hardware.reserved_memory_bytes),
     }
     peak = sum(mem_bd.values(), z)
+    if lean:
+        return Outcome(batch=batch, step_time_s=step, peak_memory_bytes=peak, fits_in_memory=peak <= hardware.hbm_bytes)
     stage_memory = np.where(exists, mem.gpu_bytes + hardware.reserved_memory_bytes, np.nan)
     mem_bd["host"] = wpick(mem.host_bytes)
+
+    breakdown = {k: m * pick(a) for k, a in comp.items()}
+    breakdown["pp_comm"] = times.pp_comm_s
+    breakdown["bubble"] = times.bubble_s
+    breakdown["dp_comm"] = opt.dp_exposed_s
+    breakdown["optimizer"] = opt.update_s
+    breakdown["optimizer_host"] = opt.host_s
+    breakdown["overhead"] = overhead
+    # schedules may reorder work (and so change busy time, e.g. DualPipe); keep the sum exact
+    busy_sum = sum((breakdown[k] for k in comp), z)
+    breakdown["schedule_adjust"] = times.busy_s - busy_sum
 
     tokens = batch.global_batch_size * batch.sequence_length
     n_gpus = batch.num_gpus.astype(np.float64)

@@ -132,12 +132,20 @@ class MofaPluginManager(pluggy.PluginManager):
         gives, and the test fixtures use).
         """
         by_name: dict[str, list] = {}
-        names: dict[int, str] = {}  # parsing a distribution's METADATA is the slow part: once each
+        # parsing a distribution's METADATA (.metadata, .version) is the slow part: once each (the
+        # value keeps the distribution alive, so its id stays its own)
+        metas: dict[int, tuple] = {}
+
+        def meta(d):
+            if id(d) not in metas:
+                metas[id(d)] = (d, d.metadata)
+            return metas[id(d)][1]
 
         def dist_name(d) -> str:
-            if id(d) not in names:
-                names[id(d)] = d.metadata["Name"] or "?"
-            return names[id(d)]
+            return meta(d)["Name"] or "?"
+
+        def dist_version(d) -> str:
+            return meta(d)["Version"] or ""
 
         for dist in importlib.metadata.distributions():
             eps = [ep for ep in dist.entry_points if ep.group == group]
@@ -156,7 +164,7 @@ class MofaPluginManager(pluggy.PluginManager):
             info = PluginInfo(
                 name=name,
                 distribution=dist_name(dist),
-                version=dist.version or "",
+                version=dist_version(dist),
                 entry_point=ep.value,
                 status="builtin" if dist_name(dist) == BUILTIN_DISTRIBUTION else "active",
             )
@@ -164,7 +172,7 @@ class MofaPluginManager(pluggy.PluginManager):
                 clash = PluginInfo(
                     name=f"{name} ({dist_name(other)})",
                     distribution=dist_name(other),
-                    version=other.version or "",
+                    version=dist_version(other),
                     entry_point=other_ep.value,
                 )
                 self._fail(

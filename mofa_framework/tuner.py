@@ -276,24 +276,36 @@ def _default_split_covers(num_layers: int, pp, vpp, ends) -> np.ndarray:
 
 
 def _structure_batch(req: TuneRequest, registry) -> tuple[CandidateBatch, dict[str, int]]:
+    """Every structure of the space that divides the GPUs and the layers, and how many structures
+    each of those rules removed. The pipeline dimensions are filtered before they are crossed
+    with the rest (a DeepSeek-V3 space has millions of nominal structures)."""
     s = req.space
-    grids = np.meshgrid(np.array(s.tp), np.array(s.pp), np.array(s.vpp), np.array(s.cp), np.array(s.ep),
-                        np.array(s.etp), np.array(s.micro_batch_size),
-                        np.array([registry.schedule_code(x) for x in s.schedules]), np.array(s.lighter_ends),
-                        indexing="ij")
-    tp, pp, vpp, cp, ep, etp, mbs, sched, lighter = (g.ravel() for g in grids)
     L = req.model.num_layers
+    pipe = [g.ravel() for g in np.meshgrid(np.array(s.tp), np.array(s.pp), np.array(s.cp), np.array(s.vpp),
+                                           np.array(s.lighter_ends), indexing="ij")]
+    tp, pp, cp, vpp, lighter = pipe
     ends, split_ok = end_stage_layers(L, pp, lighter)
+    rest = len(s.ep) * len(s.etp) * len(s.micro_batch_size) * len(s.schedules)
     removed = {}
-    keep = (req.num_gpus % (tp * pp * cp) == 0) & (etp <= tp)
-    removed["hardware.num_gpus must be a multiple of tp × pp × cp (and etp ≤ tp)"] = int((~keep).sum())
+    keep = req.num_gpus % (tp * pp * cp) == 0
+    removed["hardware.num_gpus must be a multiple of tp × pp × cp"] = int((~keep).sum()) * rest
     bad = keep & ~split_ok
-    removed["lighter end stages need pp ≥ 3 dividing the layers + 2 × (layers fewer per end stage)"] = int(bad.sum())
+    removed["lighter end stages need pp ≥ 3 dividing the layers + 2 × (layers fewer per end stage)"] = \
+        int(bad.sum()) * rest
     keep &= split_ok
     dup = keep & (lighter > 0) & _default_split_covers(L, pp, vpp, ends)
-    removed["the default split already places the end stages so"] = int(dup.sum())
+    removed["the default split already places the end stages so"] = int(dup.sum()) * rest
     keep &= ~dup
-    tp, pp, vpp, cp, ep, etp, mbs, sched, ends = (a[keep] for a in (tp, pp, vpp, cp, ep, etp, mbs, sched, ends))
+    head = np.flatnonzero(keep)
+    other = [g.ravel() for g in np.meshgrid(np.array(s.ep), np.array(s.etp), np.array(s.micro_batch_size),
+                                            np.array([registry.schedule_code(x) for x in s.schedules]), indexing="ij")]
+    h_idx = np.repeat(head, len(other[0]))
+    o_idx = np.tile(np.arange(len(other[0])), len(head))
+    tp, pp, cp, vpp, ends = (a[h_idx] for a in (tp, pp, cp, vpp, ends))
+    ep, etp, mbs, sched = (a[o_idx] for a in other)
+    ok = etp <= tp
+    removed["expert tensor parallelism cannot exceed tensor parallelism (etp ≤ tp)"] = int((~ok).sum())
+    tp, pp, vpp, cp, ep, etp, mbs, sched, ends = (a[ok] for a in (tp, pp, vpp, cp, ep, etp, mbs, sched, ends))
     n = len(tp)
     batch = CandidateBatch(
         tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=req.num_gpus // (tp * pp * cp), micro_batch_size=mbs,
@@ -389,17 +401,44 @@ LEVELS = (
 )
 
 
+class _Choices:
+    """Every searched feature's choices as arrays, so that rows from any group of structures can
+    share one batch: a row's features are a vector of choice indices (−1 = not set, off)."""
+
+    def __init__(self, req: TuneRequest, registry, names: list[str]):
+        self.names = names
+        self.tables = [_choice_table(registry, n, req.space.features[n]) for n in names]
+        self.defaults = []
+        for n in names:
+            feat = registry.features[n]
+            fields = attrs.fields(feat.options_type) if attrs.has(feat.options_type) else ()
+            self.defaults.append({f.name: float(f.metadata["choices"].index(f.default)) if f.metadata.get("choices")
+                                  else float(f.default) for f in fields})
+
+    def rows(self, choice: np.ndarray) -> dict[str, FeatureRows]:
+        """FeatureRows of rows whose choice vectors are `choice` (rows × features)."""
+        out = {}
+        for j, name in enumerate(self.names):
+            col = choice[:, j]
+            if not (col >= 0).any():
+                continue
+            enabled, opts, cats = self.tables[j]
+            c = np.maximum(col, 0)
+            on = (col >= 0) & enabled[c]
+            out[name] = FeatureRows(enabled=on, options={k: np.where(col >= 0, v[c], self.defaults[j][k])
+                                                         for k, v in opts.items()}, choices=cats)
+        return out
+
+
 @attrs.define
 class _Group:
     """Structures on which the same features apply, and their feature combinations: the leaves
     (every feature set) and, per level of :data:`LEVELS`, the distinct settings of the level's
-    features, each with its parent in the level above (level 0's parent is the structure)."""
+    features, each with its parent in the level above (level 0's parent is the structure).
+    Settings are choice vectors over every searched feature (−1 = not set)."""
 
-    names: list[str]
-    grid: np.ndarray  #: per leaf combination, each feature's choice index
-    tables: dict  #: feature tables of the leaves
-    level_tables: list[dict]
-    level_size: list[int]
+    leaf_choice: np.ndarray
+    level_choice: list[np.ndarray]
     #: CSR children of each node of a level (level 0: its nodes; last: the leaves)
     children: list[tuple[np.ndarray, np.ndarray]]
     #: the level sets no feature its parent level did not: same layer costs, copy its bound
@@ -407,34 +446,48 @@ class _Group:
     leaves_below: list[np.ndarray]
     n_on: np.ndarray  #: features on per leaf (ties go to fewer)
 
+    @property
+    def fanout(self) -> list[np.ndarray]:
+        """Children of each node, per level."""
+        return [np.diff(c[0]) for c in self.children]
+
     @classmethod
-    def build(cls, req: TuneRequest, registry, names: list[str]) -> _Group:
+    def build(cls, req: TuneRequest, registry, all_names: list[str], names: list[str]) -> _Group:
         feats = registry.features
         grid = _combos(req, registry, names)
-        ids, tables, size, positions = [], [], [], []
+        cols = np.array([all_names.index(n) for n in names], np.int64)
+
+        def spread(sub: np.ndarray, pos) -> np.ndarray:
+            out = np.full((len(sub), len(all_names)), -1, np.int64)
+            out[:, cols[pos]] = sub
+            return out
+
+        radix = np.array([len(req.space.features[n]) for n in names], np.int64)
+        ids, choice, positions = [], [], []
         for _, wanted in LEVELS:
             pos = [j for j, n in enumerate(names) if wanted(feats[n])]
-            uniq, of = np.unique(grid[:, pos], axis=0, return_inverse=True) if pos else (grid[:1, :0], None)
-            of = np.zeros(len(grid), np.int64) if of is None else np.asarray(of, np.int64).reshape(-1)
-            ids.append(of)
-            size.append(len(uniq))
+            # the level's setting of each leaf as one mixed-radix number (rows sorted like np.unique)
+            code = np.zeros(len(grid), np.int64)
+            for j in pos:
+                code = code * radix[j] + grid[:, j]
+            _, first, of = np.unique(code, return_index=True, return_inverse=True)
+            ids.append(np.asarray(of, np.int64).reshape(-1))
+            choice.append(spread(grid[first][:, pos], pos))
             positions.append(pos)
-            tables.append(_feature_tables(req, registry, [names[j] for j in pos], uniq))
         children = []
         for k in range(1, len(LEVELS)):
-            parent = np.zeros(size[k], np.int64)
+            parent = np.zeros(len(choice[k]), np.int64)
             parent[ids[k]] = ids[k - 1]
-            children.append(_csr(parent, size[k - 1]))
-        children.append(_csr(ids[-1], size[-1]))
+            children.append(_csr(parent, len(choice[k - 1])))
+        children.append(_csr(ids[-1], len(choice[-1])))
         same = [False] + [positions[k] == positions[k - 1] and LEVELS[k][0] == LEVELS[k - 1][0]
                           for k in range(1, len(LEVELS))]
         n_on = np.zeros(len(grid), np.int64)
         for j, n in enumerate(names):
             n_on += np.array([o is not None for o in req.space.features[n]])[grid[:, j]]
-        return cls(names=names, grid=grid, tables=_feature_tables(req, registry, names, grid), level_tables=tables,
-                   level_size=size, children=children, same_as_parent=same,
-                   leaves_below=[np.bincount(i, minlength=n) for i, n in zip(ids, size)],
-                   n_on=np.asarray(n_on, np.int64))
+        return cls(leaf_choice=spread(grid, list(range(len(names)))), level_choice=choice, children=children,
+                   same_as_parent=same, leaves_below=[np.bincount(i, minlength=len(c)) for i, c in zip(ids, choice)],
+                   n_on=n_on)
 
 
 def _children(csr, parents: np.ndarray, owners: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -473,91 +526,103 @@ def _objective(req: TuneRequest, step, batch) -> np.ndarray:
 
 class _TopK:
     """The k best configurations seen so far; configurations identical in every number (same
-    structure, step time and memory) are one entry listing its variants."""
+    structure, step time and memory) are one entry listing its variants. Members are kept as
+    opaque references (the search turns them into candidates at the end)."""
 
     def __init__(self, k: int):
         self.k = k
-        self.entries: dict[tuple, list] = {}  # same-key → [value, members: [(tie key, candidate)]]
+        self.entries: dict[tuple, list] = {}  # same-key → [value, members: [(tie key, ref)]]
         self._order: list[tuple[float, tuple, tuple]] = []
 
     def threshold(self) -> float:
         return self._order[-1][0] if len(self._order) >= self.k else np.inf
 
-    def offer(self, value: float, same: tuple, tie: tuple, make: Callable[[], Candidate]) -> None:
+    def best_value(self) -> float | None:
+        return self._order[0][0] if self._order else None
+
+    def offer(self, value: float, same: tuple, tie: tuple, ref) -> None:
         entry = self.entries.get(same)
         if entry is not None:
-            entry[1].append((tie, make()))
+            entry[1].append((tie, ref))
             return
         if len(self._order) >= self.k and (value, tie) >= self._order[-1][:2]:
             return
-        self.entries[same] = [value, [(tie, make())]]
+        self.entries[same] = [value, [(tie, ref)]]
         self._order.append((value, tie, same))
         self._order.sort(key=lambda x: (x[0], x[1]))
         for _, _, gone in self._order[self.k:]:
             del self.entries[gone]
         del self._order[self.k:]
 
-    def best(self) -> tuple[Candidate, ...]:
-        out = []
-        for rank, (_, _, same) in enumerate(self._order, start=1):
-            members = sorted(self.entries[same][1], key=lambda m: m[0])
-            head = members[0][1]
-            out.append(attrs.evolve(head, rank=rank, variants=tuple(m[1].features for m in members[1:])))
-        return tuple(out)
+    def ranked(self) -> list[tuple[float, list]]:
+        """(value, member refs simplest first) of each entry, best first."""
+        return [(value, [m[1] for m in sorted(self.entries[same][1], key=lambda m: m[0])])
+                for value, _, same in self._order]
 
 
 # ---------------------------------------------------------------------- search
 
 
-@attrs.define
 class _Level:
-    """Pending nodes of one level: group, structure, combination id, bound, leaves below."""
+    """Pending nodes of one level: group, structure, setting id, bound, leaves below, children."""
 
-    grp: np.ndarray = attrs.Factory(lambda: np.zeros(0, np.int64))
-    s: np.ndarray = attrs.Factory(lambda: np.zeros(0, np.int64))
-    sub: np.ndarray = attrs.Factory(lambda: np.zeros(0, np.int64))
-    bound: np.ndarray = attrs.Factory(lambda: np.zeros(0))
-    count: np.ndarray = attrs.Factory(lambda: np.zeros(0, np.int64))
+    FIELDS = ("grp", "s", "sub", "bound", "count", "fanout")
 
-    def push(self, grp, s, sub, bound, count) -> None:
-        self.grp = np.concatenate([self.grp, grp])
-        self.s = np.concatenate([self.s, s])
-        self.sub = np.concatenate([self.sub, sub])
-        self.bound = np.concatenate([self.bound, bound])
-        self.count = np.concatenate([self.count, count])
+    def __init__(self, **arrays):
+        self.parts: list[tuple] = []
+        if arrays:
+            self.push(*(arrays[f] for f in self.FIELDS))
+
+    def push(self, *arrays) -> None:
+        if len(arrays[0]):
+            self.parts.append(arrays)
+
+    def _merged(self) -> tuple:
+        if len(self.parts) != 1:
+            self.parts = [tuple(np.concatenate(col) for col in zip(*self.parts))] if self.parts else []
+        return self.parts[0] if self.parts else tuple(np.zeros(0) for _ in self.FIELDS)
+
+    def __len__(self) -> int:
+        return sum(len(p[0]) for p in self.parts)
 
     def min(self) -> float:
-        return float(self.bound.min()) if len(self.bound) else np.inf
+        return min((float(p[3].min()) for p in self.parts), default=np.inf)
 
-    def pop(self, limit: float, fanout: np.ndarray, budget: int):
-        """Nodes with bound ≤ `limit`, smallest first, whose children total about `budget` rows."""
-        live = np.flatnonzero(self.bound <= limit)
+    def leaves(self, above: float) -> tuple[int, int]:
+        """(leaves below nodes whose bound is above `above`, leaves below the others)."""
+        pruned = sum(int(p[4][p[3] > above].sum()) for p in self.parts)
+        return pruned, sum(int(p[4].sum()) for p in self.parts) - pruned
+
+    def pop(self, limit: float, budget: int):
+        """Nodes with bound ≤ `limit`, smallest first, whose children total about `budget` rows:
+        (group, structure, setting, bound) arrays, or None."""
+        grp, s, sub, bound, count, fanout = self._merged()
+        live = np.flatnonzero(bound <= limit)
         if not len(live):
             return None
         cap = max(1, min(len(live), budget // max(1, int(fanout[live].min()))))
         if cap < len(live):
-            live = live[np.argpartition(self.bound[live], cap - 1)[:cap]]
-        live = live[np.argsort(self.bound[live], kind="stable")]
+            live = live[np.argpartition(bound[live], cap - 1)[:cap]]
+        live = live[np.argsort(bound[live], kind="stable")]
         take = live[:max(1, int(np.searchsorted(np.cumsum(fanout[live]), budget, side="right")))]
-        out = (self.grp[take], self.s[take], self.sub[take], self.bound[take])
-        keep = np.ones(len(self.bound), bool)
+        keep = np.ones(len(bound), bool)
         keep[take] = False
-        for f in ("grp", "s", "sub", "bound", "count"):
-            setattr(self, f, getattr(self, f)[keep])
-        return out
+        self.parts = [tuple(a[keep] for a in (grp, s, sub, bound, count, fanout))] if keep.any() else []
+        return grp[take], s[take], sub[take], bound[take]
 
 
 class _Search:
     """The best-first branch and bound (see the module docstring)."""
 
     def __init__(self, predictor, req: TuneRequest, structs: CandidateBatch, groups: list[_Group],
-                 group_of: np.ndarray):
+                 group_of: np.ndarray, all_names: list[str]):
         self.predictor, self.req, self.structs = predictor, req, structs
         self.groups, self.group_of = groups, group_of
         self.registry = predictor.registry
-        self.all_names = sorted(req.space.features)
+        self.all_names = all_names
+        self.choices = _Choices(req, self.registry, all_names)
         self.top = _TopK(req.top_k)
-        self.pareto: list[Candidate] = []
+        self.pareto: list[tuple] = []
         self.removed: dict[str, int] = {}
         self.evaluated = self.feasible = self.bounded_rows = 0
         self.min_peak = np.inf
@@ -568,70 +633,90 @@ class _Search:
         self.exists = engine.stages_present(structs)
         self.m = structs.num_microbatches.astype(np.float64)
 
-    # ---- bounds
     def threshold(self) -> float:
         if self.req.pareto:
             return np.inf
         t = self.top.threshold()
         return t + abs(t) * _REL_EPS if np.isfinite(t) else t
 
-    def _busy(self, s_idx: np.ndarray, tables, combo: np.ndarray) -> np.ndarray:
-        """Objective bound of rows (structure, layer-feature combination): busy time + overhead."""
-        order = np.argsort(s_idx, kind="stable")
-        s_sorted = s_idx[order]
-        batch = attrs.evolve(self.structs.take(s_sorted), features=_feature_rows(tables, combo[order]))
-        state, _ = engine.layer_phase(batch, self.req.model, self.req.hardware, self.predictor.pm,
-                                      structure=_runs(s_sorted), layers_only=True)
-        work = self.const[:, s_sorted] + sum(self.counts[k][:, s_sorted] * engine.layer_work_s(c)[None, :]
-                                             for k, c in state.layers.items())
-        busy = self.m[s_sorted] * np.where(self.exists[:, s_sorted], work, -np.inf).max(axis=0)
-        self.bounded_rows += len(s_idx)
-        out = np.empty(len(s_idx))
-        out[order] = _objective(self.req, busy + self.overhead_s, batch)
-        return out
+    def _batch(self, s_idx: np.ndarray, choice: np.ndarray) -> CandidateBatch:
+        return attrs.evolve(self.structs.take(s_idx), features=self.choices.rows(choice))
 
-    def _pipeline(self, s_idx: np.ndarray, tables, combo: np.ndarray) -> np.ndarray:
-        """Objective bound of rows (structure, layer- and pipeline-feature combination): the
-        pipeline time (busy, bubble, exposed p2p) + overhead; DP and the optimizer only add."""
-        order = np.argsort(s_idx, kind="stable")
-        s_sorted = s_idx[order]
-        batch = attrs.evolve(self.structs.take(s_sorted), features=_feature_rows(tables, combo[order]))
+    # ---- bounds (rows sorted by structure)
+    def _busy(self, s_idx: np.ndarray, choice: np.ndarray) -> np.ndarray:
+        """Objective bound of rows (structure, layer-feature setting): busy time + overhead."""
+        batch = self._batch(s_idx, choice)
+        state, _ = engine.layer_phase(batch, self.req.model, self.req.hardware, self.predictor.pm,
+                                      structure=_runs(s_idx), layers_only=True)
+        work = self.const[:, s_idx] + sum(self.counts[k][:, s_idx] * engine.layer_work_s(c)[None, :]
+                                          for k, c in state.layers.items())
+        busy = self.m[s_idx] * np.where(self.exists[:, s_idx], work, -np.inf).max(axis=0)
+        return _objective(self.req, busy + self.overhead_s, batch)
+
+    def _pipeline(self, s_idx: np.ndarray, choice: np.ndarray) -> np.ndarray:
+        """Objective bound of rows (structure, layer- and pipeline-feature setting): the pipeline
+        time (busy, bubble, exposed p2p) + overhead; DP and the optimizer only add."""
+        batch = self._batch(s_idx, choice)
         pl = engine.pipeline_phase(batch, self.req.model, self.req.hardware, self.predictor.pm,
-                                   structure=_runs(s_sorted))
-        self.bounded_rows += len(s_idx)
-        out = np.empty(len(s_idx))
-        out[order] = _objective(self.req, pl.times.total_s + self.overhead_s, batch)
-        return out
+                                   structure=_runs(s_idx))
+        return _objective(self.req, pl.times.total_s + self.overhead_s, batch)
 
     # ---- expansions
+    def _child_rows(self, depth: int, grp, s, sub, bound):
+        """Children of popped nodes across groups, sorted by structure: (group, structure, child
+        setting id, its choice vector, parent's bound, parent position)."""
+        parts = []
+        for gi in np.unique(grp):
+            g = self.groups[gi]
+            sel = np.flatnonzero(grp == gi)
+            if depth == 0:
+                n_r = len(g.level_choice[0])
+                pos, child = np.repeat(sel, n_r), np.tile(np.arange(n_r), len(sel))
+            else:
+                pos, child = _children(g.children[depth - 1], sub[sel], sel)
+            table = g.level_choice[depth] if depth < len(LEVELS) else g.leaf_choice
+            parts.append((np.full(len(pos), gi), pos, child, table[child]))
+        gi_, pos, child, choice = (np.concatenate(c) for c in zip(*parts))
+        order = np.argsort(s[pos], kind="stable")
+        return gi_[order], s[pos][order], child[order], choice[order], pos[order]
+
     def expand(self, depth: int, grp: np.ndarray, s: np.ndarray, sub: np.ndarray, bound: np.ndarray) -> None:
         """Children of popped nodes of level `depth` (0 = structures): bounded and pushed one level
         down, or evaluated when they are leaves."""
-        for gi in np.unique(grp):
+        if depth == len(LEVELS):  # the popped nodes' children are leaves
+            self.evaluate(grp, s, sub)
+            return
+        g_idx, rows_s, child, choice, pos = self._child_rows(depth, grp, s, sub, bound)
+        same = np.array([self.groups[gi].same_as_parent[depth] for gi in range(len(self.groups))])[g_idx] \
+            if depth > 0 else np.zeros(len(g_idx), bool)
+        b = bound[pos].astype(np.float64)  # the same layer costs: the same bound
+        todo = np.flatnonzero(~same)
+        if self.req.pareto:  # no pruning: every leaf is evaluated, bounds would be wasted work
+            b[:] = 0.0
+        elif len(todo):
+            fn = self._busy if LEVELS[depth][0] == "busy" else self._pipeline
+            b[todo] = fn(rows_s[todo], choice[todo])
+            self.bounded_rows += len(todo)
+        count = np.empty(len(child), np.int64)
+        fan = np.empty(len(child), np.int64)
+        for gi in np.unique(g_idx):
+            sel = g_idx == gi
             g = self.groups[gi]
-            sel = grp == gi
-            if depth == 0:
-                rows_s = np.repeat(s[sel], g.level_size[0])
-                rows_c = np.tile(np.arange(g.level_size[0]), int(sel.sum()))
-            else:
-                rows_s, rows_c = _children(g.children[depth - 1], sub[sel], s[sel])
-            if depth == len(LEVELS):
-                for lo in range(0, len(rows_s), self.req.chunk_rows):
-                    self.evaluate(g, rows_s[lo:lo + self.req.chunk_rows], rows_c[lo:lo + self.req.chunk_rows])
-                continue
-            kind = LEVELS[depth][0]
-            if depth > 0 and g.same_as_parent[depth]:  # the same layer costs: the same bound
-                b = _children(g.children[depth - 1], sub[sel], bound[sel])[0]
-            else:
-                b = (self._busy if kind == "busy" else self._pipeline)(rows_s, g.level_tables[depth], rows_c)
-            self.levels[depth + 1].push(np.full(len(rows_s), gi), rows_s, rows_c, b, g.leaves_below[depth][rows_c])
+            count[sel] = g.leaves_below[depth][child[sel]]
+            fan[sel] = g.fanout[depth][child[sel]]
+        self.levels[depth + 1].push(g_idx, rows_s, child, b, count, fan)
 
-    def evaluate(self, g: _Group, s_idx: np.ndarray, c_idx: np.ndarray) -> None:
-        """Leaves: full predictions, feature feasibility and memory, offered to the top-k."""
+    def evaluate(self, grp: np.ndarray, ps: np.ndarray, pf: np.ndarray) -> None:
+        """The leaves below level-3 nodes (structure `ps`, layer+pipeline setting `pf`): the
+        engine runs through the pipeline once per node and finishes (optimizer, memory) per leaf;
+        feature feasibility and memory checked, the best offered to the top-k."""
         req, registry = self.req, self.registry
-        order = np.lexsort((c_idx, s_idx))
-        s_idx, c_idx = s_idx[order], c_idx[order]
-        batch = attrs.evolve(self.structs.take(s_idx), features=_feature_rows(g.tables, c_idx))
+        order = np.argsort(ps, kind="stable")
+        grp, ps, pf = grp[order], ps[order], pf[order]
+        pl = engine.pipeline_phase(self._batch(ps, self._choices_of(grp, pf)), req.model, req.hardware, self.predictor.pm,
+                                   structure=_runs(ps))
+        g_idx, s_idx, c_idx, choice, parent = self._child_rows(len(LEVELS), grp, ps, pf, np.zeros(len(ps)))
+        batch = self._batch(s_idx, choice)
         ok = np.ones(len(batch), bool)
         for feat in registry.features.values():
             rows = batch.feature(feat.name)
@@ -643,30 +728,67 @@ class _Search:
         idx = np.flatnonzero(ok)
         if not len(idx):
             return
-        sub = batch.take(idx) if len(idx) < len(batch) else batch
-        s_idx, c_idx = s_idx[idx], c_idx[idx]
-        pred = self.predictor.evaluate(sub, req.model, req.hardware, structure=_runs(s_idx))
+        if len(idx) < len(batch):
+            batch, parent, s_idx, c_idx, g_idx = batch.take(idx), parent[idx], s_idx[idx], c_idx[idx], g_idx[idx]
+        out = engine.finish(engine.expand_pipelined(pl, parent, batch, _runs(s_idx), lean=True), lean=True)
         self.evaluated += len(idx)
-        fits = pred.fits_in_memory
-        self.min_peak = min(self.min_peak, float(pred.peak_memory_bytes.min()) / GIB)
+        fits = out.fits_in_memory
+        self.min_peak = min(self.min_peak, float(out.peak_memory_bytes.min()) / GIB)
         mem_reason = "peak memory exceeds the GPU's HBM"
         self.removed[mem_reason] = self.removed.get(mem_reason, 0) + int((~fits).sum())
         self.feasible += int(fits.sum())
-        e2e = _e2e(req, pred.step_time_s, pred.batch) if req.objective != "step_time" else None
-        val = np.where(fits, _objective(req, pred.step_time_s, pred.batch), np.inf)
+        val = np.where(fits, _objective(req, out.step_time_s, batch), np.inf)
         for t in np.argsort(val, kind="stable"):
-            if not np.isfinite(val[t]) or val[t] > self.threshold():
+            if not np.isfinite(val[t]) or val[t] > self.top.threshold():
                 break
-            t = int(t)
-            same = (int(s_idx[t]), float(pred.step_time_s[t]), float(pred.peak_memory_bytes[t]))
-            tie = (int(g.n_on[c_idx[t]]), int(s_idx[t]), tuple(g.grid[c_idx[t]].tolist()))
-            self.top.offer(float(val[t]), same, tie,
-                           lambda t=t: _candidate(0, pred, t, self.all_names, registry, req, float(val[t]), e2e))
+            g = self.groups[g_idx[t]]
+            same = (int(s_idx[t]), float(out.step_time_s[t]), float(out.peak_memory_bytes[t]))
+            tie = (int(g.n_on[c_idx[t]]), int(s_idx[t]), tuple(g.leaf_choice[c_idx[t]].tolist()))
+            self.top.offer(float(val[t]), same, tie, (int(g_idx[t]), int(s_idx[t]), int(c_idx[t])))
         if req.pareto:
             ok_rows = np.flatnonzero(fits)
-            for t in _pareto(pred.step_time_s[ok_rows], pred.peak_memory_bytes[ok_rows]):
+            for t in _pareto(out.step_time_s[ok_rows], out.peak_memory_bytes[ok_rows]):
                 r = int(ok_rows[t])
-                self.pareto.append(_candidate(0, pred, r, self.all_names, registry, req, float(val[r]), e2e))
+                self.pareto.append((float(out.step_time_s[r]), float(out.peak_memory_bytes[r]), float(val[r]),
+                                    (int(g_idx[r]), int(s_idx[r]), int(c_idx[r]))))
+
+    def _choices_of(self, grp: np.ndarray, pf: np.ndarray) -> np.ndarray:
+        out = np.empty((len(grp), len(self.all_names)), np.int64)
+        for gi in np.unique(grp):
+            sel = grp == gi
+            out[sel] = self.groups[gi].level_choice[-1][pf[sel]]
+        return out
+
+    def candidates(self, refs: list[tuple[int, int, int]], values: list[float]) -> list[Candidate]:
+        """Full predictions (breakdowns) of the configurations `refs` = (group, structure, leaf)."""
+        req = self.req
+        if not refs:
+            return []
+        s_idx = np.array([r[1] for r in refs])
+        choice = np.stack([self.groups[r[0]].leaf_choice[r[2]] for r in refs])
+        batch = self._batch(s_idx, choice)
+        pred = self.predictor.evaluate(batch, req.model, req.hardware)
+        e2e = _e2e(req, pred.step_time_s, batch) if req.objective != "step_time" else None
+        return [_candidate(0, pred, t, self.all_names, self.registry, req, values[t], e2e) for t in range(len(refs))]
+
+    def best(self) -> tuple[Candidate, ...]:
+        ranked = self.top.ranked()
+        refs = [r for _, members in ranked for r in members]
+        values = [v for v, members in ranked for _ in members]
+        cands = iter(self.candidates(refs, values))
+        best = []
+        for rank, (_, members) in enumerate(ranked, start=1):
+            group = [next(cands) for _ in members]
+            best.append(attrs.evolve(group[0], rank=rank, variants=tuple(c.features for c in group[1:])))
+        return tuple(best)
+
+    def pareto_front(self) -> tuple[Candidate, ...]:
+        if not self.pareto:
+            return ()
+        t = np.array([x[0] for x in self.pareto])
+        mem = np.array([x[1] for x in self.pareto])
+        keep = sorted(_pareto(t, mem), key=lambda i: t[i])
+        return tuple(self.candidates([self.pareto[i][3] for i in keep], [self.pareto[i][2] for i in keep]))
 
     # ---- the loop
     def run(self, structure_bound: np.ndarray, total: int, t0: float, progress) -> bool:
@@ -674,48 +796,40 @@ class _Search:
         the time budget ran out first."""
         req = self.req
         n = len(self.structs)
-        leaves = np.array([len(g.grid) for g in self.groups], np.int64)[self.group_of]
+        per_group = [(len(g.leaf_choice), len(g.level_choice[0])) for g in self.groups]
+        leaves = np.array([x[0] for x in per_group], np.int64)[self.group_of]
+        fan = np.array([x[1] for x in per_group], np.int64)[self.group_of]
         self.levels = levels = [_Level(grp=self.group_of.copy(), s=np.arange(n), sub=np.zeros(n, np.int64),
-                                       bound=np.asarray(structure_bound, np.float64), count=leaves)]
+                                       bound=np.asarray(structure_bound, np.float64), count=leaves, fanout=fan)]
         levels += [_Level() for _ in LEVELS]
         last_report = -np.inf
         while True:
             if req.time_budget_s is not None and time.perf_counter() - t0 > req.time_budget_s:
                 return False
             limit = self.threshold()
-            pending = [i for i, lv in enumerate(levels) if len(lv.bound)]
+            pending = [i for i, lv in enumerate(levels) if len(lv)]
             if not pending:
                 return True
             # the smallest bound first; on a tie the deepest level (it reaches a leaf sooner)
             depth = min(pending, key=lambda i: (levels[i].min(), -i))
-            popped = levels[depth].pop(limit, self._fanout(depth, levels[depth]), req.chunk_rows)
+            popped = levels[depth].pop(limit, req.chunk_rows)
             if popped is None:  # no pending bound can beat the k-th best
                 return True
             self.expand(depth, *popped)
             now = time.perf_counter()
             if progress is not None and now - last_report > 0.25:
                 last_report = now
-                progress(self.progress(levels, total, now - t0))
+                progress(self.progress(total, now - t0))
 
-    def _fanout(self, depth: int, level: _Level) -> np.ndarray:
-        """Children of each pending node of level `depth`."""
-        if depth == 0:
-            return np.array([g.level_size[0] for g in self.groups], np.int64)[level.grp]
-        out = np.ones(len(level.grp), np.int64)
-        for gi, g in enumerate(self.groups):
-            sel = level.grp == gi
-            out[sel] = np.diff(g.children[depth - 1][0])[level.sub[sel]]
-        return out
-
-    def skipped(self, levels, limit: float) -> tuple[int, int]:
+    def skipped(self, limit: float) -> tuple[int, int]:
         """(leaves below pending nodes whose bound cannot win, leaves below the others)."""
-        pruned = sum(int(lv.count[lv.bound > limit].sum()) for lv in levels)
-        return pruned, sum(int(lv.count.sum()) for lv in levels) - pruned
+        parts = [lv.leaves(limit) for lv in self.levels]
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
 
-    def progress(self, levels, total: int, elapsed: float) -> TuneProgress:
-        pruned, _ = self.skipped(levels, self.threshold())
-        best = self.top._order[0][0] if self.top._order else None
-        return TuneProgress(evaluated=self.evaluated, skipped=pruned, total=total, best=best, elapsed_s=elapsed)
+    def progress(self, total: int, elapsed: float) -> TuneProgress:
+        pruned, _ = self.skipped(self.threshold())
+        return TuneProgress(evaluated=self.evaluated, skipped=pruned, total=total, best=self.top.best_value(),
+                            elapsed_s=elapsed)
 
 
 def tune(predictor, req: TuneRequest, progress: Callable[[TuneProgress], None] | None = None) -> TuneResult:
@@ -745,25 +859,21 @@ def tune(predictor, req: TuneRequest, progress: Callable[[TuneProgress], None] |
         if fn is not None and len(structs):
             applic[:, j] = np.asarray(fn(structs, req.model, req.hardware), bool)
     sigs, group_of = np.unique(applic, axis=0, return_inverse=True) if len(structs) else (np.zeros((0, 0)), [])
-    groups = [_Group.build(req, registry, [n for n, on in zip(all_names, sig) if on]) for sig in sigs]
+    groups = [_Group.build(req, registry, all_names, [n for n, on in zip(all_names, sig) if on]) for sig in sigs]
     group_of = np.asarray(group_of, np.int64).reshape(-1)
-    total = int(np.array([len(g.grid) for g in groups], np.int64)[group_of].sum()) if len(group_of) else 0
+    total = int(np.array([len(g.leaf_choice) for g in groups], np.int64)[group_of].sum()) if len(group_of) else 0
     proven, unexplored, skipped = True, 0, 0
     search = None
     if len(structs):
-        search = _Search(predictor, req, structs, groups, group_of)
+        search = _Search(predictor, req, structs, groups, group_of, all_names)
         bound = _lower_bounds(predictor, req, structs, all_names)
         proven = search.run(bound if bound is not None else np.zeros(len(structs)), total, t0, progress)
         # whatever is still pending could not win (or was not reached within the time budget)
-        skipped, unexplored = search.skipped(search.levels, search.threshold())
+        skipped, unexplored = search.skipped(search.threshold())
         for k, v in search.removed.items():
             removed[k] = removed.get(k, 0) + v
-    best = search.top.best() if search else ()
-    front: tuple[Candidate, ...] = ()
-    if search and search.pareto:
-        t = np.array([c.step_time_s for c in search.pareto])
-        mem = np.array([c.peak_memory_gib for c in search.pareto])
-        front = tuple(search.pareto[i] for i in sorted(_pareto(t, mem), key=lambda i: t[i]))
+    best = search.best() if search else ()
+    front = search.pareto_front() if search else ()
     return TuneResult(best=best, evaluated=search.evaluated if search else 0,
                       feasible=search.feasible if search else 0, space_size=req.space.size,
                       skipped_by_bound=skipped, structures=req.space.structures, structures_feasible=len(structs),
@@ -805,12 +915,9 @@ def _lower_bounds(predictor, req: TuneRequest, structs: CandidateBatch, names: l
 def _pareto(time_s: np.ndarray, mem: np.ndarray) -> list[int]:
     """Indices on the front of (step time, memory), both minimised."""
     order = np.lexsort((mem, time_s))
-    out, best_mem = [], np.inf
-    for i in order:
-        if mem[i] < best_mem:
-            out.append(int(i))
-            best_mem = mem[i]
-    return out
+    m = np.asarray(mem, dtype=np.float64)[order]
+    below = m < np.minimum.accumulate(np.r_[np.inf, m[:-1]]) if len(m) else np.zeros(0, bool)
+    return [int(i) for i in order[below]]
 
 
 def _candidate(rank, pred: Prediction, row: int, names, registry, req: TuneRequest, value, e2e=None) -> Candidate:

@@ -114,7 +114,7 @@ def layer(state, rows):
         return state
     ctx = state.ctx
     g = ctx.geometry
-    plain, flex = _a2a_seconds(ctx, ctx.model, g)
+    plain, flex = ctx.per_structure(lambda c: _a2a_seconds(c, c.model, c.geometry))
     on = g.e > 1
     delta = np.where(on, 2.0 * (flex - plain), 0.0)  # dispatch + combine, per pass
     new = attrs.evolve(moe, ep_fwd_s=moe.ep_fwd_s + delta, ep_bwd_s=moe.ep_bwd_s + delta,

@@ -58,6 +58,13 @@ def stored_expert_bytes(model, g, c) -> np.ndarray:
     return np.maximum(expert_activation_bytes(model, g) - cut, 0.0)
 
 
+def _expert_flops(ctx) -> np.ndarray:
+    """The routed experts' forward FLOPs per MoE layer and micro-batch."""
+    ops = layer_operators(ctx.model, ctx.geometry, "moe")
+    return sum((np.asarray(op.flops, dtype=np.float64) for op in ops if op.group == "expert"),
+               np.zeros(len(ctx.geometry.b)))
+
+
 def layer(state, rows):
     if "moe" not in state.layers:
         return state
@@ -68,9 +75,7 @@ def layer(state, rows):
     o = (n - 1.0) * rows.options["chunk_overhead_us"] * 1e-6
     s_exp = stored_expert_bytes(ctx.model, ctx.geometry, c)
     dropped = s_exp * extra
-    ops = layer_operators(ctx.model, ctx.geometry, "moe")
-    exp_flops = sum((np.asarray(op.flops, dtype=np.float64) for op in ops if op.group == "expert"),
-                    np.zeros(len(n)))
+    exp_flops = ctx.per_structure(_expert_flops)
     new = attrs.evolve(
         c,
         fwd_compute_s=c.fwd_compute_s + o,

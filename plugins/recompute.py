@@ -86,9 +86,11 @@ class RecomputeOptions:
 
 
 def _group_flops(ctx, kind: str, groups) -> np.ndarray:
-    ops = layer_operators(ctx.model, ctx.geometry, kind)
-    z = np.zeros(len(ctx.geometry.b))
-    return sum((np.asarray(o.flops, dtype=np.float64) for o in ops if o.group in groups), z)
+    def flops(c):
+        z = np.zeros(len(c.geometry.b))
+        return sum((np.asarray(o.flops, dtype=np.float64) for o in layer_operators(c.model, c.geometry, kind)
+                    if o.group in groups), z)
+    return ctx.per_structure(flops)
 
 
 #: which LayerCosts forward-time field already carries each operator group's (FP8/kernel-scaled) time
