@@ -239,3 +239,163 @@ def test_chunk_size_does_not_change_the_answer(mofa_predictor):
     large = tune(mofa_predictor, TuneRequest(**common, chunk_rows=1 << 20))
     assert [c.step_time_s for c in small.best] == [c.step_time_s for c in large.best]
     assert [c.parallel for c in small.best] == [c.parallel for c in large.best]
+
+
+# ---------------------------------------------------------------- exactness on an MoE model, every objective
+
+_MOE_SPACE = dict(tp=(1, 2), pp=(1, 2, 4), vpp=(1, 2), cp=(1,), ep=(1, 2, 8), etp=(1,), micro_batch_size=(1,),
+                  schedules=("1f1b", "interleaved-1f1b", "zb-h1"), lighter_ends=(0, 2))
+_MOE_FEATURES = ("ep_overlap", "recompute", "distributed_optimizer")
+
+
+def _oracle(predictor, hw_name: str, gpus: int, gbs: int, seq: int):
+    """Every point of the MoE sub-space as a plain job, predicted in one batch, with the rules
+    applied by hand: the plugins' constraints (as `mofa predict` does), the paper's §4.1 rules
+    (tp within a scale-up domain, m ≥ the schedule's minimum, vpp only where the schedule
+    interleaves) and lighter_ends = d placing (L + 2d)/pp − d layers on each end stage.
+    Returns (jobs, prediction, feasible mask)."""
+    from mofa_framework.config import jobs_to_batch
+
+    reg = predictor.registry
+    hw = reg.hardware_profile(hw_name)
+    layers = reg.model("mixtral-8x7b").num_layers
+    names = sorted(_MOE_FEATURES)
+    choices = [feature_choices(reg, n) for n in names]
+    jobs = []
+    s = _MOE_SPACE
+    for tp, pp, vpp, ep, sched, d in itertools.product(s["tp"], s["pp"], s["vpp"], s["ep"], s["schedules"],
+                                                      s["lighter_ends"]):
+        sch = reg.schedule(sched)
+        if tp > hw.scaleup_domain_gpus or (vpp > 1) != sch.requires_vpp or gpus % (tp * pp):
+            continue
+        if gbs // (gpus // (tp * pp)) < sch.min_microbatches(pp):
+            continue
+        ends = {}
+        if d:
+            if pp < 3 or (layers + 2 * d) % pp:
+                continue
+            ends = {"first_stage_layers": (layers + 2 * d) // pp - d, "last_stage_layers": (layers + 2 * d) // pp - d}
+        for combo in itertools.product(*choices):
+            features = {n: dict(o) for n, o in zip(names, combo) if o is not None}
+            try:
+                jobs.append(predictor.job({
+                    "model": {"name": "mixtral-8x7b"}, "hardware": {"name": hw_name, "num_gpus": gpus},
+                    "parallel": {"tp": tp, "pp": pp, "vpp": vpp, "ep": ep, "etp": 1, "micro_batch_size": 1,
+                                 "global_batch_size": gbs, "sequence_length": seq, **ends},
+                    "pipeline": {"schedule": sched}, "features": features, "training": {"tokens": 1e11}}))
+            except ConfigError:
+                continue
+    batch = jobs_to_batch(jobs, reg)
+    ok = np.ones(len(jobs), bool)
+    for r in predictor.constraints(batch, jobs[0].model, hw):
+        ok &= np.asarray(r.feasible, bool)
+    return jobs, predictor.evaluate(batch, jobs[0].model, hw), ok
+
+
+_ORACLES: dict = {}  # built once per GPU for the six tests below
+
+
+def _moe_case(predictor, hw_name):
+    if hw_name not in _ORACLES:
+        _ORACLES[hw_name] = _oracle(predictor, hw_name, 16, 32, 4096)
+    return _ORACLES[hw_name]
+
+
+def _e2e_of(predictor, job):
+    from mofa_framework.e2e import e2e_inputs, e2e_time
+
+    kwargs = e2e_inputs(job, predictor.registry).model_kwargs()
+    return lambda step, batch=None: e2e_time(step, **kwargs)
+
+
+@pytest.mark.parametrize("objective", ["step_time", "e2e_time", "gpu_hours"])
+@pytest.mark.parametrize("hw_name", ["h100-sxm5-80gb", "a100-sxm4-80gb"])
+def test_moe_search_equals_brute_force_for_every_objective(mofa_predictor, objective, hw_name):
+    """The branch and bound's optimum is the brute-force optimum of an MoE sub-space (Mixtral 8×7B
+    on 16 GPUs: EP, interleaving, end stages two layers lighter, EP overlap, recompute, distributed
+    optimizer) for step time, end-to-end time and GPU-hours, on H100s and on A100s where memory
+    decides (the fastest configuration does not fit). Cost: ~2 s for the six cases."""
+    reg = mofa_predictor.registry
+    jobs, pred, ok = _moe_case(mofa_predictor, hw_name)
+    e2e = _e2e_of(mofa_predictor, jobs[0])
+    step = pred.step_time_s
+    value = {"step_time": step, "e2e_time": e2e(step).total_time_s,
+             "gpu_hours": e2e(step).total_time_s * 16 / 3600}[objective]
+    fits = ok & pred.fits_in_memory
+    best = int(np.argmin(np.where(fits, value, np.inf)))
+    if hw_name == "a100-sxm4-80gb":
+        assert not fits[int(np.argmin(np.where(ok, value, np.inf)))], "the A100 case must be memory-bound"
+    space = SearchSpace(**_MOE_SPACE, features={n: feature_choices(reg, n) for n in _MOE_FEATURES})
+    req = TuneRequest(model=jobs[0].model, hardware=jobs[0].hardware, num_gpus=16, global_batch_size=32,
+                      sequence_length=4096, space=space, objective=objective, top_k=3,
+                      e2e=e2e if objective != "step_time" else None)
+    result = tune(mofa_predictor, req)
+    assert result.best[0].objective_value == pytest.approx(float(value[best]), rel=1e-12)
+    assert result.best[0].step_time_s == pytest.approx(float(step[best]), rel=1e-12)
+    # tokens/s/GPU: the same optimum (the global batch and GPU count are fixed)
+    tps = np.where(fits, pred.tokens_per_s_per_gpu, -np.inf)
+    if objective == "step_time":
+        assert result.best[0].step_time_s == pytest.approx(32 * 4096 / (float(tps.max()) * 16), rel=1e-12)
+        assert result.best[0].peak_memory_gib <= jobs[0].hardware.memory.hbm_gib
+    else:
+        assert result.best[0].ettr is not None and 0 < result.best[0].ettr <= 1
+        assert result.best[0].checkpoint_interval_steps >= 1
+
+
+def test_the_bounds_contracts_hold_for_every_builtin_schedule_and_feature(mofa_predictor):
+    """What the branch and bound relies on, checked on the built-ins: (1) a schedule's busy time
+    is m·v·(F+B+W); (2) the busy time read off engine.busy_terms equals the engine's own
+    (the breakdown's per-micro-batch components); (3) turning on any set of adds_time_only
+    features never lowers it below all of them off (the layer features that may speed
+    layers up held at a random setting)."""
+    from mofa_framework import engine
+    from mofa_framework.tuner import _combos, _feature_rows, _feature_tables, _paper_rules, _runs, _structure_batch
+
+    reg = mofa_predictor.registry
+    rng = np.random.default_rng(0)
+    n = 64
+    x = engine.PipelineInputs(
+        p=rng.integers(1, 16, n).astype(float), v=rng.integers(1, 4, n).astype(float), m=rng.integers(16, 64, n) * 1.0,
+        F=rng.random(n), B=rng.random(n), W=rng.random(n), sum_F=rng.random(n) * 16, sum_B=rng.random(n) * 16,
+        sum_W=rng.random(n) * 16, p2p_s=rng.random(n) * 0.01, steady_p2p_s=rng.random(n) * 0.02)
+    for sched in reg.schedules.values():
+        xs = x if sched.supports_vpp else attrs.evolve(x, v=np.ones(n))  # the engine's rule: vpp only if interleaving
+        xs = attrs.evolve(xs, v=np.full(n, 2.0)) if sched.feasible is not None and sched.requires_vpp else xs
+        np.testing.assert_allclose(sched.time(xs).busy_s, xs.m * xs.v * (xs.F + xs.B + xs.W), rtol=1e-12,
+                                   err_msg=sched.name)
+
+    model, hw = reg.model("mixtral-8x7b"), reg.hardware_profile("h100-sxm5-80gb")
+    names = sorted(n for n, f in reg.features.items() if f.tunable and f.layer is not None)
+    space = SearchSpace(tp=(2, 4), pp=(2, 4), vpp=(1, 2), cp=(1, 2), ep=(2, 8), etp=(1,), micro_batch_size=(1,),
+                        schedules=("1f1b", "interleaved-1f1b", "zb-h1", "dualpipe"), lighter_ends=(0, 2),
+                        features={f: feature_choices(reg, f) for f in names})
+    req = TuneRequest(model=model, hardware=hw, num_gpus=64, global_batch_size=256, sequence_length=4096, space=space)
+    structs, _ = _structure_batch(req, reg)
+    ok = np.ones(len(structs), bool)
+    for r in mofa_predictor.constraints(structs, model, hw):
+        ok &= np.asarray(r.feasible, bool)
+    for _, rule in _paper_rules(req, reg, structs):
+        ok &= rule
+    structs = structs.take(np.flatnonzero(ok))
+    grid = _combos(req, reg, names)
+    pick = rng.integers(0, len(grid), len(structs))
+    slow = [j for j, f in enumerate(names) if reg.features[f].adds_time_only]
+    off = grid[pick].copy()
+    off[:, slow] = 0  # choice 0 is "off"
+    s_idx = np.arange(len(structs))
+
+    def busy(choice):
+        rows = grid if choice is None else choice
+        batch = attrs.evolve(structs, features=_feature_rows(_feature_tables(req, reg, names, rows), s_idx))
+        pred = mofa_predictor.evaluate(batch, model, hw)
+        state, priced = engine.layer_phase(batch, model, hw, mofa_predictor.pm, structure=_runs(s_idx))
+        counts, const = engine.busy_terms(state, priced)
+        work = const + sum(counts[k] * engine.layer_work_s(c)[None, :] for k, c in state.layers.items())
+        ours = batch.num_microbatches * np.where(engine.stages_present(batch), work, -np.inf).max(axis=0)
+        keys = ("compute_fwd", "compute_bwd_input", "compute_bwd_weight", "recompute", "tp_comm", "cp_comm",
+                "ep_comm", "offload", "dp_layer_comm", "microbatch_overhead", "schedule_adjust")
+        np.testing.assert_allclose(ours, sum(pred.breakdown[k] for k in keys), rtol=1e-9)
+        return ours
+
+    base = busy(off)
+    assert (busy(grid[pick]) >= base * (1 - 1e-12)).all()
