@@ -307,6 +307,9 @@ class SearchSection:
     schedules: tuple[str, ...] | None = attrs.field(default=None, validator=_search_values(None))
     #: features to search (each off or on with its options' search values); None = all tunable
     features: tuple[str, ...] | None = attrs.field(default=None, validator=_search_values(None))
+    #: layers fewer on the first and last pipeline stage than on the middle ones (0 = default split)
+    lighter_ends: tuple[int, ...] | None = attrs.field(default=None,
+                                                      validator=_search_values("parallel.first_stage_layers"))
 
 
 @attrs.frozen(kw_only=True)

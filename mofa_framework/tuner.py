@@ -957,13 +957,76 @@ def _candidate(rank, pred: Prediction, row: int, names, registry, req: TuneReque
     )
 
 
+def stage_layers(num_layers: int, pp: int, first: int = 0, last: int = 0) -> tuple[int, int, int]:
+    """Layers on the first, each middle and the last pipeline stage, as the engine places them:
+    explicit end stages and the rest shared equally, or the default split (balanced; when pp
+    does not divide the layers the end stages take the remainder off)."""
+    if pp == 1:
+        return num_layers, num_layers, num_layers
+    if not (first or last):
+        base = -(-num_layers // pp)
+        deficit = base * pp - num_layers
+        first, last = base - (deficit + 1) // 2, base - deficit // 2
+    mid = (num_layers - first - last) // (pp - 2) if pp > 2 else 0
+    return first, mid, last
+
+
+def pipeline_layout_arguments(model: ModelSpec, parallel: Mapping[str, Any], interleave: bool = True) -> list[str]:
+    """Megatron-Core arguments placing the layers on pipeline stages and virtual chunks:
+    ``--num-layers-per-virtual-pipeline-stage`` when every stage holds the same layers;
+    ``--decoder-first/last-pipeline-num-layers`` for lighter end stages (with
+    ``--num-virtual-stages-per-pipeline-rank`` when each stage splits into whole chunks);
+    ``--account-for-embedding/loss-in-pipeline-split`` when the end stages are one layer lighter and
+    the embedding and loss complete their first and last chunk; else an explicit
+    ``--pipeline-model-parallel-layout``. `interleave` False: the schedule's own arguments
+    split the stages into chunks (only the end stages are placed here)."""
+    L, pp, v = model.num_layers, parallel["pp"], parallel["vpp"] if interleave else 1
+    if pp == 1:
+        return []
+    first, mid, last = stage_layers(L, pp, parallel.get("first_stage_layers", 0), parallel.get("last_stage_layers", 0))
+    uneven = pp > 2 and (first, last) != (mid, mid) or pp == 2 and first != last
+    if not uneven:
+        return ["--num-layers-per-virtual-pipeline-stage", str(L // (pp * v))] if v > 1 else []
+    ends = ["--decoder-first-pipeline-num-layers", str(first), "--decoder-last-pipeline-num-layers", str(last)]
+    if v == 1:
+        return ends
+    chunks = ["--num-virtual-stages-per-pipeline-rank", str(v)]
+    if first % v == 0 and last % v == 0 and (pp == 2 or mid % v == 0):
+        return ends + chunks
+    if first == last == mid - 1 and not model.num_mtp_layers and (L + 2) % (pp * v) == 0:
+        return ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split", *chunks]
+    return ["--pipeline-model-parallel-layout", _layout_string(model, pp, v, first, mid, last)]
+
+
+def _layout_string(model: ModelSpec, pp: int, v: int, first: int, mid: int, last: int) -> str:
+    """Megatron-Core's layout string: virtual stages in order (chunk 0 of every rank, then chunk
+    1, …) split by ``|``; E = embedding, t = decoder layer, m = MTP layer, L = loss. A stage's layers
+    split into chunks as evenly as possible, the lighter chunks where the embedding and the loss are."""
+    def split(n: int, heavy_last: bool) -> list[int]:
+        q, r = divmod(n, v)
+        return [q + (i >= v - r if heavy_last else i < r) for i in range(v)]
+
+    per_rank = [split(first, True)] + [split(mid, True)] * (pp - 2) + [split(last, False)]
+    segments = []
+    for chunk in range(v):
+        for rank in range(pp):
+            n = per_rank[rank][chunk]
+            seg = ("E" if chunk == rank == 0 else "") + (f"t*{n}" if n > 1 else "t" * n)
+            if chunk == v - 1 and rank == pp - 1:
+                seg += "m" * model.num_mtp_layers + "L"
+            segments.append(seg)
+    return "|".join(segments)
+
+
 def megatron_arguments(model: ModelSpec, cand: Candidate, registry) -> tuple[list[str], list[str]]:
     """Megatron-LM arguments for a candidate, one ``--flag value`` per item, and notes (what
     Megatron-LM mainline cannot express). Features and schedules contribute their own."""
     p = cand.parallel
+    sched = registry.schedules[cand.schedule]
     tokens = ["--tensor-model-parallel-size", str(p["tp"]), "--pipeline-model-parallel-size", str(p["pp"])]
-    if p["vpp"] > 1:
-        tokens += ["--num-layers-per-virtual-pipeline-stage", str(model.num_layers // (p["pp"] * p["vpp"]))]
+    # a schedule with its own arguments function places its chunks itself (ZB-V's V)
+    tokens += list(sched.megatron_args(model, p)) if callable(sched.megatron_args) else \
+        pipeline_layout_arguments(model, p) + list(sched.megatron_args)
     if p["cp"] > 1:
         tokens += ["--context-parallel-size", str(p["cp"])]
     if model.is_moe:
@@ -974,7 +1037,6 @@ def megatron_arguments(model: ModelSpec, cand: Candidate, registry) -> tuple[lis
                "--seq-length", str(p["sequence_length"])]
     tokens += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp8": ["--bf16", "--fp8-format", "hybrid"],
                "fp4": ["--bf16", "--fp4-format", "e2m1"]}[p["precision"]]
-    tokens += list(registry.schedules[cand.schedule].megatron_args)
     for name, opts in sorted(cand.features.items()):
         feat = registry.features[name]
         if feat.megatron_args is not None:

@@ -501,8 +501,10 @@ class PipelineSchedule:
     #: minimum micro-batches per step as a function of pp (e.g. m ≥ p); None: m ≥ 1
     min_microbatches: Callable | None = None
     equation: str = ""
-    #: the Megatron-LM arguments selecting it (beyond the parallel sizes)
-    megatron_args: tuple[str, ...] = ()
+    #: the Megatron-LM arguments selecting it (beyond the parallel sizes; "# ..." items are notes),
+    #: or ``(model, parallel) -> arguments`` for a schedule that places its own virtual chunks
+    #: (the core then adds no layer-placement arguments; see ``tuner.pipeline_layout_arguments``)
+    megatron_args: tuple[str, ...] | Callable = ()
     #: optional ``(args: MegatronArgs) -> bool``: whether parsed Megatron-LM arguments select it
     #: (``mofa import megatron``); without one, Megatron's own choice (1F1B, interleaved when
     #: vpp > 1) stands

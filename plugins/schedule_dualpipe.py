@@ -10,9 +10,10 @@ every stage (capped at m). Here ``F&B = F + B``: the overlap of the two directio
 with EP all-to-alls is the business of the ``ep_overlap`` feature, which shrinks F and B
 before the schedule sees them. p2p as in 1F1B, p−1 warmup transfers.
 
-Requirements (not enforced by the engine yet; see the lead's notes): ``p`` even and
-``m ≥ 2p`` micro-batches, split evenly between the two directions (DeepSeek's
-implementation asserts both); ``vpp = 1`` (the two "chunks" are the two directions).
+Requirements, enforced by :func:`feasible` (a job breaking them is refused; the tuner never
+proposes one): ``p`` even and ``m ≥ 2p`` micro-batches, split evenly between the two
+directions (DeepSeek's implementation asserts both); ``vpp = 1`` (the two "chunks" are the two
+directions; ``supports_vpp = False``).
 ``op_order`` gives a greedy order (:func:`~mofa_framework.simulate.greedy_order`) on
 the two routes for the simulator; without F&B overlap it only bounds the closed form.
 """
@@ -76,7 +77,8 @@ SCHEDULE = PipelineSchedule(
     time=time, inflight=inflight, supports_vpp=False, parameter_copies=2, equation="DualPipe (DeepSeek-V3 Table 2)",
     min_microbatches=lambda p: 2 * p, order=op_order, route=lambda p, v, m: route(p, m),
     feasible=feasible,
-    megatron_args=("# DualPipe: DeepSeek's schedule (github.com/deepseek-ai/DualPipe), not in Megatron-LM mainline",),
+    megatron_args=("# DualPipe: DeepSeek's schedule (github.com/deepseek-ai/DualPipe), not in Megatron-LM mainline: "
+                   "rank j holds stages j and pp−1−j (two parameter copies), pp even, ≥ 2·pp micro-batches per step",),
 )
 
 

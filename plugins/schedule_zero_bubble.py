@@ -145,6 +145,27 @@ def feasible_v(batch, rows):
                             reason="pipeline.schedule zb-v runs exactly two chunks per stage: set parallel.vpp = 2")
 
 
+FORK = "sail-sg/zero-bubble-pipeline-parallelism fork"
+
+
+def megatron_args_v(model, parallel) -> list[str]:
+    """ZB-V in the sail-sg fork: ``--zero-bubble-v-schedule`` splits every stage into its two V
+    chunks itself (no virtual-pipeline arguments); its bubble assumes optimizer post-validation.
+    The fork's ``--allow-padding-num-layers`` gives the first and last stage one layer fewer."""
+    from mofa_framework.tuner import stage_layers
+
+    first, mid, last = stage_layers(model.num_layers, parallel["pp"], parallel.get("first_stage_layers", 0),
+                                    parallel.get("last_stage_layers", 0))
+    out = [f"# {FORK}: --zero-bubble-v-schedule --enable-optimizer-post-validation (two V-shaped chunks "
+           "per stage; no virtual-pipeline arguments)"]
+    if (first, last) != (mid, mid) and parallel["pp"] > 2:
+        out.append(f"# {FORK}: --allow-padding-num-layers (one layer fewer on the first and last stage)"
+                   if first == last == mid - 1 else
+                   f"# MoFa placed {first} / {mid} / {last} layers on the first / middle / last stages; the fork "
+                   "splits the layers evenly")
+    return out
+
+
 ZB_H1 = PipelineSchedule(
     name="zb-h1", aliases=("zb-1p", "zb1p"),
     description="ZeroBubble ZB-H1: 1F1B with split backward, bubble (p-1)(F+B-W) at 1F1B's memory",
@@ -157,14 +178,15 @@ ZB_H2 = PipelineSchedule(
     description="ZeroBubble ZB-H2: bubble (p-1)(F+B-2W)+ with ~2x 1F1B's activations (2p-1 on stage 0)",
     time=time_h2, inflight=inflight_h2, supports_vpp=False, equation="ZB-H2 (Qi et al. 2023)",
     min_microbatches=lambda p: p, order=op_order_h2,
-    megatron_args=("# sail-sg/zero-bubble-pipeline-parallelism fork: --enable-zero-bubble",),
+    megatron_args=("# sail-sg/zero-bubble-pipeline-parallelism fork: --enable-zero-bubble "
+                   "--zero-bubble-max-pending-backward 2·pp --enable-optimizer-post-validation",),
 )
 ZB_V = PipelineSchedule(
     name="zb-v", aliases=("zbv",),
     description="ZeroBubble ZB-V: V-shaped 2 chunks per stage, bubble (p-1)(F+B-2W)+ per chunk at 1F1B's memory",
     time=time_v, inflight=inflight_v, supports_vpp=True, requires_vpp=True, equation="ZB-V (Qi et al. 2023, §6)",
     min_microbatches=lambda p: p, order=op_order_v, route=lambda p, v, m: v_route(p), feasible=feasible_v,
-    megatron_args=("# sail-sg/zero-bubble-pipeline-parallelism fork: --enable-zero-bubble --zero-bubble-v-schedule",),
+    megatron_args=megatron_args_v,
 )
 
 #: the op-order generator of each schedule, for :func:`mofa_framework.simulate.simulate`

@@ -399,3 +399,140 @@ def test_the_bounds_contracts_hold_for_every_builtin_schedule_and_feature(mofa_p
 
     base = busy(off)
     assert (busy(grid[pick]) >= base * (1 - 1e-12)).all()
+
+
+# ---------------------------------------------------------------- usability
+
+
+def test_405b_tuned_as_meta_ran_it_interleaved_with_lighter_end_stages():
+    """Issue 17: on Llama 3.1 405B (126 layers) at TP 8, PP 16 the search contains what Meta ran —
+    interleaved 1F1B with the first and last stage one layer lighter (7 + 14 × 8 + 7) — and finds
+    it; the Megatron line places the layers with Megatron-Core's embedding/loss accounting."""
+    out = json.loads(CliRunner().invoke(cli, [
+        "tune", "--model", "llama3.1-405b", "--hardware", "h100-sxm5-80gb", "--gpus", "16384", "--gbs", "2048",
+        "--seq", "8192", "--tp-values", "8", "--pp-values", "16", "--cp-values", "1", "--mbs-values", "1",
+        "--schedules", "1f1b,interleaved-1f1b", "--features", "distributed_optimizer,tp_overlap",
+        "--format", "json", "--top", "3"], catch_exceptions=False).output)
+    best = out["best"][0]
+    assert best["schedule"] == "interleaved-1f1b" and best["parallel"]["vpp"] > 1
+    assert (best["parallel"]["first_stage_layers"], best["parallel"]["last_stage_layers"]) == (7, 7)
+    args = " ".join(out["megatron_args"])
+    assert "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split" in args
+    assert f"--num-virtual-stages-per-pipeline-rank {best['parallel']['vpp']}" in args
+
+
+def test_pipeline_layout_arguments_follow_megatron_core():
+    """Megatron-Core's rules: --num-layers-per-virtual-pipeline-stage needs every stage alike;
+    --decoder-first/last-pipeline-num-layers with interleaving need stages splitting into whole
+    chunks, else the embedding/loss accounting (one layer lighter) or an explicit layout."""
+    from mofa_framework import Predictor
+    from mofa_framework.tuner import pipeline_layout_arguments as args
+
+    reg = Predictor().registry
+    llama, ds = reg.model("llama3.1-405b"), reg.model("deepseek-v3")
+    par = lambda pp, v, ends=0: {"pp": pp, "vpp": v, "first_stage_layers": ends, "last_stage_layers": ends}  # noqa: E731
+    assert args(llama, par(16, 1)) == ["--decoder-first-pipeline-num-layers", "7",
+                                       "--decoder-last-pipeline-num-layers", "7"]  # 126 on 16: the default split
+    assert args(llama, par(14, 3)) == ["--num-layers-per-virtual-pipeline-stage", "3"]
+    assert args(llama, par(16, 4, 7))[:2] == ["--account-for-embedding-in-pipeline-split",
+                                              "--account-for-loss-in-pipeline-split"]
+    assert args(reg.model("llama3-70b"), par(4, 2, 18)) == [  # 18 + 2 × 22 + 18: every stage in whole chunks
+        "--decoder-first-pipeline-num-layers", "18", "--decoder-last-pipeline-num-layers", "18",
+        "--num-virtual-stages-per-pipeline-rank", "2"]
+    layout = args(ds, par(16, 2))  # 61 layers + MTP on 16 stages of 2 chunks: 2 + 14 × 4 + 3
+    assert layout[0] == "--pipeline-model-parallel-layout"
+    segments = layout[1].split("|")
+    assert len(segments) == 32 and segments[0].startswith("E") and segments[-1].endswith("mL")
+    layers = [seg.strip("EmL") for seg in segments]
+    assert sum(int(t[2:]) if t.startswith("t*") else len(t) for t in layers) == 61
+
+
+def test_zb_v_and_dualpipe_megatron_lines_match_their_constraints(mofa_predictor):
+    """ZB-V runs two V-shaped chunks per stage (vpp = 2, set by the fork's --zero-bubble-v-schedule,
+    so no virtual-pipeline flags); DualPipe states its rank placement and requirements."""
+    reg = mofa_predictor.registry
+    model, hw = reg.model("llama3-70b"), reg.hardware_profile("h100-sxm5-80gb")
+    space = SearchSpace(tp=(8,), pp=(4,), vpp=(1, 2, 4), cp=(1,), ep=(1,), etp=(1,), micro_batch_size=(1,),
+                        schedules=("zb-v",), features={})
+    result = tune(mofa_predictor, TuneRequest(model=model, hardware=hw, num_gpus=64, global_batch_size=64,
+                                              sequence_length=4096, space=space, top_k=3))
+    assert {c.parallel["vpp"] for c in result.best} == {2}
+    args, notes = megatron_arguments(model, result.best[0], reg)
+    assert not any("virtual" in a for a in args)
+    assert any("--zero-bubble-v-schedule" in n and "post-validation" in n for n in notes)
+    dual = attrs.evolve(result.best[0], schedule="dualpipe", parallel={**result.best[0].parallel, "vpp": 1})
+    _, notes = megatron_arguments(model, dual, reg)
+    assert any("pp−1−j" in n and "2·pp micro-batches" in n for n in notes)
+
+
+def test_rows_identical_in_every_number_collapse_into_one_with_variants(mofa_predictor):
+    """Top-k without near-duplicates: configurations with the same structure, step time and memory
+    (a feature that changes nothing there, e.g. activation offload keeping every layer resident)
+    are one row listing the others as variants."""
+    reg = mofa_predictor.registry
+    model, hw = reg.model("llama3-70b"), reg.hardware_profile("h100-sxm5-80gb")
+    space = SearchSpace(tp=(8,), pp=(8,), vpp=(5,), cp=(1,), ep=(1,), etp=(1,), micro_batch_size=(1,),
+                        schedules=("interleaved-1f1b",),  # 10 layers per stage, all resident: nothing to offload
+                        features={f: feature_choices(reg, f) for f in ("activation_offload", "tp_overlap")})
+    result = tune(mofa_predictor, TuneRequest(model=model, hardware=hw, num_gpus=64, global_batch_size=64,
+                                              sequence_length=4096, space=space, top_k=5))
+    keys = [(tuple(sorted(c.parallel.items())), c.schedule, c.step_time_s, c.peak_memory_gib) for c in result.best]
+    assert len(set(keys)) == len(keys)
+    with_variants = [c for c in result.best if c.variants]
+    assert with_variants
+    for c in with_variants:  # the representative is the simplest: fewest features on
+        assert all(len(c.features) <= len(v) for v in c.variants)
+
+
+def test_time_budget_returns_the_best_so_far_labelled(mofa_predictor, monkeypatch):
+    """--time-budget: the search stops when it runs out and returns the best found, labelled as not
+    proven optimal; with no time at all it says so in one line (exit 2). A fake clock makes it
+    deterministic: every reading advances one second."""
+    import mofa_framework.tuner as tuner_mod
+
+    reg = mofa_predictor.registry
+    model, hw = reg.model("llama3-70b"), reg.hardware_profile("h100-sxm5-80gb")
+    space = default_space(reg, model, hw, 256, 4096, features=["recompute", "distributed_optimizer", "tp_overlap"])
+    common = dict(model=model, hardware=hw, num_gpus=256, global_batch_size=512, sequence_length=4096, space=space,
+                  top_k=3, chunk_rows=256)
+    exact = tune(mofa_predictor, TuneRequest(**common))
+    assert exact.proven_optimal and exact.unexplored == 0
+    clock = itertools.count()
+    monkeypatch.setattr(tuner_mod.time, "perf_counter", lambda: float(next(clock)))
+    budget = tune(mofa_predictor, TuneRequest(**common, time_budget_s=80))
+    assert not budget.proven_optimal and budget.unexplored > 0
+    assert budget.best and budget.best[0].step_time_s >= exact.best[0].step_time_s
+    none = tune(mofa_predictor, TuneRequest(**common, time_budget_s=0.5))
+    assert not none.best and "time budget" in none.why_empty()
+    out = CliRunner().invoke(cli, ["tune", "--model", "llama3-70b", "--hardware", "h100-sxm5-80gb", "--gpus", "256",
+                                   "--gbs", "512", "--seq", "4096", "--time-budget", "0.5"])
+    assert out.exit_code == 2 and "time budget" in out.output and len(out.output.strip().splitlines()) == 1
+
+
+def test_progress_line_when_not_on_a_terminal(capsys):
+    """Not on a TTY: one line on stderr every few seconds with evaluated, ruled out, best and ETA."""
+    from mofa_framework.commands.tune import _ProgressLine
+    from mofa_framework.tuner import TuneProgress
+
+    line = _ProgressLine(every_s=3.0)
+    line(TuneProgress(evaluated=10, skipped=0, total=1000, best=None, elapsed_s=1.0))
+    assert capsys.readouterr().err == ""
+    line(TuneProgress(evaluated=400, skipped=100, total=1000, best=5.5, elapsed_s=3.5))
+    err = capsys.readouterr().err
+    assert "400 evaluated" in err and "100 ruled out" in err and "best 5.5" in err and "ETA 4 s" in err
+
+
+def test_e2e_objective_prints_checkpoint_interval_and_ettr_per_row(tmp_path):
+    job = tmp_path / "t.toml"
+    job.write_text('[model]\nname = "llama3-8b"\n[hardware]\nname = "h100-sxm5-80gb"\nnum_gpus = 64\n'
+                   '[parallel]\nglobal_batch_size = 64\nsequence_length = 4096\n'
+                   '[search]\ntp = [2, 4]\npp = [1, 2]\nlighter_ends = [0]\nfeatures = ["distributed_optimizer"]\n'
+                   '[training]\ntokens = 1e12\n')
+    run = lambda *a: CliRunner().invoke(cli, ["tune", str(job), "--objective", "e2e_time", "--top", "3", *a],  # noqa: E731
+                                        catch_exceptions=False)
+    table = run().output
+    assert "ckpt" in table and "ETTR" in table and "steps" in table
+    rows = json.loads(run("--format", "json").output)["best"]
+    assert all(r["checkpoint_interval_steps"] >= 1 and 0 < r["ettr"] <= 1 for r in rows)
+    csv_out = run("--format", "csv").output.splitlines()
+    assert "checkpoint_interval_steps" in csv_out[0] and "ettr" in csv_out[0]

@@ -13,18 +13,19 @@ import click
 from ..cli import _emit_json, _fmt_s, load_jobs, pass_state
 from ..errors import ConfigError
 from ..limits import LIMITS, check, short
-from ..tuner import OBJECTIVES, SearchSpace, TuneRequest, default_space, feature_choices, megatron_arguments, tune
+from ..tuner import (OBJECTIVES, SearchSpace, TuneRequest, default_space, feature_choices, megatron_arguments,
+                     stage_layers, tune)
 
 
-def _ints(text: str | None, flag: str) -> tuple[int, ...] | None:
+def _ints(text: str | None, flag: str, minimum: int = 1) -> tuple[int, ...] | None:
     if not text:
         return None
     try:
         vals = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise ConfigError(f"{flag}: expected comma-separated integers, e.g. 1,2,4,8; got {short(text)}") from None
-    if not vals or min(vals) < 1:
-        raise ConfigError(f"{flag}: values must be integers ≥ 1, got {short(text)}")
+    if not vals or min(vals) < minimum:
+        raise ConfigError(f"{flag}: values must be integers ≥ {minimum}, got {short(text)}")
     bound = LIMITS[_FLAG_BOUNDS.get(flag, "parallel.tp")]
     for x in vals:
         try:
@@ -37,6 +38,7 @@ def _ints(text: str | None, flag: str) -> tuple[int, ...] | None:
 #: each --*-values flag's values pass the bound of the parallel size it searches
 _FLAG_BOUNDS = {f"--{k}-values": f"parallel.{k}" for k in ("tp", "pp", "vpp", "cp", "ep", "etp")}
 _FLAG_BOUNDS["--mbs-values"] = "parallel.micro_batch_size"
+_FLAG_BOUNDS["--lighter-ends-values"] = "parallel.first_stage_layers"
 
 
 def _names(text: str | None) -> tuple[str, ...] | None:
@@ -44,7 +46,7 @@ def _names(text: str | None) -> tuple[str, ...] | None:
 
 
 def build_request(state, job_files, flags, *, tp, pp, vpp, cp, ep, etp, mbs_list, schedules, features,
-                  objective, top, pareto) -> tuple[TuneRequest, object]:
+                  objective, top, pareto, lighter_ends=None, time_budget=None) -> tuple[TuneRequest, object]:
     """A TuneRequest from a job file (its [search] table) or flags; flags override the file."""
     flags = dict(flags)
     for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs"):
@@ -87,6 +89,8 @@ def build_request(state, job_files, flags, *, tp, pp, vpp, cp, ep, etp, mbs_list
         ep=pick(_ints(ep, "--ep-values"), srch.ep, base.ep), etp=pick(_ints(etp, "--etp-values"), srch.etp, base.etp),
         micro_batch_size=pick(_ints(mbs_list, "--mbs-values"), srch.micro_batch_size, base.micro_batch_size),
         schedules=sched,
+        lighter_ends=pick(_ints(lighter_ends, "--lighter-ends-values", minimum=0), srch.lighter_ends,
+                          base.lighter_ends),
         # a feature the job enables is fixed on with its options; the others are searched
         features={f: (feature_choices(reg, f, attrs.asdict(job.features[f]), allow_off=False)
                       if f in job.features else base.features[f]) for f in feats},
@@ -97,11 +101,11 @@ def build_request(state, job_files, flags, *, tp, pp, vpp, cp, ep, etp, mbs_list
 
         inputs = e2e_inputs(job, reg)
         kwargs = inputs.model_kwargs()
-        e2e = lambda step, batch: e2e_time(step, **kwargs).total_time_s  # noqa: E731
+        e2e = lambda step, batch: e2e_time(step, **kwargs)  # noqa: E731
     req = TuneRequest(model=job.model, hardware=job.hardware, num_gpus=job.num_gpus,
                       global_batch_size=job.parallel.global_batch_size, sequence_length=job.parallel.sequence_length,
                       precision=job.parallel.precision, space=space, objective=objective, top_k=top, e2e=e2e,
-                      pareto=pareto, flash_attention=job.parallel.flash_attention)
+                      pareto=pareto, flash_attention=job.parallel.flash_attention, time_budget_s=time_budget)
     return req, job
 
 
@@ -115,15 +119,39 @@ def candidate_job(job, cand, reg):
     return attrs.evolve(job, parallel=parallel, schedule=cand.schedule, features=feats)
 
 
+def _layers(c, model) -> str:
+    """`PP` or `PP (first/middle/last)` when the end stages hold fewer layers."""
+    p = c.parallel
+    first, mid, last = stage_layers(model.num_layers, p["pp"], p["first_stage_layers"], p["last_stage_layers"])
+    even = p["pp"] == 1 or (first, last) == ((mid, mid) if p["pp"] > 2 else (first, first))
+    return str(p["pp"]) if even else f"{p['pp']} ({first}/{mid}/{last})" if p["pp"] > 2 else f"{p['pp']} ({first}/{last})"
+
+
+def _variants(c, reg) -> str:
+    """What the equivalent variants of a row differ in: each feature on in some but not all of them
+    (or with other options)."""
+    if not c.variants:
+        return ""
+    sets = [dict(c.features), *[dict(v) for v in c.variants]]
+    names = sorted({n for f in sets for n in f})
+    differ = [n for n in names if len({repr(f.get(n)) for f in sets}) > 1]
+    return f"≡ {len(c.variants)} more: " + ", ".join(differ)
+
+
 def _row(c, reg) -> dict:
     p = c.parallel
-    return {"rank": c.rank, "step_time_s": round(c.step_time_s, 4), "objective": c.objective_value,
-            "memory_gib": round(c.peak_memory_gib, 2), "tflops_per_gpu": round(c.model_tflops_per_gpu, 1),
-            "mfu": round(c.mfu, 4), "compute_s": round(c.compute_s, 4), "tp": p["tp"], "pp": p["pp"], "vpp": p["vpp"],
-            "cp": p["cp"], "ep": p["ep"], "etp": p["etp"], "dp": p["dp"], "mbs": p["micro_batch_size"],
-            "schedule": c.schedule, "tp_comm_s": round(c.tp_comm_s, 4), "pp_comm_s": round(c.pp_comm_s, 4),
-            "dp_comm_s": round(c.dp_comm_s, 4), "optimizer_s": round(c.optimizer_s, 4),
-            "features": ";".join(_feature_label(k, v, reg) for k, v in sorted(c.features.items()))}
+    row = {"rank": c.rank, "step_time_s": round(c.step_time_s, 4), "objective": c.objective_value,
+           "memory_gib": round(c.peak_memory_gib, 2), "tflops_per_gpu": round(c.model_tflops_per_gpu, 1),
+           "mfu": round(c.mfu, 4), "compute_s": round(c.compute_s, 4), "tp": p["tp"], "pp": p["pp"], "vpp": p["vpp"],
+           "cp": p["cp"], "ep": p["ep"], "etp": p["etp"], "dp": p["dp"], "mbs": p["micro_batch_size"],
+           "first_stage_layers": p["first_stage_layers"], "last_stage_layers": p["last_stage_layers"],
+           "schedule": c.schedule, "tp_comm_s": round(c.tp_comm_s, 4), "pp_comm_s": round(c.pp_comm_s, 4),
+           "dp_comm_s": round(c.dp_comm_s, 4), "optimizer_s": round(c.optimizer_s, 4),
+           "features": ";".join(_feature_label(k, v, reg) for k, v in sorted(c.features.items())),
+           "equivalent_variants": len(c.variants)}
+    if c.ettr is not None:
+        row.update(checkpoint_interval_steps=c.checkpoint_interval_steps, ettr=round(c.ettr, 4))
+    return row
 
 
 def _feature_label(name: str, opts: dict, reg) -> str:
@@ -134,36 +162,46 @@ def _feature_label(name: str, opts: dict, reg) -> str:
     return f"{name}({','.join(f'{a}={b}' for a, b in opts.items())})" if opts else name
 
 
+def _headline(result, req) -> str:
+    what = (f"{result.evaluated:,} candidates evaluated, {result.skipped_by_bound:,} ruled out by bounds, of "
+            f"{result.space_size:,} in the space ({result.structures_feasible:,}/{result.structures:,} structures "
+            f"feasible), {result.feasible:,} fit, {result.elapsed_s:.2f} s")
+    if not result.proven_optimal:
+        what += (f" — TIME BUDGET REACHED: the best found so far, not proven optimal "
+                 f"({result.unexplored:,} candidates not explored)")
+    return what
+
+
 def _print_table(result, req, reg, fmt: str = "table") -> None:
     from rich.table import Table
 
     from ..cli import console, markdown_table
 
-    con = console(160)
+    con = console(170)
     rows = []
     con.print(f"[bold]{req.model.name}[/] on {req.num_gpus} × {req.hardware.name}, global batch "
               f"{req.global_batch_size}, sequence {req.sequence_length}, objective {req.objective}: "
-              f"{result.evaluated:,} candidates evaluated of {result.space_size:,} in the space "
-              f"({result.structures_feasible:,}/{result.structures:,} structures feasible), {result.feasible:,} fit, "
-              f"{result.elapsed_s:.2f} s ({result.candidates_per_s:,.0f} candidates/s)")
+              + _headline(result, req))
     t = Table(header_style="bold")
-    cols = ["rank", "step", "memory GiB", "TFLOPS", "MFU", "compute", "TP", "PP", "VPP", "CP", "EP", "DP", "mbs",
-            "schedule", "TP comm", "PP comm", "DP comm", "optimizer", "features"]
-    if req.objective != "step_time":
-        cols.insert(2, "total" if req.objective == "e2e_time" else "GPU-hours")
+    cols = ["rank", "step", "memory GiB", "TFLOPS", "MFU", "compute", "TP", "PP (layers)", "VPP", "CP", "EP", "DP",
+            "mbs", "schedule", "TP comm", "PP comm", "DP comm", "optimizer", "features"]
+    e2e = req.objective != "step_time"
+    if e2e:
+        cols[2:2] = ["total" if req.objective == "e2e_time" else "GPU-hours", "ckpt every", "ETTR"]
     longest = max((len(x) for c in result.best for x in _row(c, reg)["features"].split(";")), default=8)
     for c in cols:
         t.add_column(c, overflow="fold", min_width=min(longest, 48) if c == "features" else None)
     for c in result.best:
         r = _row(c, reg)
+        feats = r["features"].replace(";", "\n") + (f"\n[dim]{_variants(c, reg)}[/]" if c.variants else "")
         cells = [r["rank"], _fmt_s(c.step_time_s), f"{r['memory_gib']:.1f}", f"{r['tflops_per_gpu']:.0f}",
-                 f"{c.mfu:.1%}", _fmt_s(c.compute_s), r["tp"], r["pp"], r["vpp"], r["cp"], r["ep"], r["dp"], r["mbs"],
-                 r["schedule"], _fmt_s(c.tp_comm_s), _fmt_s(c.pp_comm_s), _fmt_s(c.dp_comm_s), _fmt_s(c.optimizer_s),
-                 r["features"].replace(";", "\n")]
-        if req.objective == "e2e_time":
-            cells.insert(2, f"{c.objective_value / 86400:.2f} d")
-        elif req.objective == "gpu_hours":
-            cells.insert(2, f"{c.objective_value:,.0f}")
+                 f"{c.mfu:.1%}", _fmt_s(c.compute_s), r["tp"], _layers(c, req.model), r["vpp"], r["cp"], r["ep"],
+                 r["dp"], r["mbs"], r["schedule"], _fmt_s(c.tp_comm_s), _fmt_s(c.pp_comm_s), _fmt_s(c.dp_comm_s),
+                 _fmt_s(c.optimizer_s), feats]
+        if e2e:
+            total = f"{c.objective_value / 86400:.2f} d" if req.objective == "e2e_time" else f"{c.objective_value:,.0f}"
+            cells[2:2] = [total, f"{c.checkpoint_interval_steps:,.0f} steps" if c.checkpoint_interval_steps else "–",
+                          f"{c.ettr:.3f}" if c.ettr is not None else "–"]
         rows.append([str(x) for x in cells])
         t.add_row(*rows[-1])
     if fmt == "markdown":
@@ -173,6 +211,22 @@ def _print_table(result, req, reg, fmt: str = "table") -> None:
     if result.pareto:
         con.print("Pareto front (step time vs peak memory): " + ", ".join(
             f"{_fmt_s(c.step_time_s)} @ {c.peak_memory_gib:.1f} GiB" for c in result.pareto))
+
+
+class _ProgressLine:
+    """One line on stderr every few seconds (for logs and pipes): evaluated, ruled out, best, ETA."""
+
+    def __init__(self, every_s: float = 3.0):
+        self.every_s, self.next_s = every_s, every_s
+
+    def __call__(self, p) -> None:
+        if p.elapsed_s < self.next_s:
+            return
+        self.next_s = p.elapsed_s + self.every_s
+        best = "none yet" if p.best is None else f"{p.best:.4g}"
+        eta = "?" if p.eta_s is None else f"{p.eta_s:.0f} s"
+        click.echo(f"mofa tune: {p.evaluated:,} evaluated, {p.skipped:,} ruled out by bounds of {p.total:,} "
+                   f"({p.fraction:.0%}), best {best}, {p.elapsed_s:.0f} s elapsed, ETA {eta}", err=True)
 
 
 @click.command("tune")
@@ -204,10 +258,17 @@ def _print_table(result, req, reg, fmt: str = "table") -> None:
               show_default=True)
 @click.option("--trace-best", "trace_best", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE.json",
               help="Also write the best configuration's step as a Chrome trace-event timeline (ui.perfetto.dev).")
-@click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
+@click.option("--lighter-ends-values", "lighter_ends",
+              help="Layers fewer on the first and last pipeline stage than on the middle ones, e.g. 0,1 "
+                   "(default 0,1: Megatron's split, and one layer lighter where that divides).")
+@click.option("--time-budget", type=click.FloatRange(min=0.0, min_open=True), metavar="SECONDS",
+              help="Stop after SECONDS and print the best found so far (labelled: not proven optimal).")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress bar on a terminal, a line on stderr every few seconds otherwise (default: on).")
 @pass_state
 def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, tokens, flash_attention, moe_load_factor, tp,
-             pp, vpp, cp, ep, etp, mbs_list, schedules, features, objective, top, pareto, fmt, trace_best, progress):
+             pp, vpp, cp, ep, etp, mbs_list, schedules, features, objective, top, pareto, fmt, trace_best, lighter_ends,
+             time_budget, progress):
     """Find the best parallel strategy and features for a model, GPUs and global batch.
 
     Searches TP × PP × VPP × CP × EP × ETP × micro-batch × schedule × every feature's
@@ -220,17 +281,24 @@ def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, token
         raise ConfigError("mofa tune takes one job file")
     req, job = build_request(state, list(job_files), {k: v for k, v in flags.items()},
                              tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, mbs_list=mbs_list, schedules=schedules,
-                             features=features, objective=objective, top=top, pareto=pareto)
-    show = sys.stderr.isatty() if progress is None else progress
-    if show:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-        with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), transient=True) as bar:
-            task = bar.add_task("searching", total=None)
-            result = tune(state.predictor(), req, progress=lambda d, t: bar.update(task, completed=d, total=t))
-    else:
+                             features=features, objective=objective, top=top, pareto=pareto,
+                             lighter_ends=lighter_ends, time_budget=time_budget)
+    if progress is False:
         result = tune(state.predictor(), req)
+    elif sys.stderr.isatty():
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        with Progress("[progress.description]{task.description}", BarColumn(), TextColumn("{task.fields[what]}"),
+                      TimeElapsedColumn(), TimeRemainingColumn(), transient=True) as bar:
+            task = bar.add_task("searching", total=1.0, what="")
+
+            def show(p):
+                best = "" if p.best is None else f", best {p.best:.4g}"
+                bar.update(task, completed=p.fraction, what=f"{p.evaluated:,} evaluated, "
+                                                            f"{p.skipped:,} ruled out{best}")
+            result = tune(state.predictor(), req, progress=show)
+    else:
+        result = tune(state.predictor(), req, progress=_ProgressLine())
     if not result.best:
         raise ConfigError(result.why_empty())
     reg = state.pm.registry
@@ -238,11 +306,16 @@ def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, token
         from ..cli import write_trace_outputs
 
         write_trace_outputs(state.predictor(), candidate_job(job, result.best[0], reg), trace_best, None, False)
+    if not result.proven_optimal and fmt not in ("table", "markdown"):
+        click.echo(f"mofa tune: time budget reached after {result.elapsed_s:.1f} s: the best found so far, not proven "
+                   f"optimal ({result.unexplored:,} candidates not explored)", err=True)
     if fmt == "json":
         _emit_json({"model": req.model.name, "hardware": req.hardware.name, "num_gpus": req.num_gpus,
                     "objective": req.objective, "evaluated": result.evaluated, "feasible": result.feasible,
                     "space_size": result.space_size, "elapsed_s": result.elapsed_s,
                     "candidates_per_s": result.candidates_per_s, "removed_by": result.removed_by,
+                    "skipped_by_bound": result.skipped_by_bound, "proven_optimal": result.proven_optimal,
+                    "unexplored": result.unexplored,
                     "best": [c.to_dict() for c in result.best], "pareto": [c.to_dict() for c in result.pareto],
                     "megatron_args": megatron_arguments(req.model, result.best[0], reg)[0],
                     "megatron_notes": megatron_arguments(req.model, result.best[0], reg)[1]})
