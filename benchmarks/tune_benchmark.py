@@ -1,69 +1,176 @@
-"""Tuner speed: candidates evaluated per second and wall time (issue 6's benchmark).
+"""Tuner speed and memory (issue 15's targets), each case in its own process.
 
-    python benchmarks/tune_benchmark.py            # prints a Markdown table
-    python benchmarks/tune_benchmark.py --repeat 3 # best of 3 runs per case
+    python benchmarks/tune_benchmark.py                  # the Markdown table of docs/tuning.md
+    python benchmarks/tune_benchmark.py --tree ../other  # the same cases against another checkout
+    python benchmarks/tune_benchmark.py --case deepseek-v3
 
-Every installed feature is in the space (each off, or on with each of its options' search
-values; fp8 included), with every schedule and the default parallel ranges.
+Every case searches `mofa tune`'s default space (every tunable feature, every schedule, the
+default parallel ranges). The machine is shared, so times are given as CPU time (user + system,
+of the whole process or of the search alone: `resource.getrusage`, `time.process_time`) and as
+wall time; CPU time is what the targets are checked against. Peak memory is the process's
+maximum resident set. The first row is one `mofa tune` process, start-up included.
+
+Evaluator throughput: every candidate of a sub-space priced with no bound (``pareto=True``
+evaluates them all), in candidates per CPU-second; and, for the full searches, the candidates
+the search settled (evaluated, or ruled out by an exact bound) per CPU-second of search.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import json
+import os
 import platform
+import subprocess
+import sys
 import time
+from pathlib import Path
 
-from mofa_framework import Predictor
-from mofa_framework.tuner import TuneRequest, default_space, tune
-
-CASES = [
-    ("llama3.1-405b", "h100-sxm5-80gb", 8192, 2048, 8192),
-    ("llama3.1-405b", "h100-sxm5-80gb", 16384, 2048, 8192),
-    ("deepseek-v3", "h800-sxm5-80gb", 2048, 15360, 4096),
+#: (name, model, hardware, GPUs, global batch, sequence): the issue's jobs at their usual scales
+SEARCHES = [
+    ("deepseek-v3", "deepseek-v3", "h800-sxm5-80gb", 2048, 15360, 4096),
+    ("kimi-k2", "kimi-k2", "h800-sxm5-80gb", 2048, 16384, 4096),
+    ("qwen3-235b", "qwen3-235b-a22b", "h100-sxm5-80gb", 1024, 1024, 4096),
+    ("gpt-oss-120b", "gpt-oss-120b", "h100-sxm5-80gb", 1024, 1024, 4096),
+    ("mixtral-8x22b", "mixtral-8x22b", "h100-sxm5-80gb", 512, 1024, 4096),
+    ("llama3.1-405b-8k", "llama3.1-405b", "h100-sxm5-80gb", 8192, 2048, 8192),
 ]
+CLI_CASE = ("llama3.1-405b-16k-cli", "llama3.1-405b", "h100-sxm5-80gb", 16384, 2048, 8192)
+#: exhaustive sub-spaces for the evaluator's throughput: (name, model, hardware, GPUs, gbs, seq, narrowing)
+EXHAUSTIVE = [
+    ("dense: llama3.1-405b, TP 8, PP 16", "llama3.1-405b", "h100-sxm5-80gb", 16384, 2048, 8192,
+     {"tp": (8,), "pp": (16,)}),
+    ("MoE: deepseek-v3, TP 2, PP 8, EP 64", "deepseek-v3", "h800-sxm5-80gb", 2048, 15360, 4096,
+     {"tp": (2,), "pp": (8,), "ep": (64,), "etp": (1,)}),
+]
+CASES = [c[0] for c in (CLI_CASE, *SEARCHES)] + [f"exhaustive-{i}" for i in range(len(EXHAUSTIVE))]
 
 
-def run(repeat: int) -> list[dict]:
+# ---------------------------------------------------------------------- one case (child process)
+
+
+def _request(spec, narrow=None, pareto=False):
+    import attrs
+
+    from mofa_framework import Predictor
+    from mofa_framework.tuner import TuneRequest, default_space
+
+    _, model_name, hw_name, gpus, gbs, seq = spec[:6]
     predictor = Predictor()
     reg = predictor.registry
-    features = [n for n, f in reg.features.items() if f.tunable or n == "fp8"]
-    rows = []
-    for model_name, hw_name, gpus, gbs, seq in CASES:
-        model, hw = reg.model(model_name), reg.hardware_profile(hw_name)
-        space = default_space(reg, model, hw, gpus, seq, features=features)
-        req = TuneRequest(model=model, hardware=hw, num_gpus=gpus, global_batch_size=gbs, sequence_length=seq,
-                          space=space, precision="bf16")
-        best = None
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            result = tune(predictor, req)
-            wall = time.perf_counter() - t0
-            if best is None or wall < best[0]:
-                best = (wall, result)
-        wall, result = best
-        top = result.best[0] if result.best else None
-        rows.append({
-            "case": f"{model_name} on {gpus:,} × {hw_name}", "space": result.space_size,
-            "evaluated": result.evaluated, "wall_s": wall, "per_s": result.evaluated / wall,
-            "best": (f"TP{top.parallel['tp']} PP{top.parallel['pp']} VPP{top.parallel['vpp']} CP{top.parallel['cp']} "
-                     f"EP{top.parallel['ep']} mbs{top.parallel['micro_batch_size']} {top.schedule}, "
-                     f"{top.step_time_s:.2f} s" if top else "none feasible"),
-        })
-    return rows
+    model, hw = reg.model(model_name), reg.hardware_profile(hw_name)
+    space = default_space(reg, model, hw, gpus, seq, features=[n for n, f in reg.features.items() if f.tunable])
+    if narrow:
+        space = attrs.evolve(space, **narrow)
+    return predictor, TuneRequest(model=model, hardware=hw, num_gpus=gpus, global_batch_size=gbs,
+                                  sequence_length=seq, space=space, pareto=pareto)
+
+
+def _summary(result, cpu_s: float, wall_s: float) -> dict:
+    top = result.best[0] if result.best else None
+    p = top.parallel if top else {}
+    return {"search_cpu_s": cpu_s, "search_wall_s": wall_s, "space": result.space_size, "evaluated": result.evaluated,
+            "ruled_out": getattr(result, "skipped_by_bound", 0),
+            "best": (f"TP{p['tp']} PP{p['pp']} VPP{p['vpp']} CP{p['cp']} EP{p['ep']} mbs{p['micro_batch_size']} "
+                     f"{top.schedule}, {top.step_time_s:.2f} s, MFU {top.mfu:.1%}" if top else "none feasible")}
+
+
+def run_case(name: str) -> dict:
+    if name == CLI_CASE[0]:  # the whole `mofa tune` command; the parent times the process
+        from mofa_framework.cli import main
+
+        _, model, hw, gpus, gbs, seq = CLI_CASE
+        sys.argv = ["mofa", "tune", "--model", model, "--hardware", hw, "--gpus", str(gpus), "--gbs", str(gbs),
+                    "--seq", str(seq), "--format", "json", "--no-progress"]
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+            main()
+        d = json.loads(out.getvalue())
+        b = d["best"][0]
+        p = b["parallel"]
+        return {"space": d["space_size"], "evaluated": d["evaluated"], "ruled_out": d.get("skipped_by_bound", 0),
+                "search_wall_s": d["elapsed_s"],
+                "best": f"TP{p['tp']} PP{p['pp']} VPP{p['vpp']} CP{p['cp']} mbs{p['micro_batch_size']} "
+                        f"{b['schedule']}, {b['step_time_s']:.2f} s, MFU {b['mfu']:.1%}"}
+    from mofa_framework.tuner import tune
+
+    if name.startswith("exhaustive-"):
+        spec = EXHAUSTIVE[int(name.split("-")[1])]
+        predictor, req = _request(spec, spec[6], pareto=True)
+    else:
+        predictor, req = _request(next(c for c in SEARCHES if c[0] == name))
+    c0, w0 = time.process_time(), time.perf_counter()
+    result = tune(predictor, req)
+    return _summary(result, time.process_time() - c0, time.perf_counter() - w0)
+
+
+# ---------------------------------------------------------------------- the table (parent)
+
+
+def measure(name: str, tree: Path | None) -> dict:
+    """Run one case in a fresh process; add its whole-process CPU time, wall time and peak RSS."""
+    env = dict(os.environ)
+    if tree is not None:  # another checkout: its core and its plugins
+        shim = Path(os.environ.get("TMPDIR", "/tmp")) / f"mofa-bench-{os.getpid()}"
+        shim.mkdir(exist_ok=True)
+        link = shim / "mofa_plugins"
+        if not link.exists():
+            link.symlink_to(tree.resolve() / "plugins")
+        env["PYTHONPATH"] = os.pathsep.join([str(tree.resolve()), str(shim)])
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # start-up as installed (cached bytecode)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--run-case", name], env=env,
+                            stdout=subprocess.PIPE, cwd=str(tree) if tree else None)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    if status:
+        raise RuntimeError(f"case {name} failed (status {status})")
+    row = json.loads(out)
+    row.update(process_cpu_s=usage.ru_utime + usage.ru_stime, process_wall_s=wall, peak_mib=usage.ru_maxrss / 1024)
+    return row
+
+
+def _label(name: str) -> str:
+    if name == CLI_CASE[0]:
+        _, model, hw, gpus, *_ = CLI_CASE
+        return f"`mofa tune` {model} on {gpus:,} × {hw} (one process, start-up included)"
+    if name.startswith("exhaustive-"):
+        return "evaluator, " + EXHAUSTIVE[int(name.split("-")[1])][0] + " (every candidate, no bound)"
+    _, model, hw, gpus, gbs, seq = next(c for c in SEARCHES if c[0] == name)
+    return f"{model} on {gpus:,} × {hw}, gbs {gbs:,}, seq {seq:,}"
+
+
+def table(rows: dict[str, dict]) -> str:
+    lines = ["| case | space | evaluated | ruled out by bounds | CPU s (process / search) | wall s (process / search) "
+             "| candidates / CPU-s | peak MiB | best |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, r in rows.items():
+        search_cpu = r.get("search_cpu_s")
+        settled = r["evaluated"] + (0 if name.startswith("exhaustive-") else r["ruled_out"])
+        rate = f"{settled / search_cpu / 1e6:.2f} M" if search_cpu else "–"
+        cpu = f"{r['process_cpu_s']:.2f} / " + (f"{search_cpu:.2f}" if search_cpu else "–")
+        wall = f"{r['process_wall_s']:.2f} / {r['search_wall_s']:.2f}"
+        lines.append(f"| {_label(name)} | {r['space']:,} | {r['evaluated']:,} | {r['ruled_out']:,} | {cpu} | {wall} | "
+                     f"{rate} | {r['peak_mib']:.0f} | {r['best']} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--case", action="append", choices=CASES, help="run only these cases")
+    ap.add_argument("--tree", type=Path, help="measure another checkout of MoFa (e.g. the main branch)")
+    ap.add_argument("--run-case", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    rows = run(args.repeat)
-    print(f"Machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}; "
-          f"best of {args.repeat} runs\n")
-    print("| case | space (candidates) | evaluated after exact pruning | wall time | candidates/s | best |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['case']} | {r['space']:,} | {r['evaluated']:,} | {r['wall_s']:.2f} s | {r['per_s']:,.0f} | "
-              f"{r['best']} |")
+    if args.run_case:
+        print(json.dumps(run_case(args.run_case)))
+        return
+    rows = {name: measure(name, args.tree) for name in (args.case or CASES)}
+    load = os.getloadavg()[0]
+    print(f"Machine: {platform.machine()}, {os.cpu_count()} cores, load {load:.1f}; "
+          f"{platform.python_implementation()} {platform.python_version()}\n")
+    print(table(rows))
 
 
 if __name__ == "__main__":

@@ -7,26 +7,28 @@ value of its options' ``search`` tuples). Structures are pruned first with every
 m ≥ the schedule's minimum, GBS divisibility); a feature whose ``applies`` is false on a
 structure is only tried off there (on and off are the same row).
 
-The rest is a best-first branch and bound over four levels, each with a lower bound of the
-objective of every configuration below it:
+The rest is a best-first branch and bound over levels of partial decisions, each with a lower
+bound of the objective of every configuration below it:
 
 0. a structure: the compute its critical stage runs per step (features off, except those
    that may reduce compute, tried in every combination);
-1. a structure with the layer-phase features that may make layers faster (overlaps, faster
-   dispatch, kernels) set, the others off: the critical stage's busy time ``m·(F+B+W)`` after
-   the layer phase. Features flagged ``adds_time_only`` (recompute, offloading, FSDP, MemFine)
-   can only add to it, so it bounds every setting of theirs;
-2. a structure with every layer-phase feature set: its exact busy time;
-3. a configuration (every feature set): evaluated by the engine.
+1. + the layer-phase features that may make layers faster (overlaps, faster dispatch,
+   kernels), the others off: the critical stage's busy time ``m·(F+B+W)`` after the layer
+   phase. Features flagged ``adds_time_only`` (recompute, offloading, FSDP, MemFine) can only
+   add to it, so it bounds every setting of theirs;
+2. + every layer-phase feature: the exact busy time;
+3. + the pipeline-phase features: the pipeline time (busy, bubble, exposed p2p);
+4. the leaves, every feature set: the optimizer and memory phases finish each one from its
+   level-3 node's pipeline (:func:`engine.finish`), and memory is checked.
 
-The step time is the busy time plus bubble, exposed pipeline and DP communication, the optimizer
-and a fixed overhead, all ≥ 0; a schedule's busy time is ``m·v·(F+B+W)`` per chunk. Levels 1–2
-only run the engine's layer phase (the pipeline, optimizer and memory phases merely recombine
-layer costs) and read the busy time off the engine's stage sums (:func:`engine.busy_terms`).
-The pending node with the smallest bound is expanded first (in vectorised chunks), so the
-search stops as soon as no pending bound can beat the k-th best configuration found: the
-answer equals brute force. End-to-end objectives grow with the step time and are bounded
-through it.
+The step time is the pipeline time plus exposed DP communication, the optimizer and a fixed
+overhead, all ≥ 0 (the optimizer and memory phases cannot change the pipeline); a schedule's
+busy time is ``m·v·(F+B+W)`` per chunk. Levels 1–2 only run the engine's layer phase and read
+the busy time off the engine's stage sums (:func:`engine.busy_terms`). The pending node with
+the smallest bound is expanded first (in vectorised chunks, across every group of structures),
+so the search stops as soon as no pending bound can beat the k-th best configuration found:
+the answer equals brute force. End-to-end objectives grow with the step time and are bounded
+through it. docs/tuning.md states the contracts the bounds rely on and the tests that check them.
 """
 
 from __future__ import annotations
@@ -153,7 +155,8 @@ class TuneRequest:
     chunk_rows: int = attrs.field(default=32_768, validator=attrs.validators.ge(1))
     pareto: bool = False
     flash_attention: bool = True
-    #: stop after this many seconds (wall clock) with the best found so far, not proven optimal
+    #: stop after this many seconds (wall clock) with the best found so far, not proven optimal (if
+    #: nothing that fits was found by then, the search dives to the first configuration that does)
     time_budget_s: float | None = attrs.field(default=None, validator=attrs.validators.optional(
         attrs.validators.gt(0.0)))
 
@@ -265,14 +268,20 @@ def end_stage_layers(num_layers: int, pp, lighter) -> tuple[np.ndarray, np.ndarr
     return np.where(d > 0, mid - d, 0), ok
 
 
-def _default_split_covers(num_layers: int, pp, vpp, ends) -> np.ndarray:
-    """Rows whose explicit end stages are what the default split places anyway, and interleave
-    as well: the same configuration as lighter_ends = 0."""
+def default_end_layers(num_layers: int, pp):
+    """(first, last) stage layers of the default split, as ``engine.stage_layout`` places them:
+    ⌈L/p⌉ per stage, the end stages taking the remainder off (126 on 16: 7 + 14 × 8 + 7)."""
     p = np.maximum(np.asarray(pp), 1)
     base = -(-num_layers // p)
     deficit = base * p - num_layers
-    auto_first, auto_last = base - (deficit + 1) // 2, base - deficit // 2
-    return (auto_first == ends) & (auto_last == ends) & (ends % vpp == 0)
+    return base - (deficit + 1) // 2, base - deficit // 2
+
+
+def _default_split_covers(num_layers: int, pp, vpp, ends) -> np.ndarray:
+    """Rows whose explicit end stages are what the default split places anyway, and interleave
+    as well: the same configuration as lighter_ends = 0."""
+    first, last = default_end_layers(num_layers, pp)
+    return (first == ends) & (last == ends) & (ends % vpp == 0)
 
 
 def _structure_batch(req: TuneRequest, registry) -> tuple[CandidateBatch, dict[str, int]]:
@@ -803,18 +812,22 @@ class _Search:
                                        bound=np.asarray(structure_bound, np.float64), count=leaves, fanout=fan)]
         levels += [_Level() for _ in LEVELS]
         last_report = -np.inf
+        out_of_time = False
         while True:
             if req.time_budget_s is not None and time.perf_counter() - t0 > req.time_budget_s:
-                return False
+                out_of_time = True
+                if self.feasible:
+                    return False
             limit = self.threshold()
             pending = [i for i, lv in enumerate(levels) if len(lv)]
             if not pending:
-                return True
-            # the smallest bound first; on a tie the deepest level (it reaches a leaf sooner)
-            depth = min(pending, key=lambda i: (levels[i].min(), -i))
+                return not out_of_time
+            # the smallest bound first; on a tie the deepest level (it reaches a leaf sooner). Out of
+            # time with nothing that fits yet: dive (deepest level first) to the first that does
+            depth = max(pending) if out_of_time else min(pending, key=lambda i: (levels[i].min(), -i))
             popped = levels[depth].pop(limit, req.chunk_rows)
             if popped is None:  # no pending bound can beat the k-th best
-                return True
+                return not out_of_time
             self.expand(depth, *popped)
             now = time.perf_counter()
             if progress is not None and now - last_report > 0.25:
@@ -964,9 +977,7 @@ def stage_layers(num_layers: int, pp: int, first: int = 0, last: int = 0) -> tup
     if pp == 1:
         return num_layers, num_layers, num_layers
     if not (first or last):
-        base = -(-num_layers // pp)
-        deficit = base * pp - num_layers
-        first, last = base - (deficit + 1) // 2, base - deficit // 2
+        first, last = (int(x) for x in default_end_layers(num_layers, pp))
     mid = (num_layers - first - last) // (pp - 2) if pp > 2 else 0
     return first, mid, last
 
