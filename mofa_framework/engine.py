@@ -570,16 +570,26 @@ def _priced(ctx: Context, batch: CandidateBatch, layers_only: bool = False) -> d
     return out
 
 
+def price_structures(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile, pm) -> dict:
+    """Everything the providers price, for rows that are each a structure: reuse it with
+    ``shared=(priced, row_structure)`` in :func:`layer_phase` / :func:`pipeline_phase`."""
+    return _priced(Context(model=model, hardware=hardware, geometry=Geometry.of(batch), pm=pm), batch)
+
+
 def layer_phase(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile, pm,
                 structure: tuple[np.ndarray, np.ndarray] | None = None, trail: dict | None = None,
-                layers_only: bool = False) -> tuple[CostState, dict]:
+                layers_only: bool = False, shared: tuple[Mapping, np.ndarray] | None = None) -> tuple[CostState, dict]:
     """The state after the layer phase (priced layer costs, stage layout, layer-phase features)
     and everything else the providers priced once per structure (see :func:`evaluate`).
 
     With `layers_only` nothing but the layer costs is priced (the tuner's bounds need no more).
+    `shared` = ``(price_structures(...) of some structures, each row's index among them)`` reuses
+    that pricing instead of pricing again.
     """
     ctx = Context(model=model, hardware=hardware, geometry=Geometry.of(batch), pm=pm, structure=structure)
-    if structure is None:
+    if shared is not None:
+        priced = _expand(shared[0] if not layers_only else {"layers": shared[0]["layers"]}, shared[1])
+    elif structure is None:
         priced = _priced(ctx, batch, layers_only)
     else:
         first, inverse = structure
@@ -689,11 +699,12 @@ class Pipelined:
 
 
 def pipeline_phase(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile, pm,
-                   structure: tuple[np.ndarray, np.ndarray] | None = None, trail: dict | None = None) -> Pipelined:
+                   structure: tuple[np.ndarray, np.ndarray] | None = None, trail: dict | None = None,
+                   shared: tuple[Mapping, np.ndarray] | None = None) -> Pipelined:
     """The layer phase, the stages, the pipeline phase and each row's schedule (see :func:`evaluate`)."""
     registry = pm.registry
     trail = {} if trail is None else trail
-    state, priced = layer_phase(batch, model, hardware, pm, structure, trail)
+    state, priced = layer_phase(batch, model, hardware, pm, structure, trail, shared=shared)
     comp = _stage_components(state, priced)
     hidden = {k.removeprefix("hidden_"): comp.pop(k) for k in [k for k in comp if k.startswith("hidden_")]}
     stage_parts = dict(comp)  # per pass, before fwd and bwd merge: what the trace lays out

@@ -53,6 +53,8 @@ from .units import GIB
 OBJECTIVES = ("step_time", "e2e_time", "gpu_hours")
 #: a bound prunes only when above the k-th best by more than float rounding of the stage sums
 _REL_EPS = 1e-9
+#: batches at least this large are split by the exclusive features they turn on
+_GROUP_ROWS = 4096
 
 
 def _pow2_upto(n: int) -> tuple[int, ...]:
@@ -363,6 +365,14 @@ def _combos(req: TuneRequest, registry, names: list[str]) -> np.ndarray:
     return grid[ok]
 
 
+def _count_combos(req: TuneRequest, registry, names: list[str]) -> int:
+    """``len(_combos(...))`` without enumerating the features that conflict with none of the others."""
+    tied = [n for n in names if any(c in names for c in registry.features[n].conflicts)
+            or any(n in registry.features[o].conflicts for o in names)]
+    free = math.prod(len(req.space.features[n]) for n in names if n not in tied)
+    return free * len(_combos(req, registry, tied))
+
+
 def _choice_table(registry, name: str, choices) -> tuple[np.ndarray, dict, dict]:
     """One feature's choices as arrays: on/off and each option's value (categorical: its index)."""
     feat = registry.features[name]
@@ -404,7 +414,7 @@ def _csr(parent: np.ndarray, n_parents: int) -> tuple[np.ndarray, np.ndarray]:
 
 #: the search's levels below the structures: (bound, which features a node of the level has set)
 LEVELS = (
-    ("busy", lambda f: f.layer is not None and not f.adds_time_only),  # layer features that may speed layers up
+    ("settled", lambda f: f.layer is not None and not f.adds_time_only),  # layer features that may speed layers up
     ("busy", lambda f: f.layer is not None),  # every layer feature
     ("pipeline", lambda f: f.layer is not None or f.pipeline is not None),  # and the pipeline-phase ones
 )
@@ -416,13 +426,15 @@ class _Choices:
 
     def __init__(self, req: TuneRequest, registry, names: list[str]):
         self.names = names
-        self.tables = [_choice_table(registry, n, req.space.features[n]) for n in names]
-        self.defaults = []
+        self.tables = []
         for n in names:
+            enabled, opts, cats = _choice_table(registry, n, req.space.features[n])
             feat = registry.features[n]
             fields = attrs.fields(feat.options_type) if attrs.has(feat.options_type) else ()
-            self.defaults.append({f.name: float(f.metadata["choices"].index(f.default)) if f.metadata.get("choices")
-                                  else float(f.default) for f in fields})
+            default = {f.name: float(f.metadata["choices"].index(f.default)) if f.metadata.get("choices")
+                       else float(f.default) for f in fields}
+            # one more slot, last, for "not set": index −1 reads it
+            self.tables.append((np.r_[enabled, False], {k: np.r_[v, default[k]] for k, v in opts.items()}, cats))
 
     def rows(self, choice: np.ndarray) -> dict[str, FeatureRows]:
         """FeatureRows of rows whose choice vectors are `choice` (rows × features)."""
@@ -432,10 +444,7 @@ class _Choices:
             if not (col >= 0).any():
                 continue
             enabled, opts, cats = self.tables[j]
-            c = np.maximum(col, 0)
-            on = (col >= 0) & enabled[c]
-            out[name] = FeatureRows(enabled=on, options={k: np.where(col >= 0, v[c], self.defaults[j][k])
-                                                         for k, v in opts.items()}, choices=cats)
+            out[name] = FeatureRows(enabled=enabled[col], options={k: v[col] for k, v in opts.items()}, choices=cats)
         return out
 
 
@@ -637,10 +646,17 @@ class _Search:
         self.min_peak = np.inf
         self.levels: list[_Level] = []
         self.overhead_s = req.hardware.efficiency.step_overhead_s
-        state, priced = engine.layer_phase(structs, req.model, req.hardware, predictor.pm)
+        # everything the providers price, once per structure for the whole search
+        self.priced = engine.price_structures(structs, req.model, req.hardware, predictor.pm)
+        state, priced = engine.layer_phase(structs, req.model, req.hardware, predictor.pm,
+                                           shared=(self.priced, np.arange(len(structs))))
         self.counts, self.const = engine.busy_terms(state, priced)
         self.exists = engine.stages_present(structs)
         self.m = structs.num_microbatches.astype(np.float64)
+        self.monotone = np.array([s.monotone_bubble for s in self.registry.schedules.values()], bool)
+        # features that cannot be combined with some other: rows are evaluated in groups that turn
+        # on the same ones, so a group skips the others' transforms (their rows would be a minority)
+        self.exclusive = [j for j, n in enumerate(all_names) if self.registry.features[n].conflicts]
 
     def threshold(self) -> float:
         if self.req.pareto:
@@ -651,23 +667,53 @@ class _Search:
     def _batch(self, s_idx: np.ndarray, choice: np.ndarray) -> CandidateBatch:
         return attrs.evolve(self.structs.take(s_idx), features=self.choices.rows(choice))
 
+    def _engine_args(self, s_idx: np.ndarray) -> dict:
+        """Rows sorted by structure: priced once per structure for the whole search."""
+        return {"structure": _runs(s_idx), "shared": (self.priced, s_idx)}
+
+    def _groups(self, choice: np.ndarray) -> list[np.ndarray]:
+        """Rows (in order) that turn on the same features among those that exclude others."""
+        if not self.exclusive or len(choice) < _GROUP_ROWS:  # small batches: one call costs less
+            return [np.arange(len(choice))]
+        label = np.zeros(len(choice), np.int64)
+        for j in self.exclusive:
+            c = choice[:, j]
+            label = label * 2 + self.choices.tables[j][0][c]
+        return [np.flatnonzero(label == x) for x in np.unique(label)]
+
+    def _grouped(self, fn, s_idx: np.ndarray, choice: np.ndarray) -> np.ndarray:
+        out = np.empty(len(s_idx))
+        for rows in self._groups(choice):
+            out[rows] = fn(s_idx[rows], choice[rows])
+        return out
+
     # ---- bounds (rows sorted by structure)
     def _busy(self, s_idx: np.ndarray, choice: np.ndarray) -> np.ndarray:
         """Objective bound of rows (structure, layer-feature setting): busy time + overhead."""
         batch = self._batch(s_idx, choice)
-        state, _ = engine.layer_phase(batch, self.req.model, self.req.hardware, self.predictor.pm,
-                                      structure=_runs(s_idx), layers_only=True)
+        state, _ = engine.layer_phase(batch, self.req.model, self.req.hardware, self.predictor.pm, layers_only=True,
+                                      **self._engine_args(s_idx))
         work = self.const[:, s_idx] + sum(self.counts[k][:, s_idx] * engine.layer_work_s(c)[None, :]
                                           for k, c in state.layers.items())
         busy = self.m[s_idx] * np.where(self.exists[:, s_idx], work, -np.inf).max(axis=0)
         return _objective(self.req, busy + self.overhead_s, batch)
+
+    def _settled(self, s_idx: np.ndarray, choice: np.ndarray) -> np.ndarray:
+        """Objective bound of rows (structure, setting of the layer features that may speed layers
+        up, the others and the pipeline-phase ones off): busy time, plus the bubble where the
+        schedule's grows with every stage's F and B (``monotone_bubble``), + overhead."""
+        batch = self._batch(s_idx, choice)
+        pl = engine.pipeline_phase(batch, self.req.model, self.req.hardware, self.predictor.pm,
+                                   **self._engine_args(s_idx))
+        bubble = np.where(self.monotone[batch.schedule], pl.times.bubble_s, 0.0)
+        return _objective(self.req, pl.times.busy_s + bubble + self.overhead_s, batch)
 
     def _pipeline(self, s_idx: np.ndarray, choice: np.ndarray) -> np.ndarray:
         """Objective bound of rows (structure, layer- and pipeline-feature setting): the pipeline
         time (busy, bubble, exposed p2p) + overhead; DP and the optimizer only add."""
         batch = self._batch(s_idx, choice)
         pl = engine.pipeline_phase(batch, self.req.model, self.req.hardware, self.predictor.pm,
-                                   structure=_runs(s_idx))
+                                   **self._engine_args(s_idx))
         return _objective(self.req, pl.times.total_s + self.overhead_s, batch)
 
     # ---- expansions
@@ -703,8 +749,9 @@ class _Search:
         if self.req.pareto:  # no pruning: every leaf is evaluated, bounds would be wasted work
             b[:] = 0.0
         elif len(todo):
-            fn = self._busy if LEVELS[depth][0] == "busy" else self._pipeline
-            b[todo] = fn(rows_s[todo], choice[todo])
+            fn = {"settled": self._settled, "busy": self._busy, "pipeline": self._pipeline}[LEVELS[depth][0]]
+            # a node's bound holds for all below it: a child keeps the larger of the two
+            b[todo] = np.maximum(self._grouped(fn, rows_s[todo], choice[todo]), b[todo])
             self.bounded_rows += len(todo)
         count = np.empty(len(child), np.int64)
         fan = np.empty(len(child), np.int64)
@@ -719,11 +766,16 @@ class _Search:
         """The leaves below level-3 nodes (structure `ps`, layer+pipeline setting `pf`): the
         engine runs through the pipeline once per node and finishes (optimizer, memory) per leaf;
         feature feasibility and memory checked, the best offered to the top-k."""
-        req, registry = self.req, self.registry
         order = np.argsort(ps, kind="stable")
         grp, ps, pf = grp[order], ps[order], pf[order]
-        pl = engine.pipeline_phase(self._batch(ps, self._choices_of(grp, pf)), req.model, req.hardware, self.predictor.pm,
-                                   structure=_runs(ps))
+        parent_choice = self._choices_of(grp, pf)
+        for rows in self._groups(parent_choice):
+            self._leaves(grp[rows], ps[rows], pf[rows], parent_choice[rows])
+
+    def _leaves(self, grp: np.ndarray, ps: np.ndarray, pf: np.ndarray, parent_choice: np.ndarray) -> None:
+        req, registry = self.req, self.registry
+        pl = engine.pipeline_phase(self._batch(ps, parent_choice), req.model, req.hardware, self.predictor.pm,
+                                   **self._engine_args(ps))
         g_idx, s_idx, c_idx, choice, parent = self._child_rows(len(LEVELS), grp, ps, pf, np.zeros(len(ps)))
         batch = self._batch(s_idx, choice)
         ok = np.ones(len(batch), bool)
@@ -739,7 +791,8 @@ class _Search:
             return
         if len(idx) < len(batch):
             batch, parent, s_idx, c_idx, g_idx = batch.take(idx), parent[idx], s_idx[idx], c_idx[idx], g_idx[idx]
-        out = engine.finish(engine.expand_pipelined(pl, parent, batch, _runs(s_idx), lean=True), lean=True)
+            choice = choice[idx]
+        out = self._finish(pl, parent, batch, s_idx, choice)
         self.evaluated += len(idx)
         fits = out.fits_in_memory
         self.min_peak = min(self.min_peak, float(out.peak_memory_bytes.min()) / GIB)
@@ -760,6 +813,18 @@ class _Search:
                 r = int(ok_rows[t])
                 self.pareto.append((float(out.step_time_s[r]), float(out.peak_memory_bytes[r]), float(val[r]),
                                     (int(g_idx[r]), int(s_idx[r]), int(c_idx[r]))))
+
+    def _finish(self, pl, parent: np.ndarray, batch: CandidateBatch, s_idx: np.ndarray, choice: np.ndarray):
+        """Step time, peak memory and fit of leaves (rows of `batch`, sorted by structure) that
+        share their parents' pipeline `pl`, one group of exclusive features at a time."""
+        step, peak = np.empty(len(batch)), np.empty(len(batch))
+        for rows in self._groups(choice):
+            sub = batch.take(rows) if len(rows) < len(batch) else batch
+            out = engine.finish(engine.expand_pipelined(pl, parent[rows], sub, _runs(s_idx[rows]), lean=True),
+                                lean=True)
+            step[rows], peak[rows] = out.step_time_s, out.peak_memory_bytes
+        return engine.Outcome(batch=batch, step_time_s=step, peak_memory_bytes=peak,
+                              fits_in_memory=peak <= self.req.hardware.hbm_bytes)
 
     def _choices_of(self, grp: np.ndarray, pf: np.ndarray) -> np.ndarray:
         out = np.empty((len(grp), len(self.all_names)), np.int64)
@@ -814,21 +879,18 @@ class _Search:
         last_report = -np.inf
         out_of_time = False
         while True:
+            limit = self.threshold()
+            live = [i for i, lv in enumerate(levels) if len(lv) and lv.min() <= limit]
+            if not live:  # no pending bound can beat the k-th best
+                return True
             if req.time_budget_s is not None and time.perf_counter() - t0 > req.time_budget_s:
                 out_of_time = True
                 if self.feasible:
                     return False
-            limit = self.threshold()
-            pending = [i for i, lv in enumerate(levels) if len(lv)]
-            if not pending:
-                return not out_of_time
             # the smallest bound first; on a tie the deepest level (it reaches a leaf sooner). Out of
             # time with nothing that fits yet: dive (deepest level first) to the first that does
-            depth = max(pending) if out_of_time else min(pending, key=lambda i: (levels[i].min(), -i))
-            popped = levels[depth].pop(limit, req.chunk_rows)
-            if popped is None:  # no pending bound can beat the k-th best
-                return not out_of_time
-            self.expand(depth, *popped)
+            depth = max(live) if out_of_time else min(live, key=lambda i: (levels[i].min(), -i))
+            self.expand(depth, *levels[depth].pop(limit, req.chunk_rows))
             now = time.perf_counter()
             if progress is not None and now - last_report > 0.25:
                 last_report = now
@@ -854,7 +916,7 @@ def tune(predictor, req: TuneRequest, progress: Callable[[TuneProgress], None] |
     for f in all_names:
         registry.feature(f, field=f"search.features.{f}")
     sb, removed_s = _structure_batch(req, registry)
-    n_combo_full = len(_combos(req, registry, all_names))
+    n_combo_full = _count_combos(req, registry, all_names)
     removed = {k: v * n_combo_full for k, v in removed_s.items()}
     keep = np.ones(len(sb), bool)
     if len(sb):

@@ -496,6 +496,10 @@ class PipelineSchedule:
     #: the schedule interleaves virtual chunks (needs vpp > 1) / accepts vpp > 1 at all
     requires_vpp: bool = False
     supports_vpp: bool = False
+    #: busy + bubble never decreases when any stage's forward or backward-input time grows (W and
+    #: the p2p times fixed): the tuner then bounds configurations by the bubble too, not only the
+    #: busy time. False (the default) is always safe
+    monotone_bubble: bool = False
     #: copies of the stage's parameters each GPU holds (DualPipe: 2)
     parameter_copies: int = attrs.field(default=1, validator=_pos_int)
     #: minimum micro-batches per step as a function of pp (e.g. m ≥ p); None: m ≥ 1

@@ -356,6 +356,7 @@ FEATURE = MemoryOptimizer(
              "C = RED(Pg)+AG(2P) | m·RED(Pg)+AG(2P) | m·(2·AG(2P)+RS(Pg))",
     options_type=DeepSpeedZeroOptions,
     layer=layer,
+    adds_time_only=True,  # only adds exposed transfers to a layer (≥ 0): never makes one faster
     optimizer=optimizer,
     memory=memory,
     feasible=feasible,

@@ -63,6 +63,7 @@ SCHEDULE = PipelineSchedule(
     name="1f1b",
     description="one-forward-one-backward (PipeDream-Flush), Megatron's default without interleaving",
     time=time, inflight=inflight, supports_vpp=False, equation="[9]-[12]",
+    monotone_bubble=True,  # busy + bubble = (m − 1/v)·max stage work + Σ work / v: grows with any F or B
     min_microbatches=lambda p: p, order=op_order,
 )
 

@@ -53,6 +53,7 @@ SCHEDULE = PipelineSchedule(
     name="interleaved-1f1b",
     description="interleaved 1F1B with v virtual chunks per stage (Megatron --num-layers-per-virtual-pipeline-stage)",
     time=time, inflight=inflight, supports_vpp=True, requires_vpp=True, equation="[9]-[12]",
+    monotone_bubble=True,  # busy + bubble = (m − 1/v)·max stage work + Σ work / v: grows with any F or B
     min_microbatches=lambda p: p, order=op_order, aliases=("1f1b-i", "interleaved"),
 )
 

@@ -213,6 +213,7 @@ FEATURE = MemoryOptimizer(
              "E = max(α·c, β·max(H2D, D2H)) − c per layer and pass",
     options_type=WeightOffloadOptions,
     layer=layer,
+    adds_time_only=True,  # only adds exposed transfers to a layer (≥ 0): never makes one faster
     optimizer=optimizer,
     memory=memory,
     applies=applies,
