@@ -23,8 +23,10 @@ import io
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -109,8 +111,9 @@ def run_case(name: str) -> dict:
 # ---------------------------------------------------------------------- the table (parent)
 
 
-def measure(name: str, tree: Path | None) -> dict:
-    """Run one case in a fresh process; add its whole-process CPU time, wall time and peak RSS."""
+def measure(name: str, tree: Path | None, timeout_s: float | None = None) -> dict:
+    """Run one case in a fresh process; add its whole-process CPU time, wall time and peak RSS
+    (or, past `timeout_s` of wall time, stop it and say how far it got)."""
     env = dict(os.environ)
     if tree is not None:  # another checkout: its core and its plugins
         shim = Path(os.environ.get("TMPDIR", "/tmp")) / f"mofa-bench-{os.getpid()}"
@@ -122,12 +125,28 @@ def measure(name: str, tree: Path | None) -> dict:
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # start-up as installed (cached bytecode)
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--run-case", name], env=env,
-                            stdout=subprocess.PIPE, cwd=str(tree) if tree else None)
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
+                            stdout=subprocess.PIPE, cwd=str(tree) if tree else None, start_new_session=True)
+    chunks: list[bytes] = []
+    reader = threading.Thread(target=lambda: chunks.append(proc.stdout.read()))
+    reader.start()
+    while True:  # reap the child ourselves: os.wait4 gives its resource usage
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if timeout_s is not None and time.perf_counter() - t0 > timeout_s:
+            os.killpg(proc.pid, signal.SIGKILL)  # the case and any worker processes it forked
+            _, status, usage = os.wait4(proc.pid, 0)
+            break
+        time.sleep(0.01)
     wall = time.perf_counter() - t0
-    if status:
-        raise RuntimeError(f"case {name} failed (status {status})")
+    reader.join()
+    out = b"".join(chunks) if status == 0 else b""
+    if not out and status:
+        if timeout_s is None or wall < timeout_s:
+            raise RuntimeError(f"case {name} failed (status {status})")
+        return {"space": 0, "evaluated": 0, "ruled_out": 0, "search_wall_s": wall, "process_cpu_s":
+                usage.ru_utime + usage.ru_stime, "process_wall_s": wall, "peak_mib": usage.ru_maxrss / 1024,
+                "best": f"stopped after {wall:.0f} s of wall time (timeout)"}
     row = json.loads(out)
     row.update(process_cpu_s=usage.ru_utime + usage.ru_stime, process_wall_s=wall, peak_mib=usage.ru_maxrss / 1024)
     return row
@@ -161,12 +180,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", action="append", choices=CASES, help="run only these cases")
     ap.add_argument("--tree", type=Path, help="measure another checkout of MoFa (e.g. the main branch)")
+    ap.add_argument("--timeout", type=float, help="stop a case after this many seconds of wall time")
     ap.add_argument("--run-case", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.run_case:
         print(json.dumps(run_case(args.run_case)))
         return
-    rows = {name: measure(name, args.tree) for name in (args.case or CASES)}
+    rows = {name: measure(name, args.tree, args.timeout) for name in (args.case or CASES)}
     load = os.getloadavg()[0]
     print(f"Machine: {platform.machine()}, {os.cpu_count()} cores, load {load:.1f}; "
           f"{platform.python_implementation()} {platform.python_version()}\n")

@@ -347,7 +347,8 @@ def test_the_bounds_contracts_hold_for_every_builtin_schedule_and_feature(mofa_p
     is m·v·(F+B+W); (2) the busy time read off engine.busy_terms equals the engine's own
     (the breakdown's per-micro-batch components); (3) turning on any set of adds_time_only
     features never lowers it below all of them off (the layer features that may speed
-    layers up held at a random setting)."""
+    layers up held at a random setting); (4) nor changes W, nor lowers busy + bubble under a
+    schedule flagged monotone_bubble."""
     from mofa_framework import engine
     from mofa_framework.tuner import _combos, _feature_rows, _feature_tables, _paper_rules, _runs, _structure_batch
 
@@ -399,6 +400,19 @@ def test_the_bounds_contracts_hold_for_every_builtin_schedule_and_feature(mofa_p
 
     base = busy(off)
     assert (busy(grid[pick]) >= base * (1 - 1e-12)).all()
+
+    # (4) they leave W alone, so schedules flagged monotone_bubble only get a larger busy + bubble
+    def pipeline(choice):
+        batch = attrs.evolve(structs, features=_feature_rows(_feature_tables(req, reg, names, choice), s_idx))
+        return engine.pipeline_phase(batch, model, hw, mofa_predictor.pm, structure=_runs(s_idx))
+
+    lo, hi = pipeline(off), pipeline(grid[pick])
+    for kind in lo.state.layers:
+        np.testing.assert_array_equal(hi.state.layers[kind].bwd_weight_s, lo.state.layers[kind].bwd_weight_s)
+    monotone = np.array([s.monotone_bubble for s in reg.schedules.values()])[structs.schedule]
+    assert monotone.any() and (~monotone).any()
+    settled = lambda pl: pl.times.busy_s + pl.times.bubble_s  # noqa: E731
+    assert (settled(hi)[monotone] >= settled(lo)[monotone] * (1 - 1e-12)).all()
 
 
 # ---------------------------------------------------------------- usability
