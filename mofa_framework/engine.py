@@ -48,6 +48,12 @@ from .units import GIB, BoolArray, FloatArray, IntArray
 ADAM_BYTES_PER_PARAM = 30.0
 #: optimizer state bytes per parameter kept by mixed-precision Adam: fp32 master + m + v
 OPTIMIZER_STATE_BYTES = 12.0
+#: bytes per logit element at the loss's peak with Megatron's fused vocab-parallel cross entropy
+#: (``megatron/core/tensor_parallel/cross_entropy.py``): the output layer's bf16 logits (2) while
+#: their fp32 copy (4) is made; the copy becomes the softmax kept for backward, whose gradient is
+#: written in place and cast back to bf16 (4 + 2). A loss that upcasts and keeps more says so
+#: through a memory feature (``fp32_cross_entropy``)
+LOSS_BYTES_PER_LOGIT = 6.0
 
 STAGES = ("first", "mid", "last")
 
@@ -193,12 +199,24 @@ class MemoryCosts:
     grads_bytes: np.ndarray
     optimizer_bytes: np.ndarray
     activations_bytes: np.ndarray
+    #: features' own buffers (gathered FSDP layers, ZeRO buckets, ...), held beside the activations
     buffers_bytes: np.ndarray
+    #: the loss's working set at its peak: the logits and their fp32 copies (`logits_loss_bytes`)
+    logits_bytes: np.ndarray
+    #: the working set of the layer being recomputed at the start of its backward
+    working_bytes: np.ndarray
     host_bytes: np.ndarray
 
     @property
+    def transient_bytes(self) -> np.ndarray:
+        """The loss and a recomputed layer's working set never coexist: the larger counts."""
+        return np.maximum(self.logits_bytes, self.working_bytes)
+
+    @property
     def gpu_bytes(self) -> np.ndarray:
-        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.buffers_bytes
+        """Bytes the caching allocator holds at the stage's peak (the runtime's own memory apart)."""
+        return (self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
+                + self.buffers_bytes + self.transient_bytes)
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -812,11 +830,7 @@ def finish(pl: Pipelined, trail: dict | None = None, lean: bool = False, check: 
     gpu = np.where(exists, gpu, -np.inf)
     worst = np.argmax(gpu, axis=0)
     wpick = lambda arr: np.take_along_axis(arr, worst[None, :], axis=0)[0]  # noqa: E731
-    mem_bd = {
-        "weights": wpick(mem.weights_bytes), "gradients": wpick(mem.grads_bytes),
-        "optimizer_states": wpick(mem.optimizer_bytes), "activations": wpick(mem.activations_bytes),
-        "buffers": wpick(mem.buffers_bytes), "reserved": np.full(n, hardware.reserved_memory_bytes),
-    }
+    mem_bd = memory_breakdown(mem, wpick, np.full(n, hardware.reserved_memory_bytes))
     peak = sum(mem_bd.values(), z)
     if lean:
         return Outcome(batch=batch, step_time_s=step, peak_memory_bytes=peak, fits_in_memory=peak <= hardware.hbm_bytes)
@@ -1030,14 +1044,32 @@ def _memory_costs(state: CostState, lay: StageLayout, inflight: Inflight) -> Mem
         work = np.maximum(work, np.where(lay.moe > 0, L["moe"].act_working_bytes, 0.0))
     held = np.stack([inflight.first, inflight.mid, inflight.last])
     acts = act_stage * held
-    # the last stage materialises fp32 logits of one micro-batch for the loss
     logits = np.zeros_like(acts)
-    logits[2] = g.tokens * model.vocab_size / g.t * 4.0 * (1 + model.num_mtp_layers)
+    logits[2] = logits_loss_bytes(model, g.tokens, g.t)
     logits[0] = np.where(batch.pp == 1, logits[2], 0.0)
-    buffers = work + logits
     host = np.zeros_like(acts)
     return MemoryCosts(dense_params=dense, expert_params=expert, weights_bytes=weights, grads_bytes=grads,
-                       optimizer_bytes=optim, activations_bytes=acts, buffers_bytes=buffers, host_bytes=host)
+                       optimizer_bytes=optim, activations_bytes=acts, buffers_bytes=np.zeros_like(acts),
+                       logits_bytes=logits, working_bytes=np.broadcast_to(work, acts.shape).copy(), host_bytes=host)
+
+
+def logits_loss_bytes(model: ModelSpec, tokens, t, bytes_per_logit: float = LOSS_BYTES_PER_LOGIT):
+    """The loss's peak working set on the stage holding the output layer, bytes per GPU:
+    ``b·s·V/t · bytes_per_logit · (1 + MTP heads)`` over the micro-batch's tokens (the vocabulary
+    split over TP by the vocab-parallel output layer). See :data:`LOSS_BYTES_PER_LOGIT`."""
+    return np.asarray(tokens, dtype=np.float64) * model.vocab_size / t * bytes_per_logit * (1 + model.num_mtp_layers)
+
+
+def memory_breakdown(mem: MemoryCosts, pick, runtime: FloatArray) -> dict[str, FloatArray]:
+    """The peak stage's memory by component (they sum to the peak): the allocator's weights,
+    gradients, optimizer states, activations, features' buffers, the loss's logits and the part of a
+    recomputed layer's working set beyond them (the two never coexist), and the runtime's memory
+    outside the allocator (CUDA context, NCCL communicators: the profile's ``reserved_memory_gib``)."""
+    logits = pick(mem.logits_bytes)
+    return {"weights": pick(mem.weights_bytes), "gradients": pick(mem.grads_bytes),
+            "optimizer_states": pick(mem.optimizer_bytes), "activations": pick(mem.activations_bytes),
+            "buffers": pick(mem.buffers_bytes), "logits_loss": logits,
+            "recompute_working": np.maximum(pick(mem.working_bytes) - logits, 0.0), "runtime": runtime}
 
 
 def _param_copies(ctx: Context, batch: CandidateBatch) -> FloatArray:

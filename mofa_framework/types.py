@@ -616,6 +616,12 @@ class FlopsConvention:
     counts_recompute: bool = False
 
 
+#: what a published peak-memory figure counts (:attr:`MappedRow.memory_counter`)
+MEMORY_COUNTERS = ("", "allocated", "reserved", "device")
+#: the counters that leave out the runtime's memory outside the caching allocator
+ALLOCATOR_COUNTERS = ("allocated", "reserved")
+
+
 @attrs.frozen(kw_only=True)
 class MappedRow:
     """One measurement turned into a job dict (what a reader returns for a predictable row)."""
@@ -632,6 +638,12 @@ class MappedRow:
     measured_tflops: float | None = None
     tflops_convention: str = ""
     measured_memory_gib: float | None = None
+    #: what the memory figure counts: ``allocated`` (``torch.cuda.max_memory_allocated``),
+    #: ``reserved`` (the caching allocator's segments, ``max_memory_reserved``) — both without the
+    #: runtime's own memory (CUDA context, NCCL), compared with the prediction's peak less its
+    #: ``runtime`` component — or ``device`` (``nvidia-smi``: everything) / ``""`` (not stated),
+    #: compared with the whole peak
+    memory_counter: str = attrs.field(default="", validator=attrs.validators.in_(MEMORY_COUNTERS))
     #: constraint names the engine may ignore for this row
     ignore_constraints: frozenset[str] = frozenset()
     notes: str = ""

@@ -26,7 +26,8 @@ import numpy as np
 from .config import listing
 from .errors import ConfigError
 from .measurements import map_files, map_rows  # noqa: F401  (map_rows: part of this module's API)
-from .types import MappedRow, SkippedRow
+from .types import ALLOCATOR_COUNTERS, MappedRow, SkippedRow
+from .units import GIB
 
 __all__ = ["ErrorStats", "GroupErrors", "MappedRow", "RankStats", "RowResult", "SkippedRow", "SourceSummary",
            "ValidationResult", "group_errors", "group_keys", "map_rows", "predict_prepared", "prepare",
@@ -55,6 +56,8 @@ class RowResult:
     predicted_model_tflops: float
     tflops_convention: str
     measured_memory_gib: float | None
+    #: the predicted peak in the measured figure's counter (``memory_counter``): less the runtime's
+    #: memory outside the caching allocator for ``allocated`` / ``reserved``, else the whole peak
     predicted_memory_gib: float
     fits_in_memory: bool
     group: tuple | None = None
@@ -63,6 +66,8 @@ class RowResult:
     predicted_s_per_seq: float = 0.0
     #: what the mapping assumed beyond the row (``MappedRow.assumptions``)
     assumptions: str = ""
+    #: what the measured memory counts (``MappedRow.memory_counter``)
+    memory_counter: str = ""
 
 
 @attrs.frozen(kw_only=True)
@@ -207,7 +212,7 @@ def predict_prepared(groups: Sequence[PreparedGroup], predictor, hardware_overri
     (calibration evaluates the same batches with other efficiency coefficients).
     """
     n = n_rows if n_rows is not None else (max((max(g.rows) for g in groups), default=-1) + 1)
-    out = {k: np.full(n, np.nan) for k in ("step_s", "model_tflops", "memory_gib", "fits")}
+    out = {k: np.full(n, np.nan) for k in ("step_s", "model_tflops", "memory_gib", "runtime_gib", "fits")}
     for g in groups:
         hw = (hardware_override or {}).get(g.hardware.name, g.hardware)
         pred = predictor.evaluate(g.batch, g.model, hw)
@@ -215,6 +220,7 @@ def predict_prepared(groups: Sequence[PreparedGroup], predictor, hardware_overri
         out["step_s"][idx] = pred.step_time_s
         out["model_tflops"][idx] = pred.model_tflops_per_gpu
         out["memory_gib"][idx] = pred.peak_memory_gib
+        out["runtime_gib"][idx] = pred.memory_breakdown["runtime"] / GIB
         out["fits"][idx] = np.asarray(pred.fits_in_memory, float)
     return out
 
@@ -239,6 +245,13 @@ def _strategy(job: dict) -> str:
     return " ".join(bits)
 
 
+def compared_memory_gib(arrays: dict[str, np.ndarray], i: int, m: MappedRow) -> float:
+    """Row `i`'s predicted peak in the counter its measurement uses: PyTorch's allocator counters
+    (``allocated``, ``reserved``) leave out the runtime's memory (CUDA context, NCCL)."""
+    peak = float(arrays["memory_gib"][i])
+    return peak - float(arrays["runtime_gib"][i]) if m.memory_counter in ALLOCATOR_COUNTERS else peak
+
+
 def row_results(mapped: Sequence[MappedRow], arrays: dict[str, np.ndarray]) -> list[RowResult]:
     out = []
     for i, m in enumerate(mapped):
@@ -254,9 +267,10 @@ def row_results(mapped: Sequence[MappedRow], arrays: dict[str, np.ndarray]) -> l
             predicted_tflops_source_convention=(m.measured_tflops * m.measured_s / float(t)
                                                 if m.measured_tflops else None),
             predicted_model_tflops=float(arrays["model_tflops"][i]), tflops_convention=m.tflops_convention,
-            measured_memory_gib=m.measured_memory_gib, predicted_memory_gib=float(arrays["memory_gib"][i]),
+            measured_memory_gib=m.measured_memory_gib, predicted_memory_gib=compared_memory_gib(arrays, i, m),
             fits_in_memory=bool(arrays["fits"][i] > 0.5), group=m.group,
-            measured_s_per_seq=m.measured_s / gbs, predicted_s_per_seq=float(t) / gbs, assumptions=m.assumptions))
+            measured_s_per_seq=m.measured_s / gbs, predicted_s_per_seq=float(t) / gbs, assumptions=m.assumptions,
+            memory_counter=m.memory_counter))
     return out
 
 

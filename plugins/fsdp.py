@@ -9,11 +9,14 @@ all-gathered; after its backward, its gradients are reduce-scattered.
 Memory, bytes per GPU (P = parameters the GPU holds after TP/PP/EP sharding, P_ℓ = one layer's,
 d_g = gradient bytes: 4 with fp32 main grads, 2 with fp16 or ``grad_reduce_dtype = "bf16"``)::
 
-    M = P·(2 + d_g + 12)/D  +  (1 + prefetch)·P_ℓ·2  +  P_ℓ·d_g
+    M = P·(2 + d_g + 12)/D  +  (1 + prefetch)·P_ℓ·2  +  P_r·2  +  max(P_ℓ, P_r)·d_g
 
 — the sharded weights, gradients and Adam states (18/D bytes/parameter with fp32 grads), the
-gathered bf16 parameters of the running layer and of the ``prefetch`` layers gathered ahead, and
-the running layer's unsharded gradient before it is reduce-scattered (the largest layer type).
+gathered bf16 parameters of the running layer and of the ``prefetch`` layers gathered ahead, the
+root unit's P_r parameters outside the layers (embedding, output layer, MTP heads on the stage),
+which stay gathered from the forward to the backward (FSDP2 does not reshard the root module after
+forward: it is gathered again at once for backward), and the largest unit's unsharded gradient
+before it is reduce-scattered.
 With ``reshard_after_forward = false`` (ZeRO-2-like, FSDP2's ``reshard_after_forward=False``) the
 gathered parameters stay until the backward pass, so the weights are not sharded (P·2) and the
 backward all-gather is skipped.
@@ -201,9 +204,24 @@ def memory(state, rows):
         d, e = layer_shards(state, kind)
         p_layer = np.maximum(p_layer, d + e)
     gathered = np.where(reshard[0], (1.0 + opt(rows, "prefetch", 1.0)) * p_layer * PARAM_BYTES, 0.0)
-    buffers = mem.buffers_bytes + (gathered + p_layer * gb)[None, :]
+    root = root_params(state)
+    # the root unit (embedding, final norm, output layer) stays gathered from its forward to its
+    # backward; the unsharded gradient is the larger unit's
+    held = np.where(reshard, root * PARAM_BYTES, 0.0) + gathered[None, :] + np.maximum(p_layer[None, :], root) * gb[None, :]
+    buffers = mem.buffers_bytes + held
     return attrs.evolve(state, mem=attrs.evolve(mem, weights_bytes=weights, grads_bytes=grads,
                                                   optimizer_bytes=mem.optimizer_bytes * frac, buffers_bytes=buffers))
+
+
+def root_params(state):
+    """Parameters outside the transformer layers on each stage (3, N): embedding, output layer, MTP."""
+    lay, mem = state.layout, state.mem
+    inside = np.zeros_like(mem.dense_params)
+    for kind, count in (("dense", lay.dense), ("moe", lay.moe)):
+        if kind in state.layers:
+            d, e = layer_shards(state, kind)
+            inside = inside + count * (d + e)[None, :]
+    return np.maximum(mem.dense_params + mem.expert_params - inside, 0.0)
 
 
 def megatron_args(options) -> list[str]:
@@ -232,7 +250,7 @@ FEATURE = MemoryOptimizer(
                 "Megatron-FSDP optim_grads_params): 18/D bytes per parameter plus the gathered layers; each "
                 "layer's parameters are all-gathered in forward and backward and its gradients reduce-scattered, "
                 "overlapped with the neighbouring layer's compute",
-    equation="M = P·(2+d_g+12)/D + (1+prefetch)·P_ℓ·2 + P_ℓ·d_g;  E = max(α·comp_ℓ, β·(AG_ℓ [+AG_ℓ] + RS_ℓ)) − comp_ℓ",
+    equation="M = P·(2+d_g+12)/D + (1+prefetch)·P_ℓ·2 + P_r·2 + max(P_ℓ,P_r)·d_g;  E = max(α·comp_ℓ, β·(AG_ℓ [+AG_ℓ] + RS_ℓ)) − comp_ℓ",
     options_type=FsdpOptions,
     layer=layer,
     adds_time_only=True,  # trades time for memory: never makes a layer faster

@@ -31,6 +31,7 @@ from mofa_framework import hookimpl
 from mofa_framework.measurements import ReadContext
 from mofa_framework.types import MappedRow, MeasurementReader, ModelSpec, SkippedRow
 
+from ._frameworks import loss_features, memory_counter
 from ._megatron import (
     MEGATRON_CORE,
     UNEVEN_STAGES_IGNORED,
@@ -203,11 +204,15 @@ def _flash(fw: str, notes: str, old_megatron: bool) -> bool:
     return flash
 
 
-def _recompute(rec: str) -> dict | None:
+def _recompute(rec: str, fw: str = "") -> dict | None:
     rec = rec.lower()
     if rec.startswith("full"):
         return {"granularity": "full"}
     if rec.startswith("selective"):
+        # torchtitan's selective AC: per-op unless it says per layer (its Llama 3 configs set
+        # selective_ac_option = "op": every other matmul's output saved, the rest re-run)
+        if re.search(r"\bop\b|per-op", rec) or ("torchtitan" in fw.lower() and "layer" not in rec):
+            return {"granularity": "op"}
         return {"granularity": "selective"}
     return None
 
@@ -287,7 +292,7 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         # splits the layers, resolved by `validate.resolve_unstated` to the fastest
         variants = vpp_variants(spec.num_layers, pp, 2 if says_interleaved else 1)
         ignore = UNEVEN_STAGES_IGNORED
-    if (rec := _recompute(ctx.text(r, "recompute"))) is not None:
+    if (rec := _recompute(ctx.text(r, "recompute"), fw)) is not None:
         job["features"]["recompute"] = rec
     assumed = ""
     megascale = "megascale" in fw.lower() and "baseline" not in fw.lower()
@@ -314,6 +319,7 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         job["features"]["distributed_optimizer"] = {}
     if lowp:
         job["features"][lowp] = lowp_options
+    job["features"].update(loss_features(fw, f"{notes} {ctx.text(r, 'source_ref')}"))
     if dp > 1 and ("DDP-impl torch" in notes or not old_megatron) and not ds_stage:
         job["features"]["dp_overlap"] = {}  # torch DDP buckets overlap the all-reduce with backward
     if model_section.get("num_layers") and spec.num_layers != ctx.count(r, "n_layers", spec.num_layers):
@@ -328,6 +334,7 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
                      measured_tflops=ctx.number(r, "measured_tflops_per_gpu"),
                      tflops_convention=ctx.text(r, "flops_convention")[:60],
                      measured_memory_gib=ctx.number(r, "measured_memory_gb", unit_ok=True),
+                     memory_counter=memory_counter(fw, notes),
                      ignore_constraints=ignore, notes=notes[:200], variants=variants, assumptions=assumed,
                      fit=not stalled)
 

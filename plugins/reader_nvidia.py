@@ -29,6 +29,7 @@ from mofa_framework.measurements import ReadContext
 from mofa_framework.types import MappedRow, MeasurementReader, SkippedRow
 
 from ._bridge_presets import BRIDGE_RECIPES
+from ._frameworks import loss_features, memory_counter
 from ._megatron import (
     UNEVEN_STAGES_IGNORED,
     UNSTATED_VPP_MIN_RATIO,
@@ -199,6 +200,7 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     if lowp:
         feats[lowp] = dict(lowp_options)
     feats.update(_note_features(notes, model, ep))
+    feats.update(loss_features(fw, f"{notes} {ctx.text(r, 'release')} {ctx.text(r, 'source')}"))
     if ctx.source == "nvidia_megatron_bridge" and model.is_moe and ep > 1:
         layout = {"tp": tp, "pp": pp, "vpp": vpp, "ep": ep, "mbs": mbs, "gbs": gbs}
         for recipe in BRIDGE_RECIPES:
@@ -216,6 +218,7 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     return MappedRow(source=ctx.source, reference=ref, row_id=rid, job=job, measured_s=measured, target=target,
                      group=group, measured_tflops=ctx.number(r, "model_tflops_per_gpu"),
                      tflops_convention="model FLOPs (NVIDIA)", measured_memory_gib=ctx.number(r, "peak_mem_gib"),
+                     memory_counter=memory_counter(fw, notes),
                      notes=notes[:200], assumptions=assumed, ignore_constraints=ignore, variants=variants,
                      fit=not history)
 

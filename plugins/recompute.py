@@ -40,6 +40,19 @@ counts as stored: after ``fp8``/``nvfp4`` its GEMM inputs are quantised copies
 (``act_gemm_input_scale`` of their bf16 bytes), and a module cannot drop more than the layer
 still stores — dropping the bf16 size would count those savings twice (negative activations).
 
+**op** (torchtitan's per-op selective checkpointing, ``activation_checkpoint.selective_ac_option =
+"op"``): inside each layer's checkpoint the policy saves the outputs of the attention kernel (its
+output and fp32 log-sum-exp), of reduce-scatters and of every *other* matmul in call order — of
+wq, wk, wv, wo, w1, w3, w2 the odd ones wq, wv, w1, w2 — and re-runs everything else (norms, RoPE,
+wk, wo, w3, the activation) in backward. Per token (q = a·d, v = kv·d, the attention's output a·d_v)::
+
+    S' = dt·(h/sp + q/t + v/t + a·d_v/t + f/t + h/sp) + 4·a/t        (dense layer, flash attention)
+
+(MoE layers: f → the routed pairs' expert width ``k·f_e/etp``). The re-run forward is the
+unsaved matmuls' (wk, wo, w3) FLOPs share of the layer's GEMM time, ``1 − (q + v + 2f)/(2q + 2v +
+3f)`` of ``tp_gemm_fwd_s`` (a third of ``expert_fwd_s``), plus the layer's non-GEMM, non-attention
+operators; the working set while a layer runs backward is what it dropped.
+
 Recomputed forward FLOPs go to ``recompute_flops`` (hardware FLOPs, HFU).
 """
 
@@ -50,6 +63,7 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.decompose import (
+    GEMM,
     RECOMPUTE_MODULES,
     layer_operators,
     module_operators,
@@ -63,8 +77,9 @@ from mofa_framework.types import MemoryOptimizer, option
 
 @attrs.frozen(kw_only=True)
 class RecomputeOptions:
-    granularity: str = option("selective", choices=("selective", "full"), search=("selective", "full"),
-                              doc="selective: re-run the attention core; full: re-run the whole layer")
+    granularity: str = option("selective", choices=("selective", "full", "op"), search=("selective", "full"),
+                              doc="selective: re-run the attention core; full: re-run the whole layer; op: "
+                                  "torchtitan's per-op policy (keep every other matmul's output and attention's)")
     num_layers: int = option(0, validator=between(0, MAX_LAYERS, integer=True, why="layers per chunk"),
                              doc="full only: layers per model chunk recomputed (Megatron --recompute-num-layers); "
                                  "0 = all")
@@ -165,8 +180,35 @@ def full_fraction(state, rows) -> np.ndarray:
     return np.where(n > 0, np.minimum(n, per_chunk) / np.maximum(per_chunk, 1.0), 1.0)
 
 
+def op_policy(ctx, kind: str, c):
+    """(seconds, FLOPs, saved bytes) of torchtitan's per-op policy for one layer (module docstring)."""
+    model, g = ctx.model, ctx.geometry
+    T, t, dt, spd = g.tokens, g.t, g.dt, g.sp_div
+    h, a = model.hidden_size, model.num_attention_heads
+    if model.is_mla:
+        q, v, o = a * model.qk_head_dim, a * model.v_dim, a * model.v_dim
+    else:
+        d = model.kv_channels
+        q, v, o = a * d, model.num_kv_heads * d, a * d
+    if kind == "moe":
+        f = routed_pairs(model, g) / T * model.moe_ffn_hidden_size / g.etp * t  # per token, before / t below
+    else:
+        f = model.ffn_hidden_size
+    saved = dt * T * (2.0 * h / spd + (q + v + o + f) / t) + np.where(g.flash, 4.0 * T * a / t, c.act_core_attn_bytes)
+    share = 1.0 - (q + v + 2.0 * model.ffn_hidden_size) / (2.0 * q + 2.0 * v + 3.0 * model.ffn_hidden_size)
+    other = np.maximum(c.fwd_compute_s - c.tp_gemm_fwd_s - c.attn_fwd_s - c.expert_fwd_s, 0.0)
+    secs = share * c.tp_gemm_fwd_s + c.expert_fwd_s / 3.0 + other
+    gemm_flops = ctx.per_structure(lambda cc: sum((np.asarray(o.flops, dtype=np.float64)
+                                                   for o in layer_operators(cc.model, cc.geometry, kind)
+                                                   if np.all(np.asarray(o.kind) == GEMM)),
+                                                  np.zeros(len(cc.geometry.b))))
+    flops = share * gemm_flops
+    return secs, flops, np.minimum(saved, c.act_saved_bytes)
+
+
 def layer(state, rows):
     full = rows.choice("granularity", "full")
+    per_op = rows.choice("granularity", "op")
     qkv = rows.options["include_qkv"] > 0.5
     r = np.where(full, full_fraction(state, rows), 0.0)
     out = {}
@@ -209,6 +251,14 @@ def layer(state, rows):
         full_saved = r * c.act_layer_input_bytes + (1.0 - r) * c.act_saved_bytes
         full_work = np.where(r > 0, np.maximum(c.act_working_bytes, c.act_saved_bytes - c.act_layer_input_bytes),
                              c.act_working_bytes)
+        if np.any(per_op):
+            op_s, op_flops, op_saved = op_policy(state.ctx, kind, c)
+            sel_time = np.where(per_op, op_s, sel_time)
+            sel_flops = np.where(per_op, op_flops, sel_flops)
+            sel_work = np.where(per_op, np.maximum(c.act_working_bytes, c.act_saved_bytes - op_saved), sel_work)
+            sel_saved = np.where(per_op, op_saved, sel_saved)
+            sel_core = np.where(per_op, 0.0, sel_core)
+            sel_other = np.where(per_op, op_saved - c.act_layer_input_bytes, sel_other)
         out[kind] = attrs.evolve(
             c,
             recompute_s=c.recompute_s + np.where(full, r * fwd, sel_time),
@@ -222,6 +272,8 @@ def layer(state, rows):
 
 
 def megatron_args(options) -> list[str]:
+    if options.granularity == "op":
+        return ["# torchtitan's per-op selective checkpointing has no Megatron-LM equivalent"]
     if options.granularity == "selective":
         if any(getattr(options, m) for m in RECOMPUTE_MODULES):
             return ["--recompute-granularity", "selective", "--recompute-modules", *options.modules]

@@ -1,0 +1,33 @@
+"""What the readers know of a training framework's memory: the counter its peak-memory figure
+reads, and a loss that is not Megatron's fused one. Shared by ``reader_dense`` and ``reader_nvidia``."""
+
+from __future__ import annotations
+
+import re
+
+
+def memory_counter(framework: str, notes: str) -> str:
+    """What a row's peak-memory figure counts (``MappedRow.memory_counter``).
+
+    - torchtitan logs ``DeviceMemoryMonitor``'s ``max_reserved_gib``: the caching allocator's
+      ``reserved_bytes.all.peak`` (``torchtitan/components/metrics.py``), no CUDA context or NCCL;
+    - a figure the notes call an ``nvidia-smi`` reading counts everything on the device;
+    - otherwise not stated ("peak GB"): compared with the whole predicted peak.
+    """
+    if "torchtitan" in framework.lower():
+        return "reserved"
+    if re.search(r"nvidia-smi", notes, re.I):
+        return "device"
+    return ""
+
+
+def loss_features(framework: str, notes: str = "") -> dict:
+    """torchtitan's loss is ``F.cross_entropy(pred.float(), labels)``: the ``fp32_cross_entropy``
+    feature (12 bytes per logit element at its backward, not Megatron's fused 6). A run that says
+    it compiles the model compiles the loss too, except under torchtitan's 2024 ``train.py`` (its
+    loss compile was commented out, a TODO citing CUDA errors): rows whose notes or source date their
+    versions in 2024 keep the eager loss."""
+    if "torchtitan" not in framework.lower():
+        return {}
+    compiled = re.search(r"compile", notes, re.I) is not None and re.search(r"(?<!\d)2024-?(0[1-9]|1[0-2])(?!\d)", notes) is None
+    return {"fp32_cross_entropy": {"compiled": True} if compiled else {}}
