@@ -196,6 +196,10 @@ class ComputeSpec:
         if any(x <= 0 for x in value.values()):
             raise ValueError("compute.peak_tflops values must be > 0")
 
+    #: streaming multiprocessors (compute units): the GEMM model's occupancy term spreads a
+    #: GEMM's 128×128 output tiles (split along k) over them; 0 = unknown (no occupancy term)
+    sm_count: int = attrs.field(default=0, validator=_nonneg_int)
+
 
 @attrs.frozen(kw_only=True)
 class MemorySpec:
@@ -249,6 +253,14 @@ class EfficiencySpec:
     #: kernels have been issued, so it takes at least ``kernels × host_dispatch_s``: small models
     #: in eager frameworks are host-bound. Default 0 (the GPU is always the bottleneck)
     host_dispatch_s: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))
+    #: a training run's GEMMs relative to the ``[[gemm_profile]]`` microbenchmarks (sustained clocks
+    #: of a full node under its power limit, fused epilogues): scales the profiled rate of every dtype
+    profiled_gemm_relative_efficiency: float = attrs.field(default=1.0, converter=float,
+                                                           validator=[v.gt(0.0), v.le(1.5)])
+    #: a training run's fused attention relative to the ``[[attention_profile]]`` kernel (the
+    #: framework's kernel — cuDNN / FlashAttention-3 — against the profiled FlashAttention-2)
+    profiled_attention_relative_efficiency: float = attrs.field(default=1.0, converter=float,
+                                                                validator=[v.gt(0.0), v.le(4.0)])
     #: fused (flash) attention's fraction of the bf16 peak at head dimension 128
     attention_efficiency: float = attrs.field(default=0.55, converter=float, validator=[v.gt(0.0), v.le(1.0)])
     #: head-dimension dependence of fused attention: a kernel's rate scales as d/(d + d½),
@@ -310,6 +322,41 @@ class GemmPoint:
     dtype: str = attrs.field(default="bf16", validator=v.in_(tuple(DTYPE_BYTES)))
 
 
+ATTENTION_DIRECTIONS = ("fwd", "bwd")
+COLLECTIVE_SCOPES = ("scaleup", "scaleout")
+#: the collective kinds of ``[[collective_profile]]`` (the engine's CollectiveBatch kinds)
+COLLECTIVE_PROFILE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
+
+
+@attrs.frozen(kw_only=True)
+class AttentionPoint:
+    """One profiled fused-attention kernel: head dimension, sequence length, causality, pass and
+    the TFLOPS it reached, counting only the FLOPs the causal mask keeps (FlashAttention's
+    benchmark convention: forward ``4·s²·d·heads·batch``, halved when causal; backward 2.5×)."""
+
+    head_dim: int = attrs.field(validator=_pos_int)
+    seq_len: int = attrs.field(validator=_pos_int)
+    causal: bool = attrs.field(validator=v.instance_of(bool))
+    tflops: float = _pos_float()
+    dtype: str = attrs.field(default="bf16", validator=v.in_(tuple(DTYPE_BYTES)))
+    direction: str = attrs.field(default="fwd", validator=v.in_(ATTENTION_DIRECTIONS))
+
+
+@attrs.frozen(kw_only=True)
+class CollectivePoint:
+    """One profiled collective: kind, where its group lives, its size, the message and the bus
+    bandwidth nccl-tests reports for it (GB/s). ``message_bytes`` is nccl-tests' size: the whole
+    buffer (all-gather: the gathered output; reduce-scatter: the input; all-to-all: what one rank
+    sends in all; p2p: the message). Bus bandwidth is ``algbw·f`` with ``algbw = size / time`` and
+    ``f`` = 2(n−1)/n (all-reduce), (n−1)/n (all-gather, reduce-scatter, all-to-all), 1 (p2p)."""
+
+    kind: str = attrs.field(validator=v.in_(COLLECTIVE_PROFILE_KINDS))
+    scope: str = attrs.field(validator=v.in_(COLLECTIVE_SCOPES))
+    group_size: int = attrs.field(validator=[v.instance_of(int), v.ge(2)])
+    message_bytes: float = _pos_float()
+    busbw_gbps: float = _pos_float()
+
+
 @attrs.frozen(kw_only=True)
 class HardwareProfile:
     """One accelerator and the node/cluster it sits in (file units in field names)."""
@@ -323,6 +370,11 @@ class HardwareProfile:
     efficiency: EfficiencySpec = attrs.field(factory=EfficiencySpec)
     #: measured GEMM throughput by shape; the `profiled_gemm` provider interpolates it
     gemm_profile: tuple[GemmPoint, ...] = attrs.field(default=(), converter=tuple)
+    #: measured fused-attention throughput; the `profiled_attention` provider uses it
+    attention_profile: tuple[AttentionPoint, ...] = attrs.field(default=(), converter=tuple)
+    #: measured collective bus bandwidth by kind, scope, group and message size; the
+    #: `collectives` provider uses it where it covers a collective
+    collective_profile: tuple[CollectivePoint, ...] = attrs.field(default=(), converter=tuple)
     display_name: str = ""
     aliases: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
     source: str = ""

@@ -49,6 +49,25 @@ class ContentionOptions:
         doc="β ≥ 1: slowdown of communication while it overlaps compute; 0 = hardware profile's value")
 
 
+def contended_total(c, m, alpha, beta):
+    """Total time of compute `c` and communication `m` run together, each slowed (by α, β) only
+    while the other is running: the stream that would finish first under contention does so at
+    ``min(α·c, β·m)``; the other has then progressed by that time over its slowdown and runs the
+    rest at full speed::
+
+        α·c ≤ β·m:  T = m + α·c·(1 − 1/β)        else:  T = c + β·m·(1 − 1/α)
+
+    With α = β = 1 it is ``max(c, m)`` (the paper's overlap); it is never below ``max(c, m)`` and,
+    for ``α·(1 − 1/β) ≤ 1`` and ``β·(1 − 1/α) ≤ 1`` (every α ≤ 2, β ≤ 2), never above ``c + m``:
+    overlapping never costs more than running the two one after the other. Beyond that the total
+    is capped at ``c + m`` (a run that would lose by overlapping does not overlap).
+    """
+    c, m = np.asarray(c, dtype=np.float64), np.asarray(m, dtype=np.float64)
+    comm_last = alpha * c <= beta * m
+    t = np.where(comm_last, m + alpha * c * (1.0 - 1.0 / beta), c + beta * m * (1.0 - 1.0 / alpha))
+    return np.minimum(t, c + m)
+
+
 def opt(rows, name: str, default: float) -> np.ndarray:
     """Option `name` over the whole batch as float64; `default` on rows where the feature is off
     (or when the batch carries no such array), so off rows never see a 0 or a NaN."""

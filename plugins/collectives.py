@@ -18,6 +18,19 @@ of the ``(n−1)/n·S`` a rank sends, the ``(n/nodes − 1)/n·S`` for peers in 
 the scale-up links and the ``(n − n/nodes)/n·S`` for the other domains over the scale-out NIC, at
 the same time: ``max(intra, inter) + λ``. Its bandwidth terms are divided by the profile's
 ``alltoall_relative_efficiency`` (many peers, small per-peer messages; default 1).
+
+**Measured tables.** Where the profile carries ``[[collective_profile]]`` points of a collective's
+kind and scope (``scaleup`` for a group inside one scale-up domain, else ``scaleout``), the
+measured nccl-tests bus bandwidth replaces the formula (:func:`table_seconds`): the curve of the
+measured group size nearest the collective's (in log2), interpolated linearly in log2 of the
+message size (clamped: above the largest message its bus bandwidth, below the smallest its time —
+the latency floor), and ``t = S·f(n) / busbw`` with nccl-tests' factor f = 2(n−1)/n for
+all-reduce, (n−1)/n for all-gather, reduce-scatter and all-to-all, 1 for p2p. A scale-out curve
+is measured with every GPU of each node in the group (nccl-tests ``-g 8`` per node, one NIC per
+GPU); a group with fewer ranks per domain has fewer NICs to spread the ring over, so its bus
+bandwidth is scaled by ``local / local_measured``, and a group spanning more domains than the
+measurement loses eq. [3]'s ``(1 − d)`` per doubling beyond it. Collectives the table does not
+cover (a kind or scope without points) keep the formula.
 """
 
 from __future__ import annotations
@@ -59,6 +72,65 @@ def collective_seconds(colls, hardware) -> np.ndarray:
     return np.where(n > 1, t, 0.0)
 
 
+#: nccl-tests bus-bandwidth factor per kind: busbw = algbw · factor(n)
+BUSBW_FACTOR = {
+    "all_reduce": lambda n: 2.0 * (n - 1.0) / n,
+    "all_gather": lambda n: (n - 1.0) / n,
+    "reduce_scatter": lambda n: (n - 1.0) / n,
+    "all_to_all": lambda n: (n - 1.0) / n,
+    "p2p": lambda n: np.ones_like(n),
+}
+
+
+def _curve(points, group: float):
+    """(log2 sizes, busbw GB/s, measured group size) of the measured group size nearest `group`."""
+    sizes = np.array(sorted({p.group_size for p in points}), dtype=np.float64)
+    g = sizes[np.argmin(np.abs(np.log2(sizes) - np.log2(max(group, 2.0))))]
+    pts = sorted((p.message_bytes, p.busbw_gbps) for p in points if p.group_size == g)
+    x = np.log2(np.array([p[0] for p in pts]))
+    y = np.array([p[1] for p in pts])
+    return x, y, g
+
+
+def _interp_seconds(x, y, factor, size):
+    """S·f/busbw(S) on one measured curve: busbw interpolated in log2 S, held flat above the largest
+    message; below the smallest message the smallest message's time (latency-bound)."""
+    s = np.maximum(size, 2.0 ** x[0])
+    bus = np.interp(np.log2(s), x, y) * 1e9
+    return s * factor / bus
+
+
+def table_seconds(colls, hardware, default: np.ndarray) -> np.ndarray:
+    """`default` with every collective a ``[[collective_profile]]`` curve covers priced from it."""
+    table = hardware.collective_profile
+    if not table:
+        return default
+    out = np.array(default, dtype=np.float64, copy=True)
+    n = np.maximum(colls.group_size.astype(np.float64), 1.0)
+    nodes = np.maximum(colls.nodes.astype(np.float64), 1.0)
+    domain = float(hardware.scaleup_domain_gpus)
+    decay_per_doubling = 1.0 - hardware.efficiency.bandwidth_decay_per_doubling
+    for kind in {p.kind for p in table}:
+        k = COLLECTIVE_KINDS.index(kind)
+        for scope, where in (("scaleup", colls.nodes <= 1), ("scaleout", colls.nodes > 1)):
+            pts = [p for p in table if p.kind == kind and p.scope == scope]
+            sel = (colls.kind == k) & where & (n > 1)
+            if not pts or not sel.any():
+                continue
+            for group in np.unique(n[sel]):
+                rows = sel & (n == group)
+                x, y, g = _curve(pts, group)
+                t = _interp_seconds(x, y, BUSBW_FACTOR[kind](n[rows]), colls.bytes[rows])
+                if scope == "scaleout":
+                    local = np.maximum(n[rows] / nodes[rows], 1.0)
+                    local_meas, nodes_meas = min(g, domain), max(g / domain, 1.0)
+                    t = t / np.minimum(local / local_meas, 1.0)
+                    extra = np.maximum(np.log2(nodes[rows] / nodes_meas), 0.0)
+                    t = t / decay_per_doubling ** extra
+                out[rows] = t
+    return out
+
+
 @hookimpl(trylast=True)
 def mofa_collective_latency(colls, hardware):
-    return collective_seconds(colls, hardware)
+    return table_seconds(colls, hardware, collective_seconds(colls, hardware))

@@ -8,13 +8,17 @@ time becomes::
     T_pair = max(β·τ_pair, α·T_chunk),   τ_pair = 2τ,   T_chunk = F + B + W
 
 (F, B, W: the critical stage's per-chunk forward, backward-input and backward-weight times
-from the pipeline inputs). The chunk's work is already counted, so the exposed p2p per
-steady pair (``PipelineInputs.steady_p2p_s``, 2τ without overlap) becomes
-``max(β·2τ, α·(F+B+W)) − (F+B+W)``; schedules multiply it by the number of steady pairs
-and report it under ``pp_comm`` (it includes the contention slowdown of the chunk). With
-α = β = 1 it is ``max(0, 2τ − (F+B+W)) ≤ 2τ``: never slower than no overlap. Warmup and
-cooldown transfers stay exposed. Rows with ``pp == 1`` are left unchanged (no-op).
-Memory is unchanged.
+from the pipeline inputs) — the paper's form, in which the contention α slows the *whole*
+chunk even when the transfer lasts a sliver of it. Contention is a sharing of resources
+(SMs, HBM, the copy engines) and lasts only while both streams run, so MoFa prices the pair
+with ``_overlap.contended_total(T_chunk, τ_pair, α, β)``: each stream is slowed while the
+other runs and the survivor finishes at full speed (equal to eq. [23] at α = β = 1). The
+chunk's work is already counted, so the exposed p2p per steady pair
+(``PipelineInputs.steady_p2p_s``, 2τ without overlap) becomes ``T_pair − (F+B+W)``, which
+lies in ``[0, 2τ]``: PP overlap never makes a step slower than no overlap (a property test
+over random jobs checks it). Schedules multiply it by the number of steady pairs and report
+it under ``pp_comm`` (it includes the contention slowdown of the chunk). Warmup and cooldown
+transfers stay exposed. Rows with ``pp == 1`` are left unchanged (no-op). Memory is unchanged.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.types import OverlapStrategy
-from mofa_plugins._overlap import ContentionOptions, contention
+from mofa_plugins._overlap import ContentionOptions, contended_total, contention
 
 
 @attrs.frozen(kw_only=True)
@@ -37,7 +41,7 @@ def pipeline(state, rows):
     p = state.pipe
     work = p.F + p.B + p.W
     pair = p.steady_p2p_s  # 2τ unless another feature changed it
-    exposed = np.maximum(beta * pair, alpha * work) - work
+    exposed = contended_total(work, pair, alpha, beta) - work
     applies = (p.p > 1) & (pair > 0)
     return attrs.evolve(state, pipe=attrs.evolve(p, steady_p2p_s=np.where(applies, exposed, p.steady_p2p_s)))
 
@@ -54,7 +58,7 @@ def from_megatron(args):
 FEATURE = OverlapStrategy(
     name="pp_overlap",
     description="steady-phase p2p of one micro-batch hidden behind the next chunk's compute",
-    equation="[23] T = max(β·τ, α·T_chunk) per steady pair",
+    equation="[23] T = max(β·τ, α·T_chunk) per steady pair, contention only while both streams run",
     options_type=PpOverlapOptions,
     pipeline=pipeline,
     applies=lambda batch, model, hardware: batch.pp > 1,

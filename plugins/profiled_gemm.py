@@ -1,13 +1,55 @@
 """GEMM latency from a profiled throughput table (paper eq. [1]: t = FLOPs / P_profiled).
 
-When a hardware profile carries ``[[gemm_profile]]`` points (M, N, K, measured TFLOPS,
-dtype), GEMM rows of that dtype are priced by interpolating the measured throughput in
-log-shape space — inverse-distance weighting over the nearest points in
-(log2 M, log2 N, log2 K), exact at a profiled shape — and every other operator falls
-through to the next provider (the roofline). A profile without a table changes nothing.
+When a hardware profile carries ``[[gemm_profile]]`` points (M, N, K, measured TFLOPS, dtype),
+GEMM rows of a profiled dtype are priced by a **tile model fitted to that dtype's points**,
+corrected towards the measurements near them:
+
+*Tile model* (one GEMM of F = 2·m·n·k FLOPs)::
+
+    t = F / R + t₀        R = R∞ · pad(m, n) · occ(m, n, k) · k / (k + k₀)
+
+- ``pad = m·n / (⌈m/128⌉·⌈n/128⌉·128²)``: the output is cut into 128×128 tiles and a partial
+  tile costs a whole one (tile quantisation);
+- ``occ = u / (u + c·SMs)`` with ``u = tiles · max(k/256, 1)``: a GEMM with too few work units
+  (tiles, split along k as cuBLAS's split-K / stream-K kernels do) leaves SMs idle — the
+  smooth form of wave quantisation (``compute.sm_count``; without it occ = 1). Fitted to XLA's
+  H100 and B200 tables c comes out ≈ 0: split-K / stream-K hide the waves of those kernels, and a
+  hard ``tiles/(⌈tiles/SMs⌉·SMs)`` term fits them worse (17 % vs 8 % MAPE on H100 BF16);
+- ``k/(k + k₀)``: the K loop's prologue and epilogue (loading the first tiles, writing the output);
+- ``t₀``: launch and tail of one kernel.
+
+R∞, k₀, t₀ and c are fitted per (profile, dtype) by least squares on ln(rate) over the table
+(:func:`fit_tile_model`, numpy only, cached; it depends on the points alone, not on the datasheet
+peak), so the model is what the table measured — between and beyond the points, in every dtype
+of the table. The operator's time is then at least its bytes over η_m·BW_hbm (the roofline's
+memory term: thin GEMMs are bandwidth bound).
+
+*Correction*: at a profiled shape the price is the measurement. The log ratio measured / model is
+interpolated by inverse-distance weighting over the nearest points in (log2 m, log2 n, log2 k)
+and faded out with distance to the nearest point (``exp(−d²/2)``, d in octaves), so far from
+the table the tile model alone speaks.
+
+A training run's GEMMs may not reach a microbenchmark's rate (a full node's sustained clocks
+under its power and thermal limits, the framework's fused epilogues): the profile's
+``profiled_gemm_relative_efficiency`` (default 1; `mofa calibrate` fits it with a prior at 1, the
+one GEMM coefficient step times still set) multiplies the rate of every dtype alike, so the
+ratio between dtypes stays the measured one — except what a microbenchmark of one GEMM cannot
+see of low-precision training: Transformer Engine's per-tensor scaling (amax reductions, scale
+updates), the transposed fp8 copies Hopper's TN-only fp8 GEMMs need, the higher power draw of fp8
+tensor cores under a node's sustained power limit. ``fp8_gemm_relative_efficiency`` /
+``fp4_gemm_relative_efficiency`` (default 1, fitted with a prior at 1 where fp8 / fp4 rows exist)
+scale the fp8 / fp4 tables on top. A regime without step-time rows (bf16 on H100, where nearly
+every published row is fp8) is therefore priced at its microbenchmarks, not at what fp8 rows left
+over. An operator also takes at least
+``kernels × host_dispatch_s`` (the roofline's host floor).
+
+Every other operator, and GEMMs of a dtype the table lacks, fall through to the next provider
+(the roofline). A profile without a table changes nothing.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -17,11 +59,23 @@ from mofa_framework.batch import OP_KINDS, PRECISIONS
 NEIGHBOURS = 4
 #: queries per block, to bound the (queries × points) distance matrix
 BLOCK = 200_000
+#: output tile edge of the tile model
+TILE = 128.0
+#: reduction length one split-K work unit covers
+SPLIT_K = 256.0
+#: distance (octaves in log2 m, n, k) over which the correction towards a measurement fades
+FADE_OCTAVES = 1.0
 
 
 def interpolate_tflops(points: np.ndarray, values: np.ndarray, query: np.ndarray) -> np.ndarray:
     """IDW (power 2) over the nearest `NEIGHBOURS` profiled shapes, in log2 space."""
+    return _idw(points, values, query)[0]
+
+
+def _idw(points: np.ndarray, values: np.ndarray, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(IDW of `values` at `query`, squared distance to the nearest point)."""
     out = np.empty(len(query))
+    near = np.empty(len(query))
     k = min(NEIGHBOURS, len(points))
     for lo in range(0, len(query), BLOCK):
         q = query[lo:lo + BLOCK]
@@ -33,24 +87,103 @@ def interpolate_tflops(points: np.ndarray, values: np.ndarray, query: np.ndarray
         exact = dn < 1e-12
         w = np.where(exact.any(axis=1, keepdims=True), exact.astype(float), w)
         out[lo:lo + BLOCK] = (w * values[idx]).sum(axis=1) / w.sum(axis=1)
-    return out
+        near[lo:lo + BLOCK] = dn.min(axis=1)
+    return out, near
+
+
+# ====================================================================== the tile model
+
+
+def tile_model_tflops(m, n, k, *, rate_tflops: float, k0: float, t0_s: float, occupancy: float,
+                      sm_count: int) -> np.ndarray:
+    """TFLOPS of one m×n×k GEMM under the tile model (module docstring), without the HBM floor."""
+    m, n, k = (np.asarray(x, dtype=np.float64) for x in (m, n, k))
+    tiles = np.ceil(m / TILE) * np.ceil(n / TILE)
+    pad = m * n / (tiles * TILE * TILE)
+    if sm_count > 0 and occupancy > 0:
+        units = tiles * np.maximum(k / SPLIT_K, 1.0)
+        occ = units / (units + occupancy * sm_count)
+    else:
+        occ = 1.0
+    rate = rate_tflops * 1e12 * pad * occ * k / (k + k0)
+    flops = 2.0 * m * n * k
+    return flops / (flops / rate + t0_s) / 1e12
+
+
+_K0 = np.concatenate([[0.0], np.geomspace(4.0, 4096.0, 16)])
+_T0 = np.concatenate([[0.0], np.geomspace(2.5e-7, 3.2e-5, 15)])
+_OCC = np.array([0.0, 0.02, 0.1, 0.5, 2.0])
+#: R∞ relative to the fastest measured point
+_RATE = np.geomspace(0.8, 2.5, 97)
+
+
+@functools.lru_cache(maxsize=128)
+def fit_tile_model(shapes: tuple[tuple[float, float, float, float], ...], sm_count: int) -> dict[str, float]:
+    """R∞ (TFLOPS), k₀, t₀, c of the tile model fitted to ``(m, n, k, tflops)`` points: least
+    squares on ln(rate) over a grid of (k₀, t₀, c, R∞). It depends on the points alone (not on the
+    profile's peak or bandwidth). With fewer than 4 points only R∞ is fitted (k₀ = 64, t₀ = 4 µs,
+    c = 0: what the larger tables give)."""
+    data = np.array(shapes, dtype=np.float64)
+    m, n, k, y = data.T
+    grids = (_K0, _T0, _OCC) if len(data) >= 4 else (np.array([64.0]), np.array([4e-6]), np.array([0.0]))
+    rates = _RATE * y.max()
+    flops = 2.0 * m * n * k
+    best = (np.inf, 0.0, 0.0, 0.0, 0.0)
+    for k0 in grids[0]:
+        for c in grids[2]:
+            # the work term at R∞ = 1 TFLOPS; t = work/R∞ + t₀ for every R∞ and t₀ at once
+            unit = flops / (tile_model_tflops(m, n, k, rate_tflops=1.0, k0=k0, t0_s=0.0, occupancy=c,
+                                              sm_count=sm_count) * 1e12)
+            for t0 in grids[1]:
+                t = unit[None, :] / rates[:, None] + t0
+                e = np.log(flops[None, :] / t / 1e12 / y[None, :])
+                cost = (e * e).sum(axis=1)
+                i = int(np.argmin(cost))
+                if cost[i] < best[0]:
+                    best = (float(cost[i]), float(rates[i]), float(k0), float(t0), float(c))
+    _, rate, k0, t0, c = best
+    return {"rate_tflops": rate, "k0": k0, "t0_s": t0, "occupancy": c}
+
+
+# ====================================================================== the provider
+
+
+def model_tflops(pts, hardware, m, n, k) -> np.ndarray:
+    """The tile model fitted to `pts` (one dtype's points), corrected towards the measurements
+    near (m, n, k); without the HBM floor."""
+    sm = int(getattr(hardware.compute, "sm_count", 0))
+    fit = fit_tile_model(tuple((float(p.m), float(p.n), float(p.k), float(p.tflops)) for p in pts), sm)
+    points = np.log2(np.array([[p.m, p.n, p.k] for p in pts], dtype=np.float64))
+    measured = np.array([p.tflops for p in pts], dtype=np.float64)
+    resid = np.log(measured / tile_model_tflops(*np.exp2(points).T, **fit, sm_count=sm))
+    m, n, k = (np.asarray(x, dtype=np.float64) for x in (m, n, k))
+    corr, near = _idw(points, resid, np.log2(np.stack([m, n, k], axis=1)))
+    fade = np.exp(-near / (2.0 * FADE_OCTAVES ** 2))
+    return tile_model_tflops(m, n, k, **fit, sm_count=sm) * np.exp(corr * fade)
 
 
 def profiled_seconds(ops, hardware, default: np.ndarray) -> np.ndarray:
     table = hardware.gemm_profile
     if not table:
         return default
+    eff = hardware.efficiency
     out = np.array(default, dtype=np.float64, copy=True)
     gemm = (ops.kind == OP_KINDS.index("gemm")) & (ops.flops > 0) & (ops.gemm_m > 0)
-    for dtype in {p.dtype for p in table}:
-        pts = [p for p in table if p.dtype == dtype]
-        rows = gemm & (ops.precision == PRECISIONS.index(dtype)) if dtype in PRECISIONS else np.zeros(len(ops), bool)
+    for dtype in sorted({p.dtype for p in table}):
+        if dtype not in PRECISIONS:
+            continue
+        rows = gemm & (ops.precision == PRECISIONS.index(dtype))
         if not rows.any():
             continue
-        points = np.log2(np.array([[p.m, p.n, p.k] for p in pts], dtype=np.float64))
-        values = np.array([p.tflops for p in pts], dtype=np.float64)
-        q = np.log2(np.stack([ops.gemm_m[rows], ops.gemm_n[rows], ops.gemm_k[rows]], axis=1))
-        out[rows] = ops.flops[rows] / (interpolate_tflops(points, values, q) * 1e12)
+        pts = [p for p in table if p.dtype == dtype]
+        # a grouped GEMM of `count` equal members: each runs at its own (m, n, k)'s rate
+        rate = model_tflops(pts, hardware, ops.gemm_m[rows], ops.gemm_n[rows], ops.gemm_k[rows])
+        low = {"fp8": eff.fp8_gemm_relative_efficiency, "fp4": eff.fp4_gemm_relative_efficiency}.get(dtype, 1.0)
+        t = ops.flops[rows] / (rate * 1e12 * eff.profiled_gemm_relative_efficiency * low)
+        # thin GEMMs are bound by HBM bandwidth (the roofline's memory term)
+        t = np.maximum(t, ops.bytes[rows] / (eff.memory_efficiency * hardware.hbm_bandwidth_bytes_per_s))
+        kernels = np.broadcast_to(ops.kernels, ops.flops.shape)[rows]
+        out[rows] = np.maximum(t, eff.host_dispatch_s * kernels)
     return out
 
 

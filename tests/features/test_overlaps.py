@@ -168,8 +168,14 @@ def test_pp_overlap_eq23(mofa_predictor, contention):
     pipe = off.state.pipe
     tau, work = f0(pipe.p2p_s), f0(pipe.F) + f0(pipe.B) + f0(pipe.W)
     assert tau > 0 and f0(pipe.steady_p2p_s) == 2 * tau
-    expected = max(b * 2 * tau, a * work) - work
+    # eq. [23] with contention only while both streams run (plugins/_overlap.contended_total):
+    # 2τ ≪ F+B+W here, so the transfer ends first, slowed by β, and the chunk loses (α−1)/α of
+    # the transfer's contended duration
+    m = 2 * tau
+    assert a * work > b * m
+    expected = b * m * (1 - 1 / a)
     assert f0(on.state.pipe.steady_p2p_s) == pytest.approx(expected, rel=1e-12)
+    assert 0 <= expected <= m
     assert f0(on.state.pipe.p2p_s) == tau  # warmup/cooldown transfers stay exposed
     # interleaved 1F1B, p = 2, v = 2, m = 16: warmup n_w = 2(p−1) + (v−1)p = 4 of m·v = 32 chunks
     steady_pairs = 16 * 2 - 4
@@ -329,3 +335,43 @@ def test_disable_plugin_removes_tp_overlap(monkeypatch):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "tp_overlap" in lines[0]
     assert res.stdout == ""
+
+
+@st.composite
+def _pp_jobs(draw):
+    model = draw(st.sampled_from(["llama3-8b", "llama3-70b", "gpt3-175b", "mixtral-8x7b"]))
+    hw = draw(st.sampled_from(["h100-sxm5-80gb", "a100-sxm4-80gb", "b200-sxm-180gb", "paper-a"]))
+    tp, pp, dp = draw(st.sampled_from([1, 2, 8])), draw(st.sampled_from([2, 4, 8])), draw(st.sampled_from([1, 2, 4]))
+    m, mbs = draw(st.sampled_from([1, 2, 8, 32])), draw(st.sampled_from([1, 2]))
+    return {"model": {"name": model}, "hardware": {"name": hw, "num_gpus": tp * pp * dp},
+            "parallel": {"tp": tp, "pp": pp, "vpp": draw(st.sampled_from([1, 2])), "micro_batch_size": mbs,
+                         "global_batch_size": dp * mbs * m, "sequence_length": draw(st.sampled_from([1024, 4096])),
+                         "sequence_parallel": tp > 1}}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow,
+                                                           HealthCheck.function_scoped_fixture])
+@given(_pp_jobs(), st.floats(1.0, 3.0), st.floats(1.0, 3.0))
+def test_pp_overlap_never_makes_a_step_slower(mofa_predictor, base, alpha, beta):
+    """Issue 17 §5: whatever the job and the contention coefficients (α, β up to 3, beyond any
+    profile's bounds), turning PP overlap on never makes the step slower than leaving it off."""
+    try:
+        off, _ = evaluate(mofa_predictor, base)
+        on, _ = evaluate(mofa_predictor, base, {"pp_overlap": {"contention_compute": alpha, "contention_comm": beta}})
+    except ConfigError:
+        assume(False)
+    assert f0(on.step_time_s) <= f0(off.step_time_s) * (1 + 1e-12)
+    assert 0.0 <= f0(on.state.pipe.steady_p2p_s) <= f0(off.state.pipe.steady_p2p_s) * (1 + 1e-12)
+
+
+def test_contended_total_by_hand():
+    """plugins/_overlap.contended_total: c = 10, m = 4, α = 1.2, β = 1.5: α·c = 12 > β·m = 6, so the
+    transfer ends first (at 6), the compute has done 6/1.2 = 5 of 10 and finishes the other 5 at
+    full speed: T = 11 = c + β·m·(1 − 1/α). Swapped (c = 4, m = 10): T = m + α·c·(1 − 1/β) = 11.6.
+    With α = β = 1 both are max(c, m); α = β = 10 would cost more than c + m, so it is capped."""
+    from mofa_plugins._overlap import contended_total
+
+    assert contended_total(10.0, 4.0, 1.2, 1.5) == pytest.approx(11.0, rel=1e-12)
+    assert contended_total(4.0, 10.0, 1.2, 1.5) == pytest.approx(10 + 4 * 1.2 * (1 - 1 / 1.5), rel=1e-12)
+    assert contended_total(4.0, 10.0, 1.0, 1.0) == 10.0
+    assert contended_total(10.0, 9.0, 10.0, 10.0) == 19.0
