@@ -362,36 +362,10 @@ def build_one(data: Path, name: str) -> dict:
     return _CACHE[name]
 
 
-def _inline(d: dict) -> str:
-    def val(x):
-        if isinstance(x, bool):
-            return "true" if x else "false"
-        if isinstance(x, str):
-            return f'"{x}"'
-        if isinstance(x, float):
-            return repr(round(x, 4)) if x < 1e6 else f"{x:.6g}".replace("e+0", "e").replace("e+", "e")
-        return str(x)
-
-    return "{ " + ", ".join(f"{k} = {val(v)}" for k, v in d.items()) + " }"
-
-
-def block(entry: dict) -> str:
-    lines = [BEGIN]
-    for key, field in (("gemm", "gemm_profile"), ("attention", "attention_profile"),
-                       ("collective", "collective_profile")):
-        if entry[key]:
-            lines.append(f"{field} = [")
-            lines += [f"  {_inline(p)}," for p in entry[key]]
-            lines.append("]")
-    lines.append(END)
-    return "\n".join(lines) + "\n"
-
-
 def rewrite(text: str, entry: dict) -> str:
-    text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n", "", text, flags=re.S)
-    # the block goes right before the first table header (top-level keys must precede tables)
-    i = re.search(r"^\[", text, flags=re.M).start()
-    text = text[:i] + block(entry) + "\n" + text[i:]
+    from mofa_plugins.profiler import set_memory_efficiency, tables_block, with_tables
+
+    text = with_tables(text, tables_block(entry["gemm"], entry["attention"], entry["collective"], begin=BEGIN))
     note = (NOTE + " " + entry["notes"] + ".").replace('"', "'")
     text = re.sub(r'^(notes = ".*?)(?: Microbenchmarks:.*)?"$', lambda m: m.group(1) + note + '"', text, count=1,
                   flags=re.M)
@@ -400,14 +374,7 @@ def rewrite(text: str, entry: dict) -> str:
         text = re.sub(r"^(\[compute\]\n(?:.*\n)*?peak_tflops = .*\n)", lambda m: m.group(1) +
                       f"sm_count = {entry['sm_count']}\n", text, count=1, flags=re.M)
     if entry["memory_efficiency"] is not None:
-        if re.search(r"^memory_efficiency = ", text, flags=re.M):
-            text = re.sub(r"^memory_efficiency = .*$", f"memory_efficiency = {entry['memory_efficiency']}", text,
-                          flags=re.M)
-        elif re.search(r"^\[efficiency\]$", text, flags=re.M):
-            text = re.sub(r"^\[efficiency\]$", f"[efficiency]\nmemory_efficiency = {entry['memory_efficiency']}",
-                          text, count=1, flags=re.M)
-        else:
-            text = text.rstrip("\n") + f"\n\n[efficiency]\nmemory_efficiency = {entry['memory_efficiency']}\n"
+        text = set_memory_efficiency(text, entry["memory_efficiency"])
     return text
 
 

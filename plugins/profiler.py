@@ -1,0 +1,342 @@
+"""``mofa profile``: measure your own GPUs and write a hardware profile grounded in them.
+
+    pip install 'mofa[profile]'                      # PyTorch
+    mofa profile --base h100-sxm5-80gb --name my-cluster --out my-cluster.toml
+    torchrun --nnodes 2 --nproc-per-node 8 ... -m mofa_framework.cli profile ...   # + collectives
+
+What it measures, on the device torch sees (``cuda`` when there is one, else the CPU):
+
+- **GEMMs** (``[[gemm_profile]]``): the per-GPU shapes the zoo's models produce at common tensor
+  parallelism — each layer's QKV, output, MLP-in and MLP-out projections, forward (m = tokens of a
+  micro-batch) and the two backward GEMMs (the same FLOPs with k = tokens, or n and k swapped) —
+  in every precision the device supports (bf16 and fp16; fp8 through ``torch._scaled_mm`` on
+  compute capability ≥ 8.9);
+- **fused attention** (``[[attention_profile]]``): ``scaled_dot_product_attention`` by head
+  dimension and sequence length, causal, forward and backward, counting the causal-masked FLOPs
+  (forward 4·b·h·s²·d/2, backward 2.5× that);
+- **HBM bandwidth**: a device-to-device copy of a large buffer, written as the profile's
+  ``memory_efficiency`` against the base profile's datasheet bandwidth;
+- **collectives** (``[[collective_profile]]``, when launched with ``torchrun`` on ≥ 2 ranks):
+  all-reduce, all-gather, reduce-scatter, all-to-all and p2p bus bandwidth by message size with
+  nccl-tests' conventions, scope ``scaleup`` when every rank is on one node (``LOCAL_WORLD_SIZE ==
+  WORLD_SIZE``) else ``scaleout``; a kind the backend lacks (gloo has no reduce-scatter) is skipped
+  and named.
+
+The profile is the ``--base`` profile (datasheet peaks, memory, links) renamed to ``--name``, with
+those tables in it: the ``profiled_gemm``, ``profiled_attention`` and ``collectives`` providers
+price with them at once, and ``mofa calibrate --hardware NAME`` then fits what no microbenchmark
+measures from a few of your own step times. ``--quick`` (one model, one TP, tiny sizes) is what the
+tests run on a CPU. Rank 0 writes the file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+import click
+
+from mofa_framework import hookimpl
+from mofa_framework.errors import ConfigError
+
+#: models whose GEMM shapes the full sweep measures, and the tensor parallelism they run at
+SWEEP_MODELS = ("llama3-8b", "llama3-70b", "llama3.1-405b", "gpt3-175b", "mixtral-8x7b")
+SWEEP_TP = (1, 2, 4, 8)
+SWEEP_TOKENS = (4096, 8192)
+ATTENTION_HEAD_DIMS = (64, 128)
+ATTENTION_SEQS = (1024, 2048, 4096, 8192)
+MESSAGE_BYTES = tuple(2 ** e for e in range(16, 31, 2))
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
+BEGIN = "# >>> microbenchmark tables (benchmarks/ground_profiles.py writes this block; do not edit)"
+END = "# <<< microbenchmark tables"
+PROFILE_BEGIN = "# >>> microbenchmark tables (measured by `mofa profile`)"
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise ConfigError("mofa profile needs PyTorch: pip install 'mofa[profile]' (or torch itself)") from None
+    return torch
+
+
+# ====================================================================== what to measure
+
+
+def gemm_shapes(models, tps, tokens, scale: float = 1.0) -> list[tuple[int, int, int]]:
+    """(m, n, k) of each model's dense-layer GEMMs at each TP and micro-batch token count: forward
+    (m = tokens, n = the TP-sharded output, k = the input) and its backward data-gradient
+    (m, k, n) and weight-gradient (n, k, m) GEMMs; `scale` shrinks every dimension (CPU tests)."""
+    out = set()
+    for model in models:
+        h, a, kv = model.hidden_size, model.num_attention_heads, model.num_kv_heads
+        d = model.kv_channels
+        f = model.moe_ffn_hidden_size if model.num_experts else model.ffn_hidden_size
+        up = 2 * f if model.activation.value == "swiglu" else f
+        for t in tps:
+            if a % t:
+                continue
+            for T in tokens:
+                for m, n, k in ((T, (a * d + 2 * kv * d) // t, h), (T, h, a * d // t), (T, up // t, h), (T, h, f // t)):
+                    for shape in ((m, n, k), (m, k, n), (n, k, m)):
+                        out.add(tuple(max(16, int(round(x * scale / 16)) * 16) for x in shape))
+    return sorted(out)
+
+
+def _sig(x: float) -> float:
+    """`x` to 5 significant digits (a CPU's TFLOPS are small, never rounded to 0)."""
+    return float(f"{x:.5g}")
+
+
+def _time(fn, sync, iters: int) -> float:
+    fn()
+    sync()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync()
+    return (time.perf_counter() - start) / iters
+
+
+def measure_gemms(torch, device, shapes, dtypes, iters: int) -> list[dict]:
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    out = []
+    for dtype in dtypes:
+        for m, n, k in shapes:
+            if dtype == "fp8":
+                a = torch.randn(m, k, device=device).to(torch.float8_e4m3fn)
+                b = torch.randn(n, k, device=device).to(torch.float8_e4m3fn).t()
+                one = torch.ones((), device=device)
+                fn = lambda a=a, b=b: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # noqa: E731
+            else:
+                tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+                a, b = torch.randn(m, k, device=device, dtype=tdt), torch.randn(k, n, device=device, dtype=tdt)
+                fn = lambda a=a, b=b: a @ b  # noqa: E731
+            s = _time(fn, sync, iters)
+            out.append({"m": m, "n": n, "k": k, "tflops": _sig(2.0 * m * n * k / s / 1e12), "dtype": dtype})
+    return out
+
+
+def measure_attention(torch, device, head_dims, seqs, iters: int, batch_heads: int = 16) -> list[dict]:
+    import torch.nn.functional as F
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    dt = torch.bfloat16
+    out = []
+    for d in head_dims:
+        for s in seqs:
+            q, k, v = (torch.randn(1, batch_heads, s, d, device=device, dtype=dt, requires_grad=True) for _ in range(3))
+            fwd_flops = 4.0 * batch_heads * s * s * d / 2.0  # causal: half the square
+            fwd = _time(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), sync, iters)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            grad = torch.randn_like(o)
+
+            def both():
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                y.backward(grad)
+
+            bwd = max(_time(both, sync, iters) - fwd, 1e-9)
+            out.append({"head_dim": d, "seq_len": s, "causal": True, "dtype": "bf16", "direction": "fwd",
+                        "tflops": _sig(fwd_flops / fwd / 1e12)})
+            out.append({"head_dim": d, "seq_len": s, "causal": True, "dtype": "bf16", "direction": "bwd",
+                        "tflops": _sig(2.5 * fwd_flops / bwd / 1e12)})
+    return out
+
+
+def measure_copy_gbps(torch, device, nbytes: int, iters: int) -> float:
+    """Device copy bandwidth, GB/s: a copy reads and writes every byte (BabelStream's Copy counts 2×)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    x = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+    y = torch.empty_like(x)
+    s = _time(lambda: y.copy_(x), sync, iters)
+    return 2.0 * nbytes / s / 1e9
+
+
+def busbw_factor(kind: str, n: int) -> float:
+    """nccl-tests' bus-bandwidth factor (PERFORMANCE.md): busbw = algbw · factor."""
+    return {"all_reduce": 2.0 * (n - 1) / n, "p2p": 1.0}.get(kind, (n - 1) / n)
+
+
+def measure_collectives(torch, device, sizes, iters: int) -> tuple[list[dict], list[str]]:
+    import torch.distributed as dist
+
+    n, rank = dist.get_world_size(), dist.get_rank()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", n))
+    scope = "scaleup" if local >= n else "scaleout"
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    out, skipped = [], []
+    for kind in COLLECTIVES:
+        try:
+            for size in sizes:
+                elems = max(size // 4 // n * n, n)  # float32, divisible by the group
+                full = torch.ones(elems, device=device)
+                part = torch.ones(elems // n, device=device)
+                fn = {
+                    "all_reduce": lambda: dist.all_reduce(full),
+                    "all_gather": lambda: dist.all_gather_into_tensor(full, part),
+                    "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full),
+                    "all_to_all": lambda: dist.all_to_all_single(full, full.clone()),
+                    "p2p": lambda: _pair(dist, full, rank, n),
+                }[kind]
+                dist.barrier()
+                s = _time(fn, sync, iters)
+                nbytes = elems * 4
+                out.append({"kind": kind, "scope": scope, "group_size": 2 if kind == "p2p" else n,
+                            "message_bytes": float(nbytes),
+                            "busbw_gbps": _sig(nbytes / s / 1e9 * busbw_factor(kind, 2 if kind == "p2p" else n))})
+        except (RuntimeError, ValueError, NotImplementedError) as exc:  # the backend lacks it
+            out = [p for p in out if p["kind"] != kind]
+            skipped.append(f"{kind} ({type(exc).__name__}: {str(exc).splitlines()[0][:80]})")
+    return out, skipped
+
+
+def _pair(dist, t, rank: int, n: int) -> None:
+    """Ranks 0 and 1 exchange `t` (send then receive / receive then send); the others wait."""
+    if rank == 0:
+        dist.send(t, 1)
+        dist.recv(t, 1)
+    elif rank == 1:
+        dist.recv(t, 0)
+        dist.send(t, 0)
+
+
+# ====================================================================== writing the profile
+
+
+def _inline(d: dict) -> str:
+    def val(x):
+        if isinstance(x, bool):
+            return "true" if x else "false"
+        if isinstance(x, str):
+            return f'"{x}"'
+        if isinstance(x, float):
+            return repr(float(f"{x:.6g}")) if abs(x) < 1e6 else f"{x:.6g}".replace("e+0", "e").replace("e+", "e")
+        return str(x)
+
+    return "{ " + ", ".join(f"{k} = {val(v)}" for k, v in d.items()) + " }"
+
+
+def tables_block(gemm: list[dict], attention: list[dict], collective: list[dict], begin: str = BEGIN) -> str:
+    """The three microbenchmark arrays (``[[gemm_profile]]`` … schema as arrays of inline tables)."""
+    lines = [begin]
+    for rows, field in ((gemm, "gemm_profile"), (attention, "attention_profile"), (collective, "collective_profile")):
+        if rows:
+            lines.append(f"{field} = [")
+            lines += [f"  {_inline(p)}," for p in rows]
+            lines.append("]")
+    lines.append(END)
+    return "\n".join(lines) + "\n"
+
+
+def with_tables(text: str, block: str) -> str:
+    """Profile TOML `text` with any earlier microbenchmark block replaced by `block`, placed before
+    the first table header (top-level keys must precede tables)."""
+    text = re.sub(r"\n*# >>> microbenchmark tables.*?" + re.escape(END) + r"\n+", "\n\n", text, flags=re.S)
+    text = re.sub(r"^(gemm_profile|attention_profile|collective_profile) = \[.*?^\]\n", "", text, flags=re.S | re.M)
+    i = re.search(r"^\[", text, flags=re.M).start()
+    return text[:i].rstrip("\n") + "\n\n" + block + "\n" + text[i:]
+
+
+def set_memory_efficiency(text: str, value: float) -> str:
+    if re.search(r"^memory_efficiency = ", text, flags=re.M):
+        return re.sub(r"^memory_efficiency = .*$", f"memory_efficiency = {value}", text, flags=re.M)
+    if re.search(r"^\[efficiency\]$", text, flags=re.M):
+        return re.sub(r"^\[efficiency\]$", f"[efficiency]\nmemory_efficiency = {value}", text, count=1, flags=re.M)
+    return text.rstrip("\n") + f"\n\n[efficiency]\nmemory_efficiency = {value}\n"
+
+
+# ====================================================================== the command
+
+
+def _dtypes(torch, device) -> list[str]:
+    if device.type != "cuda":
+        return ["bf16"]
+    out = ["bf16", "fp16"]
+    if torch.cuda.get_device_capability(device) >= (8, 9) and hasattr(torch, "_scaled_mm"):
+        out.append("fp8")
+    return out
+
+
+def run_profile(base: str, name: str, out: Path, quick: bool, iters: int, device_name: str | None) -> dict:
+    """Measure and write the profile; returns what was measured (for the summary)."""
+    from mofa_framework.api import Predictor
+    from mofa_framework.calibrate import profile_path, rename_profile
+
+    torch = _torch()
+    reg = Predictor().registry
+    hw = reg.hardware_profile(base, field="--base")
+    device = torch.device(device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        device = torch.device("cuda", torch.cuda.current_device())
+    models = [reg.model(m) for m in (("llama3-8b",) if quick else SWEEP_MODELS)]
+    shapes = gemm_shapes(models, (8,) if quick else SWEEP_TP, (256,) if quick else SWEEP_TOKENS,
+                         scale=1 / 32 if quick else 1.0)
+    if quick:
+        shapes = shapes[:6]
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if distributed:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    gemm = measure_gemms(torch, device, shapes, _dtypes(torch, device), iters)
+    attention = measure_attention(torch, device, (64,) if quick else ATTENTION_HEAD_DIMS,
+                                  (128, 256) if quick else ATTENTION_SEQS, iters, batch_heads=2 if quick else 16)
+    copy = measure_copy_gbps(torch, device, (1 << 22) if quick else (1 << 30), iters)
+    collective, skipped = [], []
+    if distributed:
+        collective, skipped = measure_collectives(torch, device, (2 ** 12, 2 ** 16) if quick else MESSAGE_BYTES, iters)
+    rank0 = not distributed or torch.distributed.get_rank() == 0
+    summary = {"device": str(device), "gemm": len(gemm), "attention": len(attention), "collective": len(collective),
+               "skipped": skipped, "copy_gbps": copy, "path": str(out)}
+    if rank0:
+        text = rename_profile(profile_path(hw.name).read_text(), name,
+                              f"{hw.display_name or hw.name} profiled by mofa profile as {name}")
+        text = with_tables(text, tables_block(gemm, attention, collective, begin=PROFILE_BEGIN))
+        eff = _sig(min(1.0, copy / hw.memory.hbm_bandwidth_gbps))
+        text = set_memory_efficiency(text, eff)
+        what = (f" Measured by `mofa profile` on {device_name or device.type} ({time.strftime('%Y-%m-%d')}): "
+                f"{len(gemm)} GEMM shapes, {len(attention)} attention kernels, device copy {copy:.4g} GB/s "
+                f"(memory_efficiency against {hw.name}'s datasheet {hw.memory.hbm_bandwidth_gbps:g} GB/s), "
+                f"{len(collective)} collective points; specs from {hw.name}.")
+        text = re.sub(r'^(notes = ".*?)(?: Microbenchmarks:.*)?"$', lambda m: m.group(1) + what + '"', text, count=1,
+                      flags=re.M)
+        try:
+            out.write_text(text)
+        except OSError as exc:
+            raise ConfigError(f"--out {out}: cannot write: {exc}") from None
+    if distributed:
+        torch.distributed.barrier()
+    return summary
+
+
+@click.command("profile")
+@click.option("--base", required=True, help="Registered profile whose datasheet specs (peaks, memory, links) the "
+                                            "new one starts from, e.g. h100-sxm5-80gb.")
+@click.option("--name", required=True, help="Name of the new profile (lowercase kebab-case).")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="TOML file to write (put it in a MOFA_HARDWARE_PATH directory to use it).")
+@click.option("--quick", is_flag=True, help="A tiny sweep (one model, small shapes): seconds on a CPU.")
+@click.option("--iters", default=10, show_default=True, type=click.IntRange(1, 10_000),
+              help="Timed repetitions per measurement.")
+@click.option("--device", "device_name", default=None, help="torch device (default: cuda when present, else cpu).")
+def profile_cmd(base, name, out, quick, iters, device_name):
+    """Measure GEMMs, attention, HBM and collectives on this machine; write a hardware profile."""
+    from mofa_framework.types import KEBAB
+
+    if not KEBAB.match(name):
+        raise ConfigError(f"--name {name!r}: must be lowercase kebab-case (e.g. 'my-cluster')")
+    s = run_profile(base, name, out, quick, iters, device_name)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    click.echo(f"profiled on {s['device']}: {s['gemm']} GEMMs, {s['attention']} attention kernels, "
+               f"copy {s['copy_gbps']:.1f} GB/s, {s['collective']} collective points"
+               + (f" (skipped: {', '.join(s['skipped'])})" if s["skipped"] else "") + f" → {s['path']}")
+
+
+@hookimpl
+def mofa_register_commands(cli):
+    cli.add_command(profile_cmd)

@@ -1,0 +1,111 @@
+"""`mofa profile` (plugins/profiler.py): the same code that profiles GPUs, run on the CPU with a
+tiny sweep; the written profile must load and predict.
+
+PyTorch is not in the `test` extra (a pinned ``torch`` there would pull the multi-GB CUDA build on
+any machine without a local CPU wheel): the test setup installs ``torch==2.13.0`` (a CPU build
+from a local file here, see .ci/run). Without it these tests FAIL and say how to install it.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from mofa_framework.cli import _builtin_commands, assemble
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - the message is the point
+    torch = None
+
+
+def need_torch():
+    if torch is None:
+        pytest.fail("PyTorch is missing: `pip install torch==2.13.0` (the CPU build the test setup uses; "
+                    "`pip install 'mofa[profile]'` for your GPUs' build)")
+
+
+@pytest.fixture
+def cli():
+    _builtin_commands()
+    return assemble()
+
+
+def test_gemm_shapes_by_hand(mofa_predictor):
+    """Llama 3 8B (h 4096, 32 heads of 128, 8 KV heads, FFN 14336, SwiGLU) at TP 8, 4096 tokens:
+    QKV n = (32·128 + 2·8·128)/8 = 768, k = 4096; output n = 4096, k = 32·128/8 = 512; MLP in
+    n = 2·14336/8 = 3584, k = 4096; MLP out n = 4096, k = 14336/8 = 1792; each with its data-
+    gradient (m, k, n) and weight-gradient (n, k, m) GEMMs."""
+    from mofa_plugins.profiler import gemm_shapes
+
+    shapes = set(gemm_shapes([mofa_predictor.registry.model("llama3-8b")], (8,), (4096,)))
+    for fwd in ((4096, 768, 4096), (4096, 4096, 512), (4096, 3584, 4096), (4096, 4096, 1792)):
+        m, n, k = fwd
+        assert {(m, n, k), (m, k, n), (n, k, m)} <= shapes
+    assert len(shapes) == 4 * 3 - 2  # (4096, 4096, 4096) is both QKV's and MLP-in's data gradient... once
+
+
+def test_profile_quick_on_cpu_writes_a_profile_that_loads_and_predicts(cli, tmp_path):
+    need_torch()
+    out = tmp_path / "hw" / "my-cpu.toml"
+    out.parent.mkdir()
+    r = CliRunner().invoke(cli, ["profile", "--base", "h100-sxm5-80gb", "--name", "my-cpu", "--out", str(out),
+                                 "--quick", "--iters", "2", "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    assert "GEMMs" in r.output and str(out) in r.output
+    import json
+    import tomllib
+
+    from mofa_framework.config import structure_file
+    from mofa_framework.types import HardwareProfile
+
+    hw = structure_file(tomllib.loads(out.read_text()), HardwareProfile, str(out))
+    assert hw.name == "my-cpu" and hw.gemm_profile and all(p.dtype == "bf16" for p in hw.gemm_profile)
+    assert {p.direction for p in hw.attention_profile} == {"fwd", "bwd"} and all(p.causal for p in hw.attention_profile)
+    assert 0 < hw.efficiency.memory_efficiency <= 1
+    args = ["predict", "--model", "llama3-8b", "--gpus", "8", "--tp", "8", "--gbs", "8", "--seq", "1024",
+            "--format", "json"]
+    mine = CliRunner().invoke(cli, [*args, "--hardware", "my-cpu"], env={"MOFA_HARDWARE_PATH": str(out.parent)})
+    h100 = CliRunner().invoke(cli, [*args, "--hardware", "h100-sxm5-80gb"])
+    assert mine.exit_code == 0 and h100.exit_code == 0, mine.output
+    step = lambda r: json.loads(r.output)["step_time_s"]  # noqa: E731
+    # a CPU's measured GEMMs price the job far slower than the H100's tables
+    assert step(mine) > 10 * step(h100)
+
+
+def test_profile_collectives_with_two_gloo_ranks(tmp_path):
+    need_torch()
+    out = tmp_path / "two.toml"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        "-m", "mofa_framework.cli", "profile", "--base", "h100-sxm5-80gb", "--name", "my-two",
+                        "--out", str(out), "--quick", "--iters", "2", "--device", "cpu"],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    import tomllib
+
+    from mofa_framework.config import structure_file
+    from mofa_framework.types import HardwareProfile
+
+    hw = structure_file(tomllib.loads(out.read_text()), HardwareProfile, str(out))
+    kinds = {p.kind for p in hw.collective_profile}
+    assert {"all_reduce", "all_gather", "p2p"} <= kinds
+    assert all(p.scope == "scaleup" and p.busbw_gbps > 0 for p in hw.collective_profile)
+
+
+@pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+def test_profile_on_the_gpu(cli, tmp_path):
+    out = tmp_path / "gpu.toml"
+    r = CliRunner().invoke(cli, ["profile", "--base", "h100-sxm5-80gb", "--name", "my-gpu", "--out", str(out),
+                                 "--quick", "--iters", "3"])
+    assert r.exit_code == 0, r.output
+    assert "cuda" in r.output
+
+
+def test_profile_without_torch_is_one_line(cli, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    r = CliRunner().invoke(cli, ["profile", "--base", "h100-sxm5-80gb", "--name", "x", "--out", str(tmp_path / "x.toml")])
+    assert r.exit_code == 2
+    assert "pip install 'mofa[profile]'" in r.output and "Traceback" not in r.output
