@@ -40,7 +40,9 @@ tensor cores under a node's sustained power limit. ``fp8_gemm_relative_efficienc
 ``fp4_gemm_relative_efficiency`` (default 1, fitted with a prior at 1 where fp8 / fp4 rows exist)
 scale the fp8 / fp4 tables on top. A regime without step-time rows (bf16 on H100, where nearly
 every published row is fp8) is therefore priced at its microbenchmarks, not at what fp8 rows left
-over. An operator also takes at least
+over. Each kernel also pays the profile's ``kernel_launch_s`` (default 0: the gaps a training
+framework leaves between kernels beyond the microbenchmark's back-to-back launches — the
+small-GEMM floor step-time calibration may fit), and an operator takes at least
 ``kernels × host_dispatch_s`` (the roofline's host floor).
 
 Every other operator, and GEMMs of a dtype the table lacks, fall through to the next provider
@@ -63,6 +65,8 @@ BLOCK = 200_000
 TILE = 128.0
 #: reduction length one split-K work unit covers
 SPLIT_K = 256.0
+#: a table needs this many shapes to fit k₀ and the occupancy term (else they take fixed values)
+MIN_SHAPE_POINTS = 20
 #: distance (octaves in log2 m, n, k) over which the correction towards a measurement fades
 FADE_OCTAVES = 1.0
 
@@ -121,11 +125,16 @@ _RATE = np.geomspace(0.8, 2.5, 97)
 def fit_tile_model(shapes: tuple[tuple[float, float, float, float], ...], sm_count: int) -> dict[str, float]:
     """R∞ (TFLOPS), k₀, t₀, c of the tile model fitted to ``(m, n, k, tflops)`` points: least
     squares on ln(rate) over a grid of (k₀, t₀, c, R∞). It depends on the points alone (not on the
-    profile's peak or bandwidth). With fewer than 4 points only R∞ is fitted (k₀ = 64, t₀ = 4 µs,
-    c = 0: what the larger tables give)."""
+    profile's peak or bandwidth). A table of fewer than ``MIN_SHAPE_POINTS`` points does not
+    constrain the shape terms (Azure's A100 table has 8 shapes, none with k < 768): it fits R∞ and
+    t₀ only, with k₀ = 64 and c = 0 (what the 125-shape XLA tables give: k₀ 0-64, c ≈ 0); a
+    one-point table fits R∞ alone (t₀ = 4 µs)."""
     data = np.array(shapes, dtype=np.float64)
     m, n, k, y = data.T
-    grids = (_K0, _T0, _OCC) if len(data) >= 4 else (np.array([64.0]), np.array([4e-6]), np.array([0.0]))
+    if len(data) >= MIN_SHAPE_POINTS:
+        grids = (_K0, _T0, _OCC)
+    else:
+        grids = (np.array([64.0]), _T0 if len(data) > 1 else np.array([4e-6]), np.array([0.0]))
     rates = _RATE * y.max()
     flops = 2.0 * m * n * k
     best = (np.inf, 0.0, 0.0, 0.0, 0.0)
@@ -183,7 +192,7 @@ def profiled_seconds(ops, hardware, default: np.ndarray) -> np.ndarray:
         # thin GEMMs are bound by HBM bandwidth (the roofline's memory term)
         t = np.maximum(t, ops.bytes[rows] / (eff.memory_efficiency * hardware.hbm_bandwidth_bytes_per_s))
         kernels = np.broadcast_to(ops.kernels, ops.flops.shape)[rows]
-        out[rows] = np.maximum(t, eff.host_dispatch_s * kernels)
+        out[rows] = np.maximum(t + eff.kernel_launch_s * kernels, eff.host_dispatch_s * kernels)
     return out
 
 
