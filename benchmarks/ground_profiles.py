@@ -118,14 +118,18 @@ SOURCES: dict[str, dict] = {
                            coll=["azure-h200-ar"], coll_sibling="h100-sxm5-80gb", stream="H200-SXM", sm=132,
                            why="H200 has H100 SXM5's compute: its bf16 GEMMs and the collectives it has no "
                                "measurement of take H100 SXM5's"),
-    "a100-sxm4-80gb": dict(attention="a100", coll=["azure-a100-ar", "a100-sendrecv"], stream="A100-SXM4-80GB", sm=108,
+    "a100-sxm4-80gb": dict(attention="a100", stream="A100-SXM4-80GB", sm=108,
                            why="NO GEMM table: Azure's A100 cuBLASLt table has 8 shapes, all 1024-32768 with k >= 768, "
                                "and says nothing of the small and thin GEMMs (unfused attention at k = 64, narrow TP "
                                "shards) of vTrain's 1,440 single-node runs; priced from it, the A100 rows' in-sample "
                                "error rose from 6.2 % to 11 %, so A100's GEMMs stay on the roofline fitted to step "
-                               "times until a fuller sweep (mofa profile) exists. No multi-node A100 measurement "
-                               "matches DGX A100's 8 x 200 Gb/s (AWS p4de has 4 x 100 Gb/s per node): scale-out "
-                               "keeps the formula"),
+                               "times until a fuller sweep (mofa profile) exists. NO COLLECTIVE TABLE either: two "
+                               "single-node nccl-tests sweeps agree (Azure ND A100 v4 and an 8x A100 NVSwitch node: "
+                               "all-reduce 170 GB/s bus bandwidth at 128 MB, 230 GB/s at 1 GB), but priced from them "
+                               "Korthikanti's measured full-recompute cost per layer (22B, TP 8: 7.6 ms) comes out 8 % "
+                               "slow and ZeroBubble's schedule order worse than with the fitted ring formula; the "
+                               "disagreement is recorded in docs/profiling.md, not resolved. No multi-node A100 "
+                               "measurement matches DGX A100's 8 x 200 Gb/s (AWS p4de has 4 x 100 Gb/s per node)"),
     "a100-sxm4-40gb": dict(sibling="a100-sxm4-80gb", attention="a100", coll_sibling="a100-sxm4-80gb", sm=108,
                            why="A100 40GB has A100 80GB's compute and NVSwitch; its HBM2 (1.56 TB/s) takes "
                                "A100 80GB's BabelStream efficiency", stream_sibling="a100-sxm4-80gb"),

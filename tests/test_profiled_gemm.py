@@ -35,7 +35,8 @@ def test_provider_prices_gemms_from_table_and_leaves_others(mofa_predictor):
     hw = mofa_predictor.registry.hardware_profile("h100-sxm5-80gb")
     # the microbenchmark's rate itself (no training-run factor)
     hw = attrs.evolve(hw, gemm_profile=(GemmPoint(m=4096, n=4096, k=4096, tflops=600.0),),
-                      efficiency=attrs.evolve(hw.efficiency, profiled_gemm_relative_efficiency=1.0))
+                      efficiency=attrs.evolve(hw.efficiency, profiled_gemm_relative_efficiency=1.0, kernel_launch_s=0.0,
+                                              host_dispatch_s=0.0))
     o = ops([4096, 4096], [4096, 4096], [4096, 4096])
     o = attrs.evolve(o, kind=np.array([GEMM, OP_KINDS.index("elementwise")]))
     default = np.array([1.0, 2.0])
@@ -59,7 +60,8 @@ def test_table_in_a_profile_changes_the_prediction(mofa_predictor):
     # a table measured at exactly the layer's GEMM shapes, 100 TFLOPS each
     flat = attrs.evolve(job.hardware, gemm_profile=tuple(
         GemmPoint(m=int(m), n=int(n), k=int(k), tflops=100.0) for m, n, k in shapes),
-        efficiency=attrs.evolve(job.hardware.efficiency, profiled_gemm_relative_efficiency=1.0))
+        efficiency=attrs.evolve(job.hardware.efficiency, profiled_gemm_relative_efficiency=1.0, kernel_launch_s=0.0,
+                                host_dispatch_s=0.0))
     pred = mofa_predictor.evaluate(batch, job.model, flat)
     # every GEMM now runs at exactly 100 TFLOPS: a layer's weight-gradient time is its GEMM FLOPs / 1e14
     gemm_flops = sum(float(np.asarray(o.flops)[0]) for o in ops if np.all(np.asarray(o.kind) == GEMM))
@@ -124,6 +126,7 @@ def test_fp8_factor_scales_only_fp8_gemms(mofa_predictor):
     hw = mofa_predictor.registry.hardware_profile("h100-sxm5-80gb")
     o = ops([8192, 8192], [8192, 8192], [8192, 8192])
     o = attrs.evolve(o, precision=np.array([BF16, PRECISIONS.index("fp8")]))
+    hw = attrs.evolve(hw, efficiency=attrs.evolve(hw.efficiency, kernel_launch_s=0.0, host_dispatch_s=0.0))
     one = attrs.evolve(hw, efficiency=attrs.evolve(hw.efficiency, fp8_gemm_relative_efficiency=1.0))
     half = attrs.evolve(hw, efficiency=attrs.evolve(hw.efficiency, fp8_gemm_relative_efficiency=0.5))
     t1, t2 = profiled_seconds(o, one, np.zeros(2)), profiled_seconds(o, half, np.zeros(2))

@@ -73,8 +73,10 @@ def test_fsdp_layer_communication_without_prefetch_is_all_exposed(mofa_predictor
     L = mofa_predictor.registry.model("llama3-8b").num_layers
     close(both.breakdown["dp_layer_comm"][0], M * L * (2 * ag + rs), rel=1e-6)
     assert both.breakdown["dp_layer_comm"][1] == 0.0
-    # the per-step all-reduce is gone: only the embedding and head are reduced once per step
-    assert both.state.opt.dp_comm_s[0] < both.state.opt.dp_comm_s[1] / 10
+    # the per-step all-reduce is gone: only the embedding and head are reduced once per step —
+    # 2·128,256·4,096 = 1.05e9 of Llama 3 8B's 8.03e9 parameters (13 %), so well under a fifth of
+    # the full all-reduce (a measured collective curve is not linear in the size: not exactly 13 %)
+    assert both.state.opt.dp_comm_s[0] < both.state.opt.dp_comm_s[1] / 5
 
 
 def test_fsdp_prefetch_hides_behind_the_layer_compute(mofa_predictor):
