@@ -70,6 +70,8 @@ G = {
     "azure-mi300x-fp8": (GEMM, "MI300X 192GB", "Azure", "fp8", "fp8"),
     "mamf-mi300x-bf16": (GEMM, "AMD MI300X", "MAMF", "bf16", "bf16"),
     "mamf-mi325x-bf16": (GEMM, "AMD MI325X", "MAMF", "bf16", "bf16"),
+    "mamf-gh200-bf16": (GEMM, "NVIDIA GH200 SXM", "MAMF", "bf16", "bf16"),
+    "mamf-gh200-fp8": (GEMM, "NVIDIA GH200 SXM", "MAMF", "fp8", "fp8"),
     "mamf-gaudi2-bf16": (GEMM, "Intel Gaudi 2", "MAMF", "bf16", "bf16"),
     "mamf-gaudi2-fp8": (GEMM, "Intel Gaudi 2", "MAMF", "fp8", "fp8"),
     "mamf-gaudi3-bf16": (GEMM, "Intel Gaudi 3", "MAMF", "bf16", "bf16"),
@@ -111,7 +113,7 @@ SOURCES: dict[str, dict] = {
     "h800-sxm5-80gb": dict(sibling="h100-sxm5-80gb", attention="h100", stream_sibling="h100-sxm5-80gb", sm=132,
                            why="H800 SXM5 has H100 SXM5's compute and HBM3; only NVLink (400 GB/s) differs, so "
                                "its collectives keep the formula"),
-    "h100-pcie-80gb": dict(sibling="h100-sxm5-80gb", attention="h100", sm=114,
+    "h100-pcie-80gb": dict(sibling="h100-sxm5-80gb", attention="h100", attention_scale=756.0 / 989.0, sm=114,
                            why="H100 PCIe (114 SMs, 350 W): H100 SXM5's tables scaled by the dense-peak ratio of "
                                "gpu_specs.csv (756/989)"),
     "h200-sxm-141gb": dict(gemm=["azure-h200-fp8", "mamf-h200-fp8"], sibling="h100-sxm5-80gb", attention="h200",
@@ -153,6 +155,18 @@ SOURCES: dict[str, dict] = {
                    stream_sibling="mi300x", sm=304,
                    why="MI325X has MI300X's CDNA 3 compute and Infinity Fabric: MI300X's tables, its bf16 "
                        "scaled to MI325X's measured best shape"),
+    # issue 18's parts (their [efficiency] is copied from the named sibling: see copy_sibling_efficiency)
+    "gh200-96gb": dict(gemm=["mamf-gh200-bf16", "mamf-gh200-fp8"], sibling="h100-sxm5-80gb", attention="h100", sm=132,
+                       why="GH200's Hopper GPU: H100 SXM5's GEMM shapes scaled to GH200's own measured best shapes; "
+                           "H100's attention row"),
+    "h100-nvl-pcie-94gb": dict(sibling="h100-sxm5-80gb", attention="h100", attention_scale=835.5 / 989.0, sm=132,
+                               why="H100 NVL: H100 SXM5's tables scaled by the dense-peak ratio (835.5/989)"),
+    "h20-96gb": dict(sibling="h100-sxm5-80gb", attention="h100", attention_scale=148.0 / 989.0,
+                     why="H20: no measurement of its own; H100 SXM5's tables scaled by the dense-peak ratio "
+                         "(148/989): a cut-down Hopper whose shapes' relative rates are assumed H100's"),
+    "l40s-48gb": dict(sibling="h100-sxm5-80gb", attention="h100", attention_scale=362.05 / 989.0,
+                      why="L40S (Ada, GDDR6): no measurement of its own; H100 SXM5's tables scaled by the "
+                          "dense-peak ratio (362/989) — a weak prior, another architecture"),
     "gaudi2": dict(gemm=["mamf-gaudi2-bf16", "mamf-gaudi2-fp8"]),
     "gaudi3": dict(gemm=["mamf-gaudi3-bf16", "mamf-gaudi3-fp8"]),
 }
@@ -325,7 +339,7 @@ def build(data: Path) -> dict[str, dict]:
             more, how = sibling_gemm(name, gemm, sib, out[sib]["gemm"] if sib in out else build_one(data, sib)["gemm"])
             gemm += more
             notes += how
-        scale = peak["bf16"] / 989.0 if name == "h100-pcie-80gb" else 1.0
+        scale = spec.get("attention_scale", 1.0)
         att, src = attention_points(data, spec["attention"], scale) if "attention" in spec else ([], "")
         if src:
             notes.append(src + (f", scaled ×{scale:.3f}" if scale != 1.0 else ""))
@@ -385,6 +399,20 @@ def rewrite(text: str, entry: dict) -> str:
     return text
 
 
+COPIED = re.compile(r"^# \[efficiency\] copied from the fitted sibling `([a-z0-9.\-]+)`.*$", re.M)
+
+
+def copy_sibling_efficiency(text: str) -> str:
+    """A profile whose ``[efficiency]`` says it is copied from a fitted sibling gets the sibling's
+    current table (so a refit of the sibling reaches its copies)."""
+    m = COPIED.search(text)
+    if not m:
+        return text
+    sib = (PROFILES / f"{m.group(1)}.toml").read_text()
+    table = re.search(r"^\[efficiency\]\n.*?(?=^\[|\Z)", sib, flags=re.S | re.M).group(0).rstrip("\n") + "\n"
+    return re.sub(r"^\[efficiency\]\n.*?(?=^\[|\Z)", lambda _: table, text, count=1, flags=re.S | re.M)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=DATA)
@@ -394,10 +422,19 @@ def main(argv=None) -> int:
     for name, entry in build(a.data).items():
         path = PROFILES / f"{name}.toml"
         old = path.read_text()
-        new = rewrite(old, entry)
+        new = copy_sibling_efficiency(rewrite(old, entry))
         tomllib.loads(new)  # never write a file that does not parse
         if new != old:
             stale.append(name)
+            if not a.check:
+                path.write_text(new)
+    for path in sorted(PROFILES.glob("*.toml")):  # copies of a fitted sibling outside SOURCES
+        if path.stem in SOURCES:
+            continue
+        old = path.read_text()
+        new = copy_sibling_efficiency(old)
+        if new != old:
+            stale.append(path.stem)
             if not a.check:
                 path.write_text(new)
     print(("out of date: " if a.check else "rewrote: ") + (", ".join(stale) or "none"))
