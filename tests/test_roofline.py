@@ -31,9 +31,11 @@ GEMM, ELEMENTWISE, ATTENTION = OP_KINDS.index("gemm"), OP_KINDS.index("elementwi
 
 
 def _hw(**eff):
-    """The H100 profile without its GEMM table (the roofline itself) and without a host floor unless given."""
+    """The H100 profile without its GEMM table (the roofline itself), without a host floor or a kernel
+    gap unless given."""
     hw = PRED.registry.hardware_profile("h100-sxm5-80gb")
-    return attrs.evolve(hw, gemm_profile=(), efficiency=attrs.evolve(hw.efficiency, **{"host_dispatch_s": 0.0, **eff}))
+    return attrs.evolve(hw, gemm_profile=(), efficiency=attrs.evolve(
+        hw.efficiency, **{"host_dispatch_s": 0.0, "kernel_launch_s": 0.0, **eff}))
 
 
 def _ops(flops, nbytes, kind, kernels, k=None):
