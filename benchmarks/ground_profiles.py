@@ -1,6 +1,9 @@
-"""Write the shipped hardware profiles' microbenchmark tables from ``../shared/data/microbench``.
+"""Write the shipped hardware profiles' microbenchmark tables from ``microbench/`` of the measurements.
 
     .venv/bin/python benchmarks/ground_profiles.py [--data DIR] [--check]
+
+Reads the copy shipped with MoFa (``mofa_measurements``, the same files as ``../shared/data``);
+``--data`` or ``$MOFA_SHARED_DATA`` for another copy.
 
 For every shipped profile this script writes, between its markers near the top of the TOML,
 the ``gemm_profile``, ``attention_profile`` and ``collective_profile`` arrays (the
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import re
 import statistics
 import sys
@@ -31,7 +35,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-DATA = ROOT.parent / "shared" / "data"
+from mofa_framework.measurements import builtin_data_dir  # noqa: E402
+
+DATA = Path(os.environ.get("MOFA_SHARED_DATA") or builtin_data_dir())
 PROFILES = ROOT / "hardware_profiles"
 BEGIN = "# >>> microbenchmark tables (benchmarks/ground_profiles.py writes this block; do not edit)"
 END = "# <<< microbenchmark tables"
