@@ -116,6 +116,18 @@ def test_table_is_exact_at_its_points_and_the_model_beyond(mofa_predictor):
     assert model_tflops(f8, hw, [8192], [13312], [16384])[0] / 1979 < big / 989
 
 
+def test_repeated_shapes_are_priced_once_and_alike(mofa_predictor):
+    """Pricing distinct shapes once (the candidates' GEMMs repeat) changes no number: a batch of
+    repeated and interleaved shapes gets, row by row, what each shape gets alone."""
+    hw = mofa_predictor.registry.hardware_profile("h100-sxm5-80gb")
+    pts = [p for p in hw.gemm_profile if p.dtype == "bf16"]
+    m, n, k = [4096, 512, 4096, 8192, 512], [1024, 2048, 1024, 1024, 2048], [4096, 256, 4096, 4096, 256]
+    together = model_tflops(pts, hw, m, n, k)
+    alone = [model_tflops(pts, hw, [a], [b], [c])[0] for a, b, c in zip(m, n, k)]
+    assert together == pytest.approx(alone, rel=1e-12)
+    assert together[0] == together[2] and together[1] == together[4] and together[0] != together[3]
+
+
 def test_no_table_point_is_above_the_dense_peak(mofa_predictor):
     for hw in mofa_predictor.registry.hardware.values():
         for p in hw.gemm_profile:

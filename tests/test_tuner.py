@@ -199,7 +199,7 @@ def test_tune_holds_the_jobs_own_features_on_even_when_not_searched(tmp_path):
                    '[features.fp8]\nrecipe = "tensorwise"\n[features.cuda_graphs]\n'
                    '[search]\ntp = [1, 2]\npp = [1]\n')
     out = json.loads(CliRunner().invoke(cli, ["tune", str(job), "--format", "json", "--top", "3"],
-                                        catch_exceptions=False).output)
+                                        catch_exceptions=False).stdout)  # stderr's progress lines apart
     assert all({"fp8", "cuda_graphs"} <= set(c["features"]) for c in out["best"])
     assert all(c["features"]["fp8"]["recipe"] == "tensorwise" for c in out["best"])
     args = " ".join(out["megatron_args"])
@@ -525,7 +525,9 @@ def test_time_budget_returns_the_best_so_far_labelled(mofa_predictor, monkeypatc
     dive = tune(mofa_predictor, TuneRequest(**common, time_budget_s=0.5))
     assert dive.best and not dive.proven_optimal and dive.evaluated < exact.evaluated
     monkeypatch.undo()
-    out = CliRunner().invoke(cli, ["tune", "--model", "llama3-70b", "--hardware", "h100-sxm5-80gb", "--gpus", "256",
+    # A100 (GEMMs on the fitted roofline): its first dive leaves nodes pending; the grounded H100's
+    # tighter bounds settle this search in the first dive, which is then honestly proven optimal
+    out = CliRunner().invoke(cli, ["tune", "--model", "llama3-70b", "--hardware", "a100-sxm4-80gb", "--gpus", "256",
                                    "--gbs", "512", "--seq", "4096", "--time-budget", "1e-6", "--top", "2",
                                    "--format", "json"])
     assert out.exit_code == 0 and "not proven optimal" in out.output
