@@ -257,7 +257,8 @@ def list_models(state: State, fmt):
                      "params_b": round(counts["total"] / 1e9, 2), "active_params_b": round(counts["active"] / 1e9, 2),
                      **{k: v for k, v in attrs.asdict(m, recurse=False).items()
                         if k not in ("name", "display_name", "notes", "source", "aliases")},
-                     "activation": m.activation.value, "aliases": list(m.aliases), "source": m.source})
+                     "activation": m.activation.value, "aliases": list(m.aliases), "source": m.source,
+                     "blocks": {k: attrs.asdict(b) for k, b in m.blocks.items()}, "stack": m.kind_counts})
     if fmt == "json":
         _emit_json(rows)
     else:
@@ -317,6 +318,21 @@ def job_dict_from_flags(model, hardware, gpus, tp, pp, vpp, cp, ep, etp, mbs, gb
     return data
 
 
+#: ``--num-layers N``: the model's first N layers (a reduced-layer proxy run); applies to job files too
+NUM_LAYERS_OPTION = click.option("--num-layers", type=click.IntRange(1, 1 << 20), metavar="N",
+                                 help="Run the model with its first N layers (proxy runs; job files too).")
+
+
+def with_num_layers(jobs: list, n: int | None) -> list:
+    """The jobs with their models cut to `n` layers (``--num-layers``)."""
+    if n is None:
+        return jobs
+    try:
+        return [attrs.evolve(j, model=j.model.with_num_layers(n)) for j in jobs]
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"--num-layers {n}: {exc.args[0] if exc.args else exc}") from None
+
+
 def job_options(f):
     """The flags that describe a job without a file (shared by predict, e2e and tune)."""
     opts = [
@@ -341,6 +357,7 @@ def job_options(f):
         click.option("--moe-load-factor", type=float, metavar="F",
                      help="MoE routing imbalance: the busiest EP rank's token-expert pairs over the mean "
                           "(default 1, balanced; the model's moe_load_factor)."),
+        NUM_LAYERS_OPTION,
     ]
     for o in reversed(opts):
         f = o(f)
@@ -349,12 +366,14 @@ def job_options(f):
 
 def load_jobs(state: State, files, flags: dict) -> list:
     predictor = state.predictor()
+    flags = dict(flags)
+    num_layers = flags.pop("num_layers", None)
     jobs = [predictor.load_job(p) for p in files]
     if any(v not in (None, (), False) for v in flags.values()) or not files:
         if files:
             raise ConfigError("give either job files or job flags (--model ...), not both")
         jobs.append(predictor.job(job_dict_from_flags(**flags), name="cli"))
-    return jobs
+    return with_num_layers(jobs, num_layers)
 
 
 def _fmt_s(x: float) -> str:

@@ -25,6 +25,7 @@ from attrs import validators as v
 from .batch import PRECISIONS, CandidateBatch, FeatureRows
 from .errors import ConfigError, UnknownRecordError
 from .limits import INT64_MAX, limit, optional, short
+from .hf_config import hf_model_fields, read_hf_file
 from .types import ModelSpec
 
 
@@ -350,48 +351,25 @@ class TrainingJob:
 
 # ====================================================================== models
 
-_HF_KEYS = {
-    "num_hidden_layers": "num_layers", "hidden_size": "hidden_size", "num_attention_heads": "num_attention_heads",
-    "num_key_value_heads": "num_kv_heads", "intermediate_size": "ffn_hidden_size", "vocab_size": "vocab_size",
-    "tie_word_embeddings": "tied_embeddings", "head_dim": "head_dim", "max_position_embeddings": "max_sequence_length",
-    "num_local_experts": "num_experts", "n_routed_experts": "num_experts", "num_experts": "num_experts",
-    "num_experts_per_tok": "experts_per_token", "moe_intermediate_size": "moe_ffn_hidden_size",
-    "n_shared_experts": "num_shared_experts", "first_k_dense_replace": "first_k_dense_layers",
-    "q_lora_rank": "q_lora_rank", "kv_lora_rank": "kv_lora_rank", "qk_nope_head_dim": "qk_nope_head_dim",
-    "qk_rope_head_dim": "qk_rope_head_dim", "v_head_dim": "v_head_dim", "num_nextn_predict_layers": "num_mtp_layers",
-    "sliding_window": "sliding_window", "n_group": "moe_router_num_groups", "topk_group": "moe_router_group_topk",
-}
-
-
 def model_from_hf_config(path: str | Path) -> ModelSpec:
-    """A :class:`ModelSpec` from a HuggingFace ``config.json``."""
-    p = Path(path)
-    try:
-        cfg = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{p}: cannot read HuggingFace config.json: {exc}") from None
-    out: dict[str, Any] = {}
-    for k, target in _HF_KEYS.items():
-        if cfg.get(k) is not None:
-            out[target] = cfg[k]
-    out.setdefault("num_kv_heads", out.get("num_attention_heads", 1))
-    act = str(cfg.get("hidden_act", cfg.get("activation_function", "silu"))).lower()
-    out["activation"] = "gelu" if ("gelu" in act and "glu" not in cfg.get("model_type", "")) or "relu" in act else "swiglu"
-    if out.get("num_experts"):
-        out.setdefault("moe_ffn_hidden_size", out.get("ffn_hidden_size", 0))
-    if cfg.get("sliding_window") is None or not cfg.get("use_sliding_window", True):
-        out.pop("sliding_window", None)
-    elif isinstance(cfg.get("layer_types"), list) and cfg["layer_types"]:
-        # per-layer attention types (GPT-OSS: "sliding_attention" / "full_attention" alternating)
-        types = cfg["layer_types"]
-        out["sliding_window_layer_fraction"] = sum("sliding" in str(x) for x in types) / len(types)
-    if not out.get("q_lora_rank"):
-        out.pop("q_lora_rank", None)
-    stem = re.sub(r"[^a-z0-9.\-]+", "-", str(cfg.get("_name_or_path") or cfg.get("model_type") or p.parent.name).lower())
-    out["name"] = stem.strip("-") or "hf-model"
-    out["source"] = str(p)
-    out["normalization"] = "layernorm" if "layer_norm_eps" in cfg and "rms_norm_eps" not in cfg else "rmsnorm"
-    return structure(out, ModelSpec, str(p))
+    """A :class:`ModelSpec` from a HuggingFace ``config.json`` (:mod:`mofa_framework.hf_config`)."""
+    return model_from_hf_dict(read_hf_file(path), str(path)[:200], fallback_name=Path(path).parent.name)
+
+
+def model_from_hf_dict(cfg: Any, where: str, fallback_name: str = "hf-model") -> ModelSpec:
+    """A :class:`ModelSpec` from a parsed config.json; one-line ConfigError for anything unreadable."""
+    out = hf_model_fields(cfg, where, fallback_name)
+    out["source"] = where
+    return structure(out, ModelSpec, where)
+
+
+def _fewer_layers(base: ModelSpec, data: Mapping[str, Any]) -> dict:
+    """A `num_layers` override keeps the first layers of the base's stack: leading dense layers
+    are capped at the new count (ModelSpec.with_num_layers)."""
+    n = data.get("num_layers")
+    if isinstance(n, int) and not isinstance(n, bool) and "first_k_dense_layers" not in data:
+        return {"first_k_dense_layers": max(0, min(base.first_k_dense_layers, n))}
+    return {}
 
 
 def resolve_model(section: Mapping[str, Any], registry, where: str) -> ModelSpec:
@@ -403,14 +381,14 @@ def resolve_model(section: Mapping[str, Any], registry, where: str) -> ModelSpec
     if "config" in data:  # [model] config = "path/to/config.json"
         base = model_from_hf_config(data.pop("config"))
         data.pop("name", None)
-        merged = {**converter.unstructure(base), **data}
+        merged = {**converter.unstructure(base), **_fewer_layers(base, data), **data}
         return structure(merged, ModelSpec, f"{where}: model")
     if name is not None and len(data) == 1:
         return registry.model(name, field=f"{where}: model.name")
     if name is not None:
         try:
             base = registry.model(name, field=f"{where}: model.name")
-            merged = {**converter.unstructure(base), **data, "name": base.name}
+            merged = {**converter.unstructure(base), **_fewer_layers(base, data), **data, "name": base.name}
         except UnknownRecordError:
             merged = data  # an inline model with a new name
     else:

@@ -1,21 +1,26 @@
 """Model decomposition (paper §3.2, Table 2): layer → module → operator, after sharding.
 
-For one layer type (dense or MoE) and every candidate row, :func:`layer_operators` lists the
-operators one GPU runs per micro-batch — forward FLOPs, bytes moved, GEMM shape, how the
-backward splits into input- and weight-gradient work — and :func:`layer_collectives` lists
-the collectives that follow them. :func:`saved_activation_bytes` derives the bytes each
-operator keeps for backward from the tensors it saves (Korthikanti et al. 2022), so GQA,
-SwiGLU, MoE, MLA and fused attention need no hard-coded constant.
+For one kind of layer (``ModelSpec.block_kinds``: a mixer — attention, Mamba-2, Mamba,
+gated DeltaNet, linear attention — and/or a dense MLP or MoE; see :mod:`mofa_framework.stack`)
+and every candidate row, :func:`layer_operators` lists the operators one GPU runs per
+micro-batch — forward FLOPs, bytes moved, GEMM shape, how the backward splits into input- and
+weight-gradient work — and :func:`layer_collectives` lists the collectives that follow them.
+:func:`saved_activation_bytes` derives the bytes each operator keeps for backward from the
+tensors it saves (Korthikanti et al. 2022), so GQA, SwiGLU, MoE, MLA, fused attention and the
+recurrent mixers need no hard-coded constant. docs/cost-model.md §3 gives every formula.
 
 Everything is vectorised over rows: sizes are float64 arrays of the batch's length.
 """
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 import numpy as np
 
 from .batch import PRECISIONS, CandidateBatch
+from .stack import BlockSpec
 from .types import Activation, ModelSpec
 from .units import FloatArray
 
@@ -28,6 +33,10 @@ ATTENTION_BWD_FACTOR = 2.5
 CAUSAL_FRACTION = 0.5
 #: bytes an unfused softmax/dropout chain moves per score element, in units of the dtype
 UNFUSED_SCORE_PASSES = 6.0
+#: the chunked scans of the recurrent mixers (Mamba-2's SSD, gated DeltaNet): backward over forward
+#: time. **Choice**: as fused attention's, whose kernels they resemble (chunk-wise matmuls that
+#: recompute the chunk states in backward)
+SCAN_BWD_FACTOR = ATTENTION_BWD_FACTOR
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -86,15 +95,23 @@ class Geometry:
     precision: np.ndarray
     flash: np.ndarray
 
-    @property
+    @functools.cached_property
     def tokens(self) -> FloatArray:
         """T = b·s/c: tokens of one micro-batch on one CP rank."""
         return self.b * self.s / self.c
 
-    @property
+    @functools.cached_property
     def sp_div(self) -> FloatArray:
         """Divisor of replicated-by-TP tensors: t with sequence parallelism, else 1."""
         return np.where(self.sp, self.t, 1.0)
+
+    @classmethod
+    def unit(cls, seq, flash: bool = False) -> Geometry:
+        """One sequence of each length in `seq` on one GPU, nothing sharded (whole-model counts)."""
+        s = np.asarray(seq, dtype=np.float64)
+        one = np.ones_like(s)
+        return cls(b=one, s=s, t=one, c=one, e=one, etp=one, dp=one, sp=np.zeros(len(s), bool), dt=2.0 * one,
+                   precision=np.zeros(len(s), int), flash=np.full(len(s), flash))
 
     @classmethod
     def of(cls, batch: CandidateBatch) -> Geometry:
@@ -117,11 +134,39 @@ def _elementwise(name, nbytes, group, *, bwd=1.0, kernels=1.0) -> Op:
               kernels=kernels)
 
 
-def attention_operators(model: ModelSpec, g: Geometry) -> list[Op]:
+_LAYER = BlockSpec()  # attention + dense MLP: the transformer layer
+
+
+def input_norm(model: ModelSpec, g: Geometry) -> Op:
+    """The block's first pre-norm: a norm reads and writes each element once, 2·dt bytes."""
+    return _elementwise("input_norm", 2.0 * g.tokens * model.hidden_size * g.dt / g.sp_div, "norm")
+
+
+def residual_operator(model: ModelSpec, g: Geometry, block: BlockSpec) -> Op:
+    """The rest of a block's norms and residual adds (an add reads 2 and writes 1 element, a norm
+    reads and writes 1), with dropout a 1-byte mask per sublayer: mixer + ffn blocks add twice and
+    normalise the ffn's input; a lone sublayer adds once (an ffn-only block also normalises)."""
+    T, h, dt = g.tokens, model.hidden_size, g.dt
+    if block.sublayers == 2:
+        drop = 2.0 if model.dropout else 0.0
+        # two residual adds (read 2, write 1), the second norm, and with dropout its 1-byte masks
+        return _elementwise("residual_norm", ((2.0 + 6.0) * dt + drop) * T * h / g.sp_div, "norm")
+    drop = 1.0 if model.dropout else 0.0
+    norm = 0.0 if block.mixer != "none" else 2.0
+    return _elementwise("residual_norm", ((norm + 3.0) * dt + drop) * T * h / g.sp_div, "norm")
+
+
+def attention_operators(model: ModelSpec, g: Geometry, block: BlockSpec = _LAYER) -> list[Op]:
+    """A transformer layer's attention half with the layer's norms and residual adds (as
+    :func:`layer_operators` lays them out for `block`)."""
+    return [input_norm(model, g), *attention_mixer_operators(model, g, block), residual_operator(model, g, block)]
+
+
+def attention_mixer_operators(model: ModelSpec, g: Geometry, block: BlockSpec = _LAYER) -> list[Op]:
+    """QKV projections, core attention (by the block's attention type) and the output projection."""
     h, a, kv = model.hidden_size, model.num_attention_heads, model.num_kv_heads
     T, t, dt = g.tokens, g.t, g.dt
-    # a norm reads and writes each element once: 2·dt bytes per element
-    ops = [_elementwise("input_norm", 2.0 * T * h * dt / g.sp_div, "norm")]
+    ops = []
     if model.is_mla:
         dq, dv, rope = model.qk_head_dim, model.v_dim, model.qk_rope_head_dim
         if model.q_lora_rank:
@@ -135,9 +180,10 @@ def attention_operators(model: ModelSpec, g: Geometry) -> list[Op]:
         heads_q, heads_kv = a, a
     else:
         dq = dv = model.kv_channels
-        ops.append(_gemm("qkv_proj", T, (a * dq + 2 * kv * dq) / t, h, dt, "qkv"))
+        gate = a * dq if block.output_gate else 0  # the query projection also yields the output gate
+        ops.append(_gemm("qkv_proj", T, (a * dq + gate + 2 * kv * dq) / t, h, dt, "qkv"))
         heads_q, heads_kv = a, kv
-    s_kv, keys_causal = attended_keys(model, g.s)
+    s_kv, keys_causal = attended_keys(model, g.s, block)
     # core attention: T queries of this CP rank against the whole sequence's keys, causal
     core_flops = 2.0 * T * s_kv * heads_q * (dq + dv) / t
     io = (T * heads_q * (dq + dv) + 2.0 * T * heads_kv * (dq + dv)) / t * dt
@@ -152,28 +198,38 @@ def attention_operators(model: ModelSpec, g: Geometry) -> list[Op]:
                   m=T, n=np.where(g.flash, keys_causal, s_kv), k=np.where(g.flash, 0.5 * (dq + dv), float(dq)),
                   bwd_input=ATTENTION_BWD_FACTOR, bwd_weight=0.0, group="core_attn"))
     ops.append(_elementwise("softmax_dropout", np.where(g.flash, 0.0, score_bytes), "core_attn"))
+    if block.output_gate:  # sigmoid(gate) ⊙ attention output: read 2, write 1
+        ops.append(_elementwise("output_gate", 3.0 * T * a * dv / t * dt, "gate"))
     ops.append(_gemm("o_proj", T, h, a * dv / t, dt, "proj"))
-    # two residual adds (read 2, write 1), the second norm, and with dropout its 1-byte masks
-    drop = 2.0 if model.dropout else 0.0
-    ops.append(_elementwise("residual_norm", ((2.0 + 6.0) * dt + drop) * T * h / g.sp_div, "norm"))
     return ops
 
 
-def attended_keys(model: ModelSpec, s) -> tuple[np.ndarray, np.ndarray]:
-    """Keys per query of one layer's core attention, averaged over the model's layers:
-    (unfused: the masked score square's width, fused causal kernel: keys actually attended).
+def attended_keys(model: ModelSpec, s, block: BlockSpec = _LAYER) -> tuple[np.ndarray, np.ndarray]:
+    """Keys per query of one layer's core attention: (unfused: the masked score square's width,
+    fused causal kernel: keys actually attended), by the block's attention type.
 
     Full causal attention: ``s`` and ``CAUSAL_FRACTION·s``. A sliding window ``w`` (query i sees
     keys ``max(0, i−w+1)..i``): ``min(s, w)`` and ``w'·(1 − w'/(2s))`` with ``w' = min(s, w)``
-    (``s/2`` at ``w = s``). ``sliding_window_layer_fraction`` of the layers are windowed, the rest
-    full (GPT-OSS alternates the two); the per-layer costs are the fraction-weighted mix.
+    (``s/2`` at ``w = s``). Chunked attention, chunks of ``C`` tokens (query i sees the keys of
+    its chunk up to i): ``min(s, C)`` and ``(n·C² + r²)/(2s)`` for ``s = n·C + r`` (``s/2`` at
+    ``C ≥ s``). A block whose attention follows the model (``"model"``) is windowed on
+    ``sliding_window_layer_fraction`` of the layers and full on the rest (GPT-OSS alternates
+    the two): the per-layer costs are the fraction-weighted mix.
     """
     s = np.asarray(s, dtype=np.float64)
-    if not model.sliding_window:
+    kind = block.attention
+    if kind == "full" or (kind == "model" and not model.sliding_window):
         return s, CAUSAL_FRACTION * s
-    f = model.sliding_window_layer_fraction
+    if kind == "chunked":
+        c = float(model.attention_chunk_size)
+        n = np.floor(s / c)
+        r = s - n * c
+        return np.minimum(s, c), (n * c * c + r * r) / (2.0 * np.maximum(s, 1.0))
+    f = model.sliding_window_layer_fraction if kind == "model" else 1.0
     w = np.minimum(s, float(model.sliding_window))
     win_causal = w * (1.0 - w / (2.0 * np.maximum(s, 1.0)))
+    if kind == "sliding":
+        return w, win_causal
     return f * w + (1.0 - f) * s, f * win_causal + (1.0 - f) * CAUSAL_FRACTION * s
 
 
@@ -238,8 +294,8 @@ def moe_mlp_operators(model: ModelSpec, g: Geometry) -> list[Op]:
                                 count=np.broadcast_to(local_experts, np.shape(op.flops)).astype(np.float64)))
     act = (3.0 if model.activation is Activation.swiglu else 2.0) * routed * fe / g.etp * g.dt
     ops.append(_elementwise("expert_act", act, "expert"))
-    if model.num_shared_experts:
-        ops += _mlp("shared_expert", model, g.tokens, model.num_shared_experts * fe, g.t, g.dt, "mlp")
+    if model.shared_expert_ffn:
+        ops += _mlp("shared_expert", model, g.tokens, model.shared_expert_ffn, g.t, g.dt, "mlp")
     return ops
 
 
@@ -256,17 +312,202 @@ def head_operators(model: ModelSpec, g: Geometry) -> list[Op]:
     ]
 
 
+# ------------------------------------------------------------------ recurrent mixers
+
+
+def _conv1d(name, T, channels, width, dt) -> Op:
+    """A causal depthwise conv1d over `channels`: reads and writes each element (memory-bound),
+    2·width FLOPs per element; its backward computes input and weight gradients."""
+    T, channels = np.broadcast_arrays(np.asarray(T, dtype=np.float64), np.asarray(channels, dtype=np.float64))
+    return Op(name=name, kind=ELEMENTWISE, flops=2.0 * width * T * channels, bytes=2.0 * T * channels * dt,
+              bwd_input=1.0, bwd_weight=1.0, group="ssm")
+
+
+def _scan(name, flops, io_bytes, head_dim) -> Op:
+    """A chunked scan (SSD, gated delta rule): tensor-core matmuls over chunks, priced like fused
+    attention at its head dimension (Dao & Gu 2024 §6: SSD runs at FlashAttention-2's speed)."""
+    flops, io_bytes = np.broadcast_arrays(np.asarray(flops, dtype=np.float64), np.asarray(io_bytes, dtype=np.float64))
+    return Op(name=name, kind=ATTENTION, flops=flops, bytes=io_bytes, m=0.0, n=0.0, k=float(head_dim),
+              bwd_input=SCAN_BWD_FACTOR, bwd_weight=0.0, group="ssm")
+
+
+def mamba2_dims(model: ModelSpec) -> tuple[int, int, int, int, int]:
+    """(d_inner, heads H, head dim P, groups G, state N) of a Mamba-2 mixer."""
+    return model.mamba_inner_size, model.mamba_heads, model.mamba_head_dim, model.mamba_num_groups, \
+        model.mamba_state_size
+
+
+def ssd_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs per token of Mamba-2's chunked SSD scan, unsharded (Dao & Gu 2024, §6):
+    within each chunk of Q tokens C·Bᵀ (Q·N per token and group) and (C·Bᵀ ∘ L)·X (Q·P per token
+    and head), and per head the chunk states Bᵀ·X and their output C·h (P·N each):
+    ``2·(Q·G·N + Q·H·P + 2·H·P·N)``. Passing the states between chunks (H·P·N per chunk) is left out."""
+    _, H, P, G, N = mamba2_dims(model)
+    Q = model.mamba_chunk_size
+    return 2.0 * (Q * G * N + Q * H * P + 2.0 * H * P * N)
+
+
+def mamba2_operators(model: ModelSpec, g: Geometry) -> list[Op]:
+    """Megatron-Core's MambaMixer (Nemotron-H): in_proj to z, x, B, C, dt; causal conv1d over x, B,
+    C; the SSD scan; the gated RMSNorm; out_proj. TP shards heads and groups (column-parallel
+    in_proj, row-parallel out_proj)."""
+    h, T, t, dt = model.hidden_size, g.tokens, g.t, g.dt
+    di, H, P, G, N = mamba2_dims(model)
+    xbc = di + 2 * G * N
+    io = T * (xbc + H + di) / t * dt  # x, B, C, dt in; y out
+    # the chunked kernels' fp32 intermediates (mamba_ssm's ssd_combined): the chunk states, written by
+    # the chunk-state kernel, read and rewritten by state passing, read by the chunk scan (4 passes),
+    # and C·Bᵀ per chunk and group, written and read (2 passes)
+    io = io + (4.0 * 4.0 * np.ceil(T / model.mamba_chunk_size) * H * P * N + 2.0 * 4.0 * T * model.mamba_chunk_size * G) / t
+    return [
+        _gemm("mamba_in_proj", T, (di + xbc + H) / t, h, dt, "qkv"),
+        _conv1d("mamba_conv1d", T, xbc / t, model.mamba_conv_kernel, dt),
+        _scan("ssd_scan", T * ssd_flops_per_token(model) / t, io, P),
+        _elementwise("mamba_gated_norm", 3.0 * T * di / t * dt, "ssm"),  # reads y and z, writes
+        _gemm("mamba_out_proj", T, h, di / t, dt, "proj"),
+    ]
+
+
+#: FLOPs of Mamba-1's selective scan per element of d_inner and of the state (Gu & Dao 2023, §3.3.2:
+#: the scan's 9·B·L·D·N FLOPs)
+SELECTIVE_SCAN_FLOPS = 9.0
+
+
+def mamba_operators(model: ModelSpec, g: Geometry) -> list[Op]:
+    """Mamba-1 (Jamba): in_proj to x and z, causal conv1d, x_proj to Δ, B, C, dt_proj, the selective
+    scan (a fused, memory-bound kernel: 9·d_inner·N FLOPs per token, priced by the bytes it moves),
+    out_proj. TP shards d_inner."""
+    h, T, t, dt = model.hidden_size, g.tokens, g.t, g.dt
+    di, N, R = model.mamba_inner_size, model.mamba_state_size, model.mamba_delta_rank
+    scan_io = T * (3.0 * di / t + 2.0 * N) * dt + T * di / t * dt  # x, Δ, z, B, C in; y out
+    scan = Op(name="selective_scan", kind=ELEMENTWISE, flops=np.broadcast_to(
+        SELECTIVE_SCAN_FLOPS * T * di * N / t, np.shape(scan_io)).astype(np.float64), bytes=scan_io,
+        bwd_input=2.0, bwd_weight=0.0, group="ssm")
+    return [
+        _gemm("mamba_in_proj", T, 2.0 * di / t, h, dt, "qkv"),
+        _conv1d("mamba_conv1d", T, di / t, model.mamba_conv_kernel, dt),
+        _gemm("mamba_x_proj", T, R + 2.0 * N, di / t, dt, "qkv"),
+        _gemm("mamba_dt_proj", T, di / t, R, dt, "qkv"),
+        scan,
+        _gemm("mamba_out_proj", T, h, di / t, dt, "proj"),
+    ]
+
+
+def linear_attention_dims(model: ModelSpec) -> tuple[int, int, int, int]:
+    """(key heads, value heads, key head dim, value head dim) of a linear-attention mixer."""
+    return model.linear_num_key_heads, model.linear_num_value_heads, model.linear_key_head_dim, \
+        model.linear_value_head_dim
+
+
+def delta_rule_flops_per_token(model: ModelSpec, delta: bool = True) -> float:
+    """Forward FLOPs per token of the chunked (gated) delta rule, unsharded, with chunks of C tokens
+    and queries/keys repeated to the Hv value heads (Yang et al. 2024, Gated Delta Networks, §3.3,
+    arXiv 2412.06464; the WY representation of DeltaNet). Per chunk and head: K·Kᵀ (2C²·dk), the
+    triangular inverse (C³/3), W = A·K and U = A·V (2C²·dk, 2C²·dv), U − W·S (2C·dk·dv), Q·S
+    (2C·dk·dv), Q·Kᵀ (2C²·dk), its product with U (2C²·dv) and the state update Kᵀ·U (2C·dk·dv):
+    per token ``Hv·(C·(6dk + 4dv) + C²/3 + 6·dk·dv)``. Plain chunked linear attention (``delta =
+    False``) keeps Q·Kᵀ, its product with V, Q·S and Kᵀ·V: ``Hv·(2C·(dk + dv) + 4·dk·dv)``."""
+    _, hv, dk, dv = linear_attention_dims(model)
+    c = float(model.linear_chunk_size)
+    if delta:
+        return hv * (c * (6.0 * dk + 4.0 * dv) + c * c / 3.0 + 6.0 * dk * dv)
+    return hv * (2.0 * c * (dk + dv) + 4.0 * dk * dv)
+
+
+def linear_attention_operators(model: ModelSpec, g: Geometry, delta: bool = True) -> list[Op]:
+    """Gated DeltaNet (Qwen3-Next's linear-attention layers) or plain linear attention: input
+    projections to q, k, v, the output gate z (and the delta rule's β and decay a), a causal
+    conv1d over q, k, v, the chunked scan, the gated RMSNorm, the output projection. TP shards
+    heads."""
+    h, T, t, dt = model.hidden_size, g.tokens, g.t, g.dt
+    hk, hv, dk, dv = linear_attention_dims(model)
+    qk, vv = hk * dk, hv * dv
+    io = T * (2 * qk + vv + vv) / t * dt  # q, k, v in; o out
+    # flash-linear-attention's chunked kernels write and read the chunk states (2 passes) and, for the
+    # delta rule, the fp32 K·Kᵀ blocks A and the WY factors w, u (2 passes each)
+    c = model.linear_chunk_size
+    io = io + 2.0 * dt * np.ceil(T / c) * hv * dk * dv / t
+    if delta:
+        io = io + (2.0 * 4.0 * T * c * hv + 2.0 * dt * T * hv * (dk + dv)) / t
+    ops = [_gemm("linear_in_proj", T, (2 * qk + 2 * vv) / t, h, dt, "qkv")]
+    if delta:
+        ops.append(_gemm("linear_beta_decay_proj", T, 2.0 * hv / t, h, dt, "qkv"))
+    ops += [
+        _conv1d("linear_conv1d", T, (2 * qk + vv) / t, model.linear_conv_kernel, dt),
+        _scan("delta_rule_scan" if delta else "linear_attention_scan",
+              T * delta_rule_flops_per_token(model, delta) / t, io, dk),
+        _elementwise("linear_gated_norm", 3.0 * T * vv / t * dt, "ssm"),
+        _gemm("linear_out_proj", T, h, vv / t, dt, "proj"),
+    ]
+    return ops
+
+
+def mixer_operators(model: ModelSpec, g: Geometry, block: BlockSpec) -> list[Op]:
+    """The operators of a block's sequence mixer (no norms or residual adds)."""
+    if block.mixer == "attention":
+        return attention_mixer_operators(model, g, block)
+    if block.mixer == "mamba2":
+        return mamba2_operators(model, g)
+    if block.mixer == "mamba":
+        return mamba_operators(model, g)
+    if block.mixer in ("gated_deltanet", "linear_attention"):
+        return linear_attention_operators(model, g, delta=block.mixer == "gated_deltanet")
+    return []
+
+
+def ffn_operators(model: ModelSpec, g: Geometry, block: BlockSpec) -> list[Op]:
+    if block.ffn == "dense":
+        return dense_mlp_operators(model, g)
+    if block.ffn == "moe":
+        return moe_mlp_operators(model, g)
+    return []
+
+
 def layer_operators(model: ModelSpec, g: Geometry, kind: str) -> list[Op]:
-    """Operators of one layer of `kind` ('dense' or 'moe')."""
-    mlp = moe_mlp_operators(model, g) if kind == "moe" else dense_mlp_operators(model, g)
-    return attention_operators(model, g) + mlp
+    """Operators of one layer of `kind` (a key of ``model.block_kinds``; "dense"/"moe" always):
+    the mixer's pre-norm and operators, the residual adds and the ffn's norm, the ffn."""
+    block = model.block(kind)
+    ops = [input_norm(model, g), *mixer_operators(model, g, block)] if block.mixer != "none" else []
+    return [*ops, residual_operator(model, g, block), *ffn_operators(model, g, block)]
 
 
 # ------------------------------------------------------------------ collectives
 
 
+def tp_sublayers(model: ModelSpec, block: BlockSpec) -> int:
+    """Sublayers of a block whose TP-sharded GEMMs need the gathered activation: the mixer, a dense
+    MLP, and an MoE's shared experts (routed experts gather through expert-TP instead)."""
+    return (block.mixer != "none") + (block.ffn == "dense" or (block.ffn == "moe" and model.shared_expert_ffn > 0))
+
+
+def cp_ring_steps(model: ModelSpec, g: Geometry, block: BlockSpec):
+    """Ring-attention steps of one pass: ``c − 1``, fewer where a window or chunk of w keys reaches
+    back only ``⌈w·c/s⌉`` CP ranks."""
+    steps = np.maximum(g.c - 1.0, 0.0)
+    reach = {"sliding": model.sliding_window, "chunked": model.attention_chunk_size}.get(block.attention, 0)
+    if reach:
+        steps = np.minimum(steps, np.ceil(reach * g.c / g.s))
+    return steps
+
+
+def recurrent_cp_bytes(model: ModelSpec, g: Geometry, block: BlockSpec):
+    """Bytes one rank exchanges per pass when CP re-shards a recurrent mixer from sequence to heads
+    and back (Megatron-Core's Mamba context parallelism: an all-to-all of the conv/scan inputs
+    before the scan and of its output after)."""
+    if block.mixer == "mamba2":
+        di, H, _, G, N = mamba2_dims(model)
+        width = di + 2 * G * N + H + di
+    elif block.mixer == "mamba":
+        width = 2 * model.mamba_inner_size
+    else:
+        hk, hv, dk, dv = linear_attention_dims(model)
+        width = 2 * hk * dk + 2 * hv * dv + 2 * hv
+    return g.tokens * width / g.t * g.dt
+
+
 def layer_collectives(model: ModelSpec, g: Geometry, kind: str) -> list[Coll]:
     """Collectives of one layer per micro-batch, each with the passes it runs in (§3)."""
+    block = model.block(kind)
     h = model.hidden_size
     T, dt = g.tokens, g.dt
     act = T * h * dt  # the full (TP-gathered) activation of this CP rank
@@ -275,24 +516,28 @@ def layer_collectives(model: ModelSpec, g: Geometry, kind: str) -> list[Coll]:
     tp_on = g.t > 1
     # TP: with SP an all-gather before each block and a reduce-scatter after (and mirrored in
     # backward); without SP an all-reduce after each block in each pass.
-    blocks = 2.0 if kind == "dense" or model.num_shared_experts else 1.0
+    blocks = float(tp_sublayers(model, block))
     out.append(Coll(name="tp_ag_or_ar", parallel="tp", kind=np.where(g.sp, ALL_GATHER, ALL_REDUCE), bytes=act,
                     group_size=g.t, stride=one, count=np.where(tp_on, blocks, 0.0)))
     out.append(Coll(name="tp_rs", parallel="tp", kind=REDUCE_SCATTER, bytes=act, group_size=g.t, stride=one,
                     count=np.where(g.sp & tp_on, blocks, 0.0)))
-    # CP ring attention: c−1 steps, each sending this rank's K and V (forward) and K, V, dK, dV
-    # (backward) to the next rank
-    if model.is_mla:
-        kv_el = model.num_attention_heads * (model.qk_head_dim + model.v_dim)
-    else:
-        kv_el = 2.0 * model.num_kv_heads * model.kv_channels
-    step = T * kv_el / g.t * dt
-    cp_steps = np.maximum(g.c - 1.0, 0.0)
-    out.append(Coll(name="cp_kv_fwd", parallel="cp", kind=P2P, bytes=step, group_size=g.c, stride=g.t,
-                    count=cp_steps, passes="fwd"))
-    out.append(Coll(name="cp_kv_bwd", parallel="cp", kind=P2P, bytes=2.0 * step, group_size=g.c, stride=g.t,
-                    count=cp_steps, passes="bwd"))
-    if kind == "moe":
+    if block.is_attention:
+        # CP ring attention: c−1 steps, each sending this rank's K and V (forward) and K, V, dK, dV
+        # (backward) to the next rank
+        if model.is_mla:
+            kv_el = model.num_attention_heads * (model.qk_head_dim + model.v_dim)
+        else:
+            kv_el = 2.0 * model.num_kv_heads * model.kv_channels
+        step = T * kv_el / g.t * dt
+        cp_steps = cp_ring_steps(model, g, block)
+        out.append(Coll(name="cp_kv_fwd", parallel="cp", kind=P2P, bytes=step, group_size=g.c, stride=g.t,
+                        count=cp_steps, passes="fwd"))
+        out.append(Coll(name="cp_kv_bwd", parallel="cp", kind=P2P, bytes=2.0 * step, group_size=g.c, stride=g.t,
+                        count=cp_steps, passes="bwd"))
+    elif block.mixer != "none":
+        out.append(Coll(name="cp_a2a", parallel="cp", kind=ALL_TO_ALL, bytes=recurrent_cp_bytes(model, g, block),
+                        group_size=g.c, stride=g.t, count=np.where(g.c > 1, 1.0, 0.0)))
+    if block.ffn == "moe":
         k = model.experts_per_token
         tok = T / g.sp_div
         ep_on = np.where(g.e > 1, 2.0, 0.0)  # dispatch + combine
@@ -337,14 +582,35 @@ def saved_activation_bytes(model: ModelSpec, g: Geometry, kind: str) -> SavedAct
     For GPT (MHA, 4h GELU MLP, dropout, unfused attention) this reduces to Korthikanti et
     al.'s ``s·b·h·(34 + 5·a·s/h)`` without TP, ``s·b·h/t·(34 + 5·a·s/h)`` with TP+SP.
     """
-    h, a = model.hidden_size, model.num_attention_heads
-    T, t, dt = g.tokens, g.t, g.dt
+    block = model.block(kind)
+    h = model.hidden_size
+    T, dt = g.tokens, g.dt
     spd = g.sp_div
     drop = 1.0 if model.dropout else 0.0
-    # replicated across TP unless sequence parallel: the two norm inputs (the first is the
-    # layer input), the QKV input, the MLP input and the two dropout masks (1 byte/element)
+    n = block.sublayers
+    # replicated across TP unless sequence parallel: the layer input (the first norm's), the other
+    # norm inputs, each sublayer's normed input (QKV / mixer input, MLP input) and the dropout masks
+    # (1 byte/element) — for a transformer layer norm2 input, QKV input, MLP input and two masks
     layer_input = dt * T * h / spd
-    replicated = (dt * T * h * 3.0 + drop * 2.0 * T * h) / spd  # norm2 input, QKV input, MLP input, masks
+    replicated = (dt * T * h * (2.0 * n - 1.0) + drop * float(n) * T * h) / spd
+    z = np.zeros_like(np.asarray(T, dtype=np.float64))
+    core = z
+    other = replicated
+    if block.is_attention:
+        core, mixer = attention_saved_bytes(model, g, block)
+        other = other + mixer[0] + mixer[1]
+    elif block.mixer != "none":
+        other = other + recurrent_saved_bytes(model, g, block)
+    return SavedActivations(layer_input=layer_input, core_attention=core, other=other + ffn_saved_bytes(model, g, block))
+
+
+def attention_saved_bytes(model: ModelSpec, g: Geometry, block: BlockSpec):
+    """(core, (Q/K/V after projection [+ latents], output-projection input [+ gate])) of an
+    attention mixer: the core keeps the scores, softmax and dropout (unfused) or the fused
+    kernel's fp32 log-sum-exp per query and head."""
+    a = model.num_attention_heads
+    T, t, dt = g.tokens, g.t, g.dt
+    drop = 1.0 if model.dropout else 0.0
     if model.is_mla:
         dq, dv = model.qk_head_dim, model.v_dim
         qkv = dt * T * a * (2.0 * dq + dv) / t  # Q, K, V after up-projection
@@ -357,45 +623,133 @@ def saved_activation_bytes(model: ModelSpec, g: Geometry, kind: str) -> SavedAct
         qkv = dt * T * (a * d + 2.0 * model.num_kv_heads * d) / t
         o_in = dt * T * a * d / t
         heads = a
-    s_kv, _ = attended_keys(model, g.s)
+        if block.output_gate:  # the gate and the ungated output, kept by the gating product
+            o_in = o_in + 2.0 * dt * T * a * d / t
+    s_kv, _ = attended_keys(model, g.s, block)
     scores = T * s_kv * heads / t
     unfused = dt * scores + drop * (scores + dt * scores)  # softmax output, dropout mask and output
     fused = 4.0 * T * heads / t  # fp32 log-sum-exp per query and head
-    core = np.where(g.flash, fused, unfused)
-    if kind == "moe":
-        k, fe = model.experts_per_token, model.moe_ffn_hidden_size
+    return np.where(g.flash, fused, unfused), (qkv, o_in)
+
+
+def recurrent_saved_bytes(model: ModelSpec, g: Geometry, block: BlockSpec):
+    """What a recurrent mixer keeps for backward (besides its normed input), TP-sharded.
+
+    - Mamba-2 (mamba_ssm's fused ``mamba_split_conv1d_scan_combined``, Megatron-Core's default):
+      the in_proj output z, x, B, C, dt ``(2·d_inner + 2·G·N + H)``, the scan output ``d_inner``
+      and the gated norm's fp32 reciprocal RMS per group; the conv output and out_proj input are
+      recomputed in backward.
+    - Mamba-1 (``mamba_inner_fn``): x and z ``(2·d_inner)``, the conv output, Δ and the scan output
+      ``(3·d_inner)``, and x_proj's output ``(R + 2·N)``.
+    - gated DeltaNet / linear attention (flash-linear-attention's chunked kernels): the input
+      projections ``(2·Hk·dk + 2·Hv·dv [+ 2·Hv])``, the conv output ``(2·Hk·dk + Hv·dv)``, the
+      scan output and the out_proj input ``(2·Hv·dv)``, and for the delta rule β and the decay in
+      fp32 and the chunk's triangular matrix A ``(Hv·C)``.
+    """
+    T, t, dt = g.tokens, g.t, g.dt
+    if block.mixer == "mamba2":
+        di, H, _, G, N = mamba2_dims(model)
+        return dt * T * (2.0 * di + 2.0 * G * N + H + di) / t + 4.0 * T * G / t
+    if block.mixer == "mamba":
+        di = model.mamba_inner_size
+        return dt * T * (5.0 * di + model.mamba_delta_rank + 2.0 * model.mamba_state_size) / t
+    hk, hv, dk, dv = linear_attention_dims(model)
+    qk, vv = hk * dk, hv * dv
+    saved = dt * T * (2.0 * qk + 2.0 * vv + (2.0 * qk + vv) + 2.0 * vv) / t
+    if block.mixer == "gated_deltanet":
+        saved = saved + dt * T * 2.0 * hv / t + 4.0 * T * 2.0 * hv / t + dt * T * hv * model.linear_chunk_size / t
+    return saved
+
+
+def recurrent_state_bytes(model: ModelSpec, g: Geometry, kind: str) -> FloatArray:
+    """Transient bytes of a recurrent mixer's chunk states while the layer runs (forward, and again
+    in backward, which recomputes them): the fp32 state ``(T/Q)·H·P·N`` at every SSD chunk boundary
+    (Mamba-2, chunks of Q tokens; mamba_ssm's ``_chunk_state_fwd``), ``(T/C)·Hv·dk·dv`` for the
+    chunked delta rule (flash-linear-attention's ``h``), TP-sharded by heads; 0 for other layers
+    (Mamba-1's scan keeps its state on chip)."""
+    block = model.block(kind)
+    T, t = g.tokens, g.t
+    z = np.zeros_like(np.asarray(T, dtype=np.float64))
+    if block.mixer == "mamba2":
+        _, H, P, _, N = mamba2_dims(model)
+        return z + 4.0 * np.ceil(T / model.mamba_chunk_size) * H * P * N / t
+    if block.mixer in ("gated_deltanet", "linear_attention"):
+        _, hv, dk, dv = linear_attention_dims(model)
+        return z + 4.0 * np.ceil(T / model.linear_chunk_size) * hv * dk * dv / t
+    return z
+
+
+def ffn_saved_bytes(model: ModelSpec, g: Geometry, block: BlockSpec):
+    """What a block's dense MLP or MoE keeps for backward (besides its normed input)."""
+    T, t, dt = g.tokens, g.t, g.dt
+    h = model.hidden_size
+    if block.ffn == "moe":
+        fe = model.moe_ffn_hidden_size
         routed = routed_pairs(model, g)
         swiglu = model.activation is Activation.swiglu
         expert = dt * routed * h + dt * routed * (3.0 if swiglu else 2.0) * fe / g.etp
-        router = 4.0 * T / spd * model.num_experts  # fp32 routing probabilities
+        router = 4.0 * T / g.sp_div * model.num_experts  # fp32 routing probabilities
         shared = 0.0
-        if model.num_shared_experts:
-            f = model.num_shared_experts * fe
+        if model.shared_expert_ffn:
+            f = model.shared_expert_ffn
             shared = dt * T * (3.0 if swiglu else 2.0) * f / t
-        mlp = expert + router + shared
-    else:
+        return expert + router + shared
+    if block.ffn == "dense":
         f = model.ffn_hidden_size
-        mlp = dt * T * (3.0 if model.activation is Activation.swiglu else 2.0) * f / t
-    return SavedActivations(layer_input=layer_input, core_attention=core, other=replicated + qkv + o_in + mlp)
+        return dt * T * (3.0 if model.activation is Activation.swiglu else 2.0) * f / t
+    return 0.0
 
 
 # ------------------------------------------------------------------ parameters
 
 
-def attention_params(model: ModelSpec) -> tuple[float, float]:
-    """(TP-sharded, replicated) parameters of one attention block."""
+def attention_params(model: ModelSpec, block: BlockSpec = _LAYER) -> tuple[float, float]:
+    """(TP-sharded, replicated) parameters of one attention block (with a transformer layer's
+    two norms; :func:`mixer_params` has the attention alone)."""
+    shard, rep = mixer_params(model, block)
+    return float(shard), float(rep + 2 * model.hidden_size)  # + two norms
+
+
+def mixer_params(model: ModelSpec, block: BlockSpec) -> tuple[float, float]:
+    """(TP-sharded, replicated) parameters of a block's sequence mixer, without the block's norms.
+
+    Mamba-2: in_proj ``h·(2·d_inner + 2·G·N + H)``, conv1d with bias ``(d_inner + 2·G·N)·(K + 1)``,
+    A, D and the Δ bias ``3·H``, the gated norm ``d_inner``, out_proj ``d_inner·h``. Mamba-1:
+    in_proj ``2·d_inner·h``, conv1d ``d_inner·(K + 1)``, x_proj ``d_inner·(R + 2N)``, dt_proj
+    ``(R + 1)·d_inner``, A ``d_inner·N``, D ``d_inner``, out_proj ``d_inner·h``. Gated DeltaNet:
+    input projections ``h·(2·Hk·dk + 2·Hv·dv + 2·Hv)``, conv1d ``(2·Hk·dk + Hv·dv)·K``, A and the Δ
+    bias ``2·Hv``, out_proj ``Hv·dv·h``, and the gated norm's ``dv`` (replicated; linear attention
+    has no β/decay projection, A or Δ bias).
+    """
     h, a = model.hidden_size, model.num_attention_heads
-    if model.is_mla:
-        dq, dv = model.qk_head_dim, model.v_dim
-        rep = h * (model.kv_lora_rank + model.qk_rope_head_dim) + (h * model.q_lora_rank if model.q_lora_rank else 0)
-        rep += model.kv_lora_rank + model.q_lora_rank  # latent norms
-        q_up = model.q_lora_rank * a * dq if model.q_lora_rank else h * a * dq
-        shard = q_up + model.kv_lora_rank * a * (model.qk_nope_head_dim + dv) + a * dv * h
-    else:
-        d = model.kv_channels
-        shard = h * (a * d + 2 * model.num_kv_heads * d) + a * d * h
-        rep = 0.0
-    return float(shard), float(rep + 2 * h)  # + two norms
+    if block.mixer == "attention":
+        if model.is_mla:
+            dq, dv = model.qk_head_dim, model.v_dim
+            rep = h * (model.kv_lora_rank + model.qk_rope_head_dim) + (h * model.q_lora_rank if model.q_lora_rank else 0)
+            rep += model.kv_lora_rank + model.q_lora_rank  # latent norms
+            q_up = model.q_lora_rank * a * dq if model.q_lora_rank else h * a * dq
+            shard = q_up + model.kv_lora_rank * a * (model.qk_nope_head_dim + dv) + a * dv * h
+        else:
+            d = model.kv_channels
+            shard = h * (a * d + 2 * model.num_kv_heads * d) + a * d * h
+            shard += h * a * d if block.output_gate else 0
+            rep = 0.0
+        return shard, rep
+    if block.mixer == "mamba2":
+        di, H, _, G, N = mamba2_dims(model)
+        xbc = di + 2 * G * N
+        return h * (di + xbc + H) + xbc * (model.mamba_conv_kernel + 1) + 3 * H + di + di * h, 0.0
+    if block.mixer == "mamba":
+        di, N, R = model.mamba_inner_size, model.mamba_state_size, model.mamba_delta_rank
+        return (2 * di * h + di * (model.mamba_conv_kernel + 1) + di * (R + 2 * N) + (R + 1) * di + di * N + di
+                + di * h), 0.0
+    if block.mixer in ("gated_deltanet", "linear_attention"):
+        hk, hv, dk, dv = linear_attention_dims(model)
+        delta = 2 * hv if block.mixer == "gated_deltanet" else 0
+        shard = h * (2 * hk * dk + 2 * hv * dv + delta) + (2 * hk * dk + hv * dv) * model.linear_conv_kernel \
+            + delta + hv * dv * h
+        return shard, float(dv)
+    return 0, 0.0
 
 
 def mlp_params(model: ModelSpec, ffn: int) -> float:
@@ -404,48 +758,63 @@ def mlp_params(model: ModelSpec, ffn: int) -> float:
 
 def layer_params(model: ModelSpec, kind: str) -> dict[str, float]:
     """Parameters of one layer: TP-sharded, replicated, and expert (EP×ETP-sharded)."""
-    shard, rep = attention_params(model)
-    if kind == "moe":
+    key = ("layer_params", kind)
+    if key not in model.derived:
+        model.derived[key] = _layer_params(model, kind)
+    return dict(model.derived[key])
+
+
+def _layer_params(model: ModelSpec, kind: str) -> dict[str, float]:
+    block = model.block(kind)
+    shard, rep = mixer_params(model, block)
+    shard, rep = float(shard), float(rep + block.sublayers * model.hidden_size)  # + the block's norms
+    if block.ffn == "moe":
         expert = model.num_experts * mlp_params(model, model.moe_ffn_hidden_size)
-        shard += model.num_shared_experts * mlp_params(model, model.moe_ffn_hidden_size)
+        if model.shared_expert_ffn_hidden_size:
+            shard += mlp_params(model, model.shared_expert_ffn_hidden_size)
+        else:
+            shard += model.num_shared_experts * mlp_params(model, model.moe_ffn_hidden_size)
         rep += model.hidden_size * model.num_experts
         return {"sharded": shard, "replicated": rep, "expert": expert}
-    return {"sharded": shard + mlp_params(model, model.ffn_hidden_size), "replicated": rep, "expert": 0.0}
+    if block.ffn == "dense":
+        shard = shard + mlp_params(model, model.ffn_hidden_size)
+    return {"sharded": shard, "replicated": rep, "expert": 0.0}
 
 
 def total_params(model: ModelSpec) -> dict[str, float]:
-    """Whole-model parameter counts: total and active per token."""
-    dense, moe = layer_params(model, "dense"), layer_params(model, "moe") if model.is_moe else None
+    """Whole-model parameter counts: total and active per token (MTP modules not included)."""
     emb = model.vocab_size * model.hidden_size * (1 if model.tied_embeddings else 2)
-    total = emb + model.num_dense_layers * sum(dense.values())
-    active = emb + model.num_dense_layers * sum(dense.values())
-    if moe:
-        total += model.num_moe_layers * sum(moe.values())
-        active += model.num_moe_layers * (moe["sharded"] + moe["replicated"]
-                                          + moe["expert"] * model.experts_per_token / model.num_experts)
+    total = active = emb
+    for kind, count in model.kind_counts.items():
+        p = layer_params(model, kind)
+        total += count * sum(p.values())
+        if p["expert"]:
+            active += count * (p["sharded"] + p["replicated"] + p["expert"] * model.experts_per_token / model.num_experts)
+        else:
+            active += count * sum(p.values())
     return {"total": float(total), "active": float(active)}
+
+
+#: the scans of the recurrent mixers, counted in model FLOPs with the GEMMs
+SCAN_OPS = ("ssd_scan", "selective_scan", "delta_rule_scan", "linear_attention_scan")
 
 
 def model_flops_per_sequence(model: ModelSpec, seq: FloatArray) -> FloatArray:
     """Forward FLOPs of one sequence through the whole model, unsharded.
 
     Attention counts the full s×s square (the Megatron/PaLM convention behind eq. 3 of
-    Narayanan et al.: 72·B·L·s·h²·(1 + s/6h + V/12hL) = 3 × this for GPT), no recompute.
+    Narayanan et al.: 72·B·L·s·h²·(1 + s/6h + V/12hL) = 3 × this for GPT), no recompute; the
+    recurrent mixers count their GEMMs and scans. Each MTP module counts as one more layer of
+    the stack's last kind and one more LM head.
     """
     s = np.asarray(seq, dtype=np.float64)
-    one = np.ones_like(s)
-    g = Geometry(b=one, s=s, t=one, c=one, e=one, etp=one, dp=one, sp=np.zeros(len(s), bool), dt=2.0 * one,
-                 precision=np.zeros(len(s), int), flash=np.zeros(len(s), bool))
+    g = Geometry.unit(s)
     total = np.zeros_like(s)
-    # each MTP module is one more transformer layer of the model's (last) layer type, plus a head
-    mtp_kind = "moe" if model.is_moe else "dense"
-    counts = {"dense": model.num_dense_layers, "moe": model.num_moe_layers}
-    counts[mtp_kind] += model.num_mtp_layers
-    for kind, count in counts.items():
-        if not count:
-            continue
+    # each MTP module is one more layer of the stack's last kind, plus a head
+    for kind, layers in model.kind_counts.items():
+        count = layers + (model.num_mtp_layers if kind == model.mtp_kind else 0)
         for op in layer_operators(model, g, kind):
-            if np.all(np.asarray(op.kind) == GEMM):
+            if np.all(np.asarray(op.kind) == GEMM) or op.name in SCAN_OPS:
                 total += count * np.asarray(op.flops)
     total += 2.0 * s * model.hidden_size * model.vocab_size * (1 + model.num_mtp_layers)
     return total
@@ -474,18 +843,20 @@ def module_saved_bytes(model: ModelSpec, g: Geometry, kind: str, module: str) ->
     """Bytes of :func:`saved_activation_bytes` that recomputing Megatron module `module` drops
     (one layer of `kind`, per micro-batch per GPU; 0 where the module is absent).
 
-    - ``core_attn``: the attention core's tensors (``SavedActivations.core_attention``);
-    - ``layernorm``: the outputs of input_layernorm and pre_mlp_layernorm, i.e. the QKV input
-      and the MLP/MoE input, ``2·dt·T·h/sp``; the norms' inputs stay;
+    - ``core_attn`` (attention blocks): the attention core's tensors (``SavedActivations.core_attention``);
+    - ``layernorm``: the outputs of the block's pre-norms (input_layernorm and pre_mlp_layernorm
+      in a transformer layer), i.e. each sublayer's normed input, ``n·dt·T·h/sp`` for n sublayers;
+      the norms' inputs stay;
     - ``mla_up_proj`` (MLA only): Q, K, V after the up projections and RoPE,
       ``dt·T·a·(2·d_qk + d_v)/t``; the latents stay;
-    - ``mlp`` (dense layers): the MLP's internal tensors, ``dt·T·(3|2)·f/t``;
-    - ``moe`` (MoE layers): every MoE tensor but its input (routed-expert, router and shared-
+    - ``mlp`` (dense-MLP blocks): the MLP's internal tensors, ``dt·T·(3|2)·f/t``;
+    - ``moe`` (MoE blocks): every MoE tensor but its input (routed-expert, router and shared-
       expert terms);
-    - ``moe_act`` (MoE layers): the routed experts' activation output (fc2's input),
+    - ``moe_act`` (MoE blocks): the routed experts' activation output (fc2's input),
       ``dt·T/sp·k·etp·f_e/etp``;
-    - ``shared_experts`` (MoE layers with shared experts): ``dt·T·(3|2)·f_s/t``.
+    - ``shared_experts`` (MoE blocks with shared experts): ``dt·T·(3|2)·f_s/t``.
     """
+    block = model.block(kind)
     T, t, dt, spd = g.tokens, g.t, g.dt, g.sp_div
     h, a = model.hidden_size, model.num_attention_heads
     z = np.zeros_like(np.asarray(T, dtype=np.float64))
@@ -493,17 +864,21 @@ def module_saved_bytes(model: ModelSpec, g: Geometry, kind: str, module: str) ->
     if module == "core_attn":
         return saved_activation_bytes(model, g, kind).core_attention
     if module == "layernorm":
-        return z + 2.0 * dt * T * h / spd
+        return z + float(block.sublayers) * dt * T * h / spd
     if module == "mla_up_proj":
-        return z + (dt * T * a * (2.0 * model.qk_head_dim + model.v_dim) / t if model.is_mla else 0.0)
+        up = model.is_mla and block.is_attention
+        return z + (dt * T * a * (2.0 * model.qk_head_dim + model.v_dim) / t if up else 0.0)
     if module == "mlp":
-        return z + (dt * T * _mlp_factor(model) * model.ffn_hidden_size / t if kind == "dense" else 0.0)
-    if kind != "moe":
+        return z + (dt * T * _mlp_factor(model) * model.ffn_hidden_size / t if block.ffn == "dense" else 0.0)
+    if block.ffn != "moe":
         if module in RECOMPUTE_MODULES:
             return z
         raise ValueError(f"unknown recompute module {module!r}")
     routed = routed_pairs(model, g)
-    shared = dt * T * _mlp_factor(model) * model.num_shared_experts * fe / t
+    if model.shared_expert_ffn_hidden_size:
+        shared = dt * T * _mlp_factor(model) * model.shared_expert_ffn_hidden_size / t
+    else:
+        shared = dt * T * _mlp_factor(model) * model.num_shared_experts * fe / t
     if module == "moe":
         expert = dt * routed * h + dt * routed * _mlp_factor(model) * fe / g.etp
         return expert + 4.0 * T / spd * model.num_experts + shared
@@ -517,21 +892,23 @@ def module_saved_bytes(model: ModelSpec, g: Geometry, kind: str, module: str) ->
 def module_operators(model: ModelSpec, g: Geometry, kind: str, module: str) -> list[Op]:
     """Forward operators backward re-runs when Megatron module `module` is recomputed
     (empty where the module is absent); collectives inside the module are not included."""
+    block = model.block(kind)
     if module == "core_attn":
-        return [o for o in attention_operators(model, g) if o.group == "core_attn"]
+        return [o for o in mixer_operators(model, g, block) if o.group == "core_attn"] if block.is_attention else []
     if module == "layernorm":
-        # input_layernorm and pre_mlp_layernorm: each reads and writes T·h/sp elements
+        # the block's pre-norms (input_layernorm and pre_mlp_layernorm): each reads and writes T·h/sp elements
         norm = 2.0 * g.tokens * model.hidden_size * g.dt / g.sp_div
-        return [_elementwise("input_norm", norm, "norm"), _elementwise("pre_mlp_norm", norm, "norm")]
+        names = ("input_norm", "pre_mlp_norm")[:block.sublayers]
+        return [_elementwise(name, norm, "norm") for name in names]
     if module == "mla_up_proj":
-        if not model.is_mla:
+        if not (model.is_mla and block.is_attention):
             return []
-        return [o for o in attention_operators(model, g) if o.name in ("q_up_proj", "q_proj", "kv_up_proj")]
+        return [o for o in mixer_operators(model, g, block) if o.name in ("q_up_proj", "q_proj", "kv_up_proj")]
     if module == "mlp":
-        return dense_mlp_operators(model, g) if kind == "dense" else []
+        return dense_mlp_operators(model, g) if block.ffn == "dense" else []
     if module not in RECOMPUTE_MODULES:
         raise ValueError(f"unknown recompute module {module!r}")
-    if kind != "moe":
+    if block.ffn != "moe":
         return []
     ops = moe_mlp_operators(model, g)
     if module == "moe":

@@ -36,6 +36,7 @@ from .decompose import (
     layer_operators,
     layer_params,
     model_flops_per_sequence,
+    recurrent_state_bytes,
     saved_activation_bytes,
 )
 from . import invariants
@@ -105,7 +106,8 @@ class LayerCosts:
     act_core_attn_bytes: FloatArray
     act_other_bytes: FloatArray
     act_saved_bytes: FloatArray
-    #: transient bytes while this layer runs backward (full recompute re-materialises a layer)
+    #: transient bytes while this layer runs (a recurrent mixer's chunk states; a layer full recompute
+    #: re-materialises while its backward runs)
     act_working_bytes: FloatArray
     #: bytes a saved GEMM input occupies, as a fraction of its bf16 size: 1, less when a feature keeps
     #: a quantised copy for the weight gradient instead (fp8: 0.5). Features that later drop saved
@@ -383,7 +385,8 @@ def _layer_costs(ctx: Context, kind: str) -> LayerCosts:
         offload_exposed_fwd_s=z, offload_exposed_bwd_s=z,
         dp_fwd_s=z, dp_bwd_s=z, dp_exposed_fwd_s=z, dp_exposed_bwd_s=z,
         act_layer_input_bytes=act.layer_input, act_core_attn_bytes=act.core_attention, act_other_bytes=act.other,
-        act_saved_bytes=act.total, act_working_bytes=z, act_gemm_input_scale=z + 1.0, fwd_flops=flops,
+        act_saved_bytes=act.total, act_working_bytes=recurrent_state_bytes(model, g, kind),
+        act_gemm_input_scale=z + 1.0, fwd_flops=flops,
         recompute_flops=z,
     )
 
@@ -393,17 +396,32 @@ def _layer_costs(ctx: Context, kind: str) -> LayerCosts:
 
 @attrs.frozen(kw_only=True, eq=False)
 class StageLayout:
-    """Layers of each type on the first, worst middle and last stage: arrays (3, N)."""
+    """Layers on the first, the worst middle and the last stage: per kind of layer (``counts``,
+    keyed as ``ModelSpec.block_kinds``) and in total; arrays of shape (3, N)."""
 
-    dense: np.ndarray
-    moe: np.ndarray
+    counts: Mapping[str, np.ndarray]
     total: np.ndarray  # layers per stage (first, mid, last)
+
+    def of(self, kind: str) -> np.ndarray:
+        """Layers of `kind` per stage (zeros for a kind the model lacks)."""
+        out = self.counts.get(kind)
+        return np.zeros_like(self.total) if out is None else out
 
 
 def stage_layout(model: ModelSpec, batch: CandidateBatch) -> StageLayout:
     """Place layers on stages. Balanced by default; `first/last_stage_layers` override the
     end stages (Llama 3: 126 layers on PP 16 as 7 + 14×8 + 7); the middle stages share the
-    rest equally. Dense layers (first_k_dense) sit at the front."""
+    rest equally. Layers keep their order in the stack (:func:`kinds_on_stages`)."""
+    total = stage_sizes(model, batch)
+    kinds = model.block_kinds
+    if len(kinds) == 1:
+        return StageLayout(counts={next(iter(kinds)): total}, total=total)
+    counts = kinds_on_stages(model, batch, total)
+    return StageLayout(counts=dict(zip(kinds, counts)), total=total)
+
+
+def stage_sizes(model: ModelSpec, batch: CandidateBatch) -> np.ndarray:
+    """Layers on the first, each middle and the last stage, (3, N)."""
     L = model.num_layers
     p = batch.pp.astype(np.float64)
     first_given = batch.first_stage_layers.astype(np.float64)
@@ -418,23 +436,73 @@ def stage_layout(model: ModelSpec, batch: CandidateBatch) -> StageLayout:
     rest = L - first - last
     mid = np.where(p > 2, np.ceil(rest / mid_stages), np.where(p > 1, 0.0, L))
     last = np.where(p > 1, last, L)
-    total = np.stack([first, mid, last])
-    dense_k = float(model.num_dense_layers if model.is_moe else L)
-    if model.is_moe:
-        # leading dense layers fill the first stage first, then the next ones
-        d_first = np.minimum(dense_k, first)
-        d_mid = np.minimum(np.maximum(dense_k - first, 0.0), mid)
-        d_last = np.where(p > 1, 0.0, d_first)
-        dense = np.stack([d_first, d_mid, d_last])
-    else:
-        dense = total.copy()
-    return StageLayout(dense=dense, moe=total - dense, total=total)
+    return np.stack([first, mid, last])
+
+
+def kind_weights(model: ModelSpec, seq: np.ndarray) -> np.ndarray:
+    """Forward FLOPs per token of one layer of each kind (K, len(seq)), unsharded, fused causal
+    attention: what ranks middle stages of a mixed stack by their work."""
+    s = np.asarray(seq, dtype=np.float64)
+    key = ("kind_weights", s.tobytes())
+    if key not in model.derived:
+        g = Geometry.unit(s, flash=True)
+        out = np.zeros((len(model.block_kinds), len(s)))
+        for i, kind in enumerate(model.block_kinds):
+            for op in layer_operators(model, g, kind):
+                out[i] += np.asarray(op.flops, dtype=np.float64) / s
+        model.derived[key] = out
+    return model.derived[key]
+
+
+def kinds_on_stages(model: ModelSpec, batch: CandidateBatch, total: np.ndarray) -> np.ndarray:
+    """Layers of each kind on the first, the worst middle and the last stage, (K, 3, N).
+
+    The stack is cut in order. With v virtual chunks (Megatron-Core's interleaved placement) it
+    is cut into v rows of chunks, one chunk per stage in each row; a stage of n layers has chunks
+    of ⌊n/v⌋ layers, the first ``n mod v`` one layer more (uneven end stages included). So every
+    stage holds exactly its layers and the stages tile the stack. The worst middle stage is the
+    one with the most forward FLOPs (:func:`kind_weights`), the earliest on a tie. Computed once
+    per distinct (pp, vpp, stage sizes, sequence length).
+    """
+    L = model.num_layers
+    kinds = list(model.block_kinds)
+    index = np.array([kinds.index(k) for k in model.layer_kinds])
+    prefix = np.zeros((len(kinds), L + 1))
+    prefix[:, 1:] = np.cumsum(np.eye(len(kinds))[index].T, axis=1)
+    cols = [batch.pp, batch.vpp, total[0], total[1], total[2], batch.sequence_length]
+    codes = [np.unique(np.asarray(c, dtype=np.int64), return_inverse=True) for c in cols]
+    key = np.ravel_multi_index([inv.ravel() for _, inv in codes], [len(u) for u, _ in codes])
+    rows, inverse = np.unique(key, return_index=True, return_inverse=True)[1:]
+    p, v, first, mid, last, seq = (np.asarray(c, dtype=np.int64)[rows] for c in cols)
+    mid_n = np.maximum(p - 2, 0)
+    j = np.arange(max(int(p.max()) - 2, 1))[:, None]  # middle stages 1..p−2 as 0..p−3, (J, 1)
+
+    def take(lo, n):  # (K, ...) layers of each kind in [lo, lo + n), clipped to the stack
+        lo = np.clip(lo, 0, L)
+        return prefix[:, np.clip(lo + n, lo, L)] - prefix[:, lo]
+
+    first_k = last_k = 0.0
+    mids = np.zeros((len(kinds), len(j), len(p)))
+    start = np.zeros_like(p)  # first layer of the current row of chunks
+    for c in range(int(v.max())):
+        on = c < v
+        f_c, m_c, l_c = (np.where(on, n // v + (c < n % v), 0) for n in (first, mid, last))
+        m_c = np.where(p > 2, m_c, 0)
+        first_k = first_k + take(start, f_c)
+        mids = mids + take(start + f_c + j * m_c, np.broadcast_to(m_c, (len(j), len(p))))
+        last_k = last_k + take(start + f_c + mid_n * m_c, np.where(p > 1, l_c, 0))
+        start = start + f_c + mid_n * m_c + np.where(p > 1, l_c, 0)
+    work = np.einsum("kju,ku->ju", mids, kind_weights(model, seq))
+    worst = np.argmax(np.where(j < p - 2, work, -np.inf), axis=0)
+    mid_k = np.take_along_axis(mids, worst[None, None, :], axis=1)[:, 0, :]
+    mid_k = np.where(p > 2, mid_k, np.where(p > 1, 0.0, first_k))
+    last_k = np.where(p > 1, last_k, first_k)
+    return np.stack([first_k, mid_k, last_k], axis=1)[..., inverse.ravel()]
 
 
 def layers_per_stage_valid(model: ModelSpec, batch: CandidateBatch) -> BoolArray:
-    lay = stage_layout(model, batch)
     p = batch.pp
-    first, mid, last = lay.total
+    first, mid, last = stage_sizes(model, batch)
     # every layer on exactly one stage (p = 2: the two end stages; p = 1: the only one, so explicit
     # end-stage sizes must be the whole model there)
     placed = np.where(p > 2, first + last + mid * (p - 2), np.where(p == 2, first + last, first))
@@ -448,7 +516,7 @@ def layers_per_stage_valid(model: ModelSpec, batch: CandidateBatch) -> BoolArray
     explicit = (batch.first_stage_layers > 0) | (batch.last_stage_layers > 0)
     chunks_ok = (np.mod(mid, v) == 0) | (p <= 2)
     chunks_ok &= explicit | np.where(p > 1, (np.mod(first, v) == 0) & (np.mod(last, v) == 0), np.mod(first, v) == 0)
-    chunks_ok &= (first >= v) & (last >= v)
+    chunks_ok &= (first >= v) & (last >= v) & np.where(p > 2, mid >= v, True)  # every stage holds a layer
     return covered & exact & (first >= 1) & (last >= 1) & chunks_ok & (p <= model.num_layers)
 
 
@@ -565,8 +633,8 @@ def _priced(ctx: Context, batch: CandidateBatch, layers_only: bool = False) -> d
     model, g = ctx.model, ctx.geometry
     n = len(batch)
     z = np.zeros(n)
-    kinds = ["dense"] + (["moe"] if model.is_moe else [])
-    out: dict = {"layers": {k: _layer_costs(ctx, k) for k in kinds}}
+    out: dict = {"layers": {k: _layer_costs(ctx, k) for k in model.block_kinds},
+                 "layout": stage_layout(model, batch)}
     if layers_only:
         return out
     emb_ops, head_ops = embedding_operators(model, g), head_operators(model, g)
@@ -584,7 +652,7 @@ def _priced(ctx: Context, batch: CandidateBatch, layers_only: bool = False) -> d
     pp_coll = Coll(name="pp_p2p", parallel="pp", kind=4, bytes=g.tokens * model.hidden_size * g.dt / g.t,
                    group_size=np.full(n, 2.0), stride=g.t * g.c * g.dp)
     out["tau"] = np.where(batch.pp > 1, price_collectives(ctx, [pp_coll])[0], 0.0)
-    out["opt"] = _optimizer_costs(ctx, batch, stage_layout(model, batch))
+    out["opt"] = _optimizer_costs(ctx, batch, out["layout"])
     return out
 
 
@@ -592,6 +660,14 @@ def price_structures(batch: CandidateBatch, model: ModelSpec, hardware: Hardware
     """Everything the providers price, for rows that are each a structure: reuse it with
     ``shared=(priced, row_structure)`` in :func:`layer_phase` / :func:`pipeline_phase`."""
     return _priced(Context(model=model, hardware=hardware, geometry=Geometry.of(batch), pm=pm), batch)
+
+
+def _expand_layout(lay: StageLayout, inverse: np.ndarray) -> StageLayout:
+    """A per-structure layout repeated to the batch's rows (a one-kind stack's counts are its
+    totals: expanded once)."""
+    total = lay.total[:, inverse]
+    return StageLayout(counts={k: total if c is lay.total else c[:, inverse] for k, c in lay.counts.items()},
+                       total=total)
 
 
 def layer_phase(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile, pm,
@@ -605,16 +681,22 @@ def layer_phase(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfi
     that pricing instead of pricing again.
     """
     ctx = Context(model=model, hardware=hardware, geometry=Geometry.of(batch), pm=pm, structure=structure)
+    inverse = None
     if shared is not None:
-        priced = _expand(shared[0] if not layers_only else {"layers": shared[0]["layers"]}, shared[1])
+        priced, inverse = shared
+        if layers_only:
+            priced = {"layers": priced["layers"], "layout": priced["layout"]}
     elif structure is None:
         priced = _priced(ctx, batch, layers_only)
     else:
         first, inverse = structure
         sub = batch.take(first)
-        priced = _expand(_priced(attrs.evolve(ctx, geometry=Geometry.of(sub), structure=None), sub, layers_only),
-                         inverse)
-    state = CostState(batch=batch, ctx=ctx, layers=priced["layers"], layout=stage_layout(model, batch))
+        priced = _priced(attrs.evolve(ctx, geometry=Geometry.of(sub), structure=None), sub, layers_only)
+    priced = dict(priced)
+    lay = priced.pop("layout")
+    if inverse is not None:  # priced per structure: repeated to the batch's rows
+        priced, lay = _expand(priced, inverse), _expand_layout(lay, inverse)
+    state = CostState(batch=batch, ctx=ctx, layers=priced["layers"], layout=lay)
     return _apply_phase(state, pm.registry, Phase.layer, {} if trail is None else trail), priced
 
 
@@ -654,11 +736,10 @@ def _stage_components(state: CostState, priced: Mapping) -> dict[str, np.ndarray
         "hidden_dp_layer_bwd": lambda c: c.dp_bwd_s - c.dp_exposed_bwd_s,
     }
     # (3, N) per-micro-batch time of each component on the first / worst middle / last stage
-    comp = {k: lay.dense * get(L["dense"]) + (lay.moe * get(L["moe"]) if "moe" in L else 0.0)
-            for k, get in getters.items()}
+    comp = {k: _on_stages(lay, L, get) for k, get in getters.items()}
     # the embedding sits on the first stage; the head (and DeepSeek's MTP modules, each a
     # layer plus a head) on the last — on the only stage when pp == 1
-    mtp_layer = L.get("moe", L["dense"])
+    mtp_layer = L[model.mtp_kind]
     ends = {"first": {"compute_fwd": emb_f, "compute_bwd_input": emb_b},
             "last": {k: mtp * get(mtp_layer) for k, get in getters.items()}}
     last = ends["last"]
@@ -903,16 +984,26 @@ def stage_layer_totals(batch: CandidateBatch, per_stage: np.ndarray) -> FloatArr
 
 
 def recompute_flops_per_step(state: CostState, lay: StageLayout) -> FloatArray:
-    """FLOPs re-run by recomputation in one step on all GPUs: each layer type's per-micro-batch,
+    """FLOPs re-run by recomputation in one step on all GPUs: each layer kind's per-micro-batch,
     per-GPU recompute FLOPs × its layers over all stages (and the MTP modules on the last) × the
     micro-batches × the GPUs of a stage (t·c·d)."""
     batch, g, model = state.batch, state.ctx.geometry, state.ctx.model
     L = state.layers
-    per_mb = sum((np.asarray(L[k].recompute_flops, dtype=np.float64)
-                  * stage_layer_totals(batch, lay.dense if k == "dense" else lay.moe) for k in L),
+    per_mb = sum((np.asarray(L[k].recompute_flops, dtype=np.float64) * stage_layer_totals(batch, lay.of(k)) for k in L),
                  np.zeros(len(batch)))
-    per_mb = per_mb + model.num_mtp_layers * np.asarray(L.get("moe", L["dense"]).recompute_flops, dtype=np.float64)
+    per_mb = per_mb + model.num_mtp_layers * np.asarray(L[model.mtp_kind].recompute_flops, dtype=np.float64)
     return per_mb * batch.num_microbatches * g.t * g.c * g.dp
+
+
+def _on_stages(lay: StageLayout, layers: Mapping[str, LayerCosts], get) -> np.ndarray:
+    """(3, N): Σ over kinds of (layers of the kind on each stage) × get(the kind's costs)."""
+    out = None
+    for kind, count in lay.counts.items():
+        if out is None:
+            out = count * get(layers[kind])
+        else:
+            out += count * get(layers[kind])
+    return out
 
 
 def _provenance(pm, registry, trail) -> dict[str, str]:
@@ -971,31 +1062,32 @@ def _dp_groups(ctx: Context, batch: CandidateBatch):
 def _params_on_stages(model: ModelSpec, batch: CandidateBatch, lay: StageLayout):
     """Dense (TP-sharded + replicated) and expert parameters each GPU holds, per stage (3, N)."""
     g_t = batch.tp.astype(np.float64)
-    d, mo = layer_params(model, "dense"), layer_params(model, "moe") if model.is_moe else None
-    dense = lay.dense * (d["sharded"] / g_t + d["replicated"])
-    expert = np.zeros_like(dense)
-    if mo:
-        per_gpu_expert = mo["expert"] / (batch.ep * batch.etp)
-        dense = dense + lay.moe * (mo["sharded"] / g_t + mo["replicated"])
-        expert = lay.moe * per_gpu_expert
+    ep = batch.ep * batch.etp
+    per = {k: layer_params(model, k) for k in lay.counts}
+    dense = expert = None
+    for kind, count in lay.counts.items():
+        d = count * (per[kind]["sharded"] / g_t + per[kind]["replicated"])
+        dense = d if dense is None else dense + d
+        if per[kind]["expert"]:
+            e = count * (per[kind]["expert"] / ep)
+            expert = e if expert is None else expert + e
+    expert = np.zeros_like(dense) if expert is None else expert
     emb = model.vocab_size * model.hidden_size / g_t
     p = batch.pp
     dense[0] += emb  # input embedding
     # output layer on the last stage (tied embeddings keep a second copy when pp > 1)
     head = np.where(p > 1, emb, 0.0 if model.tied_embeddings else emb)
     dense[2] += head
-    if model.num_mtp_layers:  # each MTP module: a layer of the last type plus its 2h×h projection
-        last_kind = mo or d
-        dense[2] += model.num_mtp_layers * (last_kind["sharded"] / g_t + last_kind["replicated"]
-                                            + 2 * model.hidden_size ** 2 / g_t)
-        if mo:
-            expert[2] += model.num_mtp_layers * mo["expert"] / (batch.ep * batch.etp)
-    single = p == 1
-    dense[0] = np.where(single, dense[0] + head + (dense[2] - lay.dense[2] * (d["sharded"] / g_t + d["replicated"])
-                                                    - (lay.moe[2] * (mo["sharded"] / g_t + mo["replicated"]) if mo else 0)
-                                                    - head), dense[0])
-    expert[0] = np.where(single, expert[0] + (expert[2] - (lay.moe[2] * mo["expert"] / (batch.ep * batch.etp)
-                                                           if mo else 0)), expert[0])
+    mtp_dense = mtp_expert = 0.0
+    if model.num_mtp_layers:  # each MTP module: a layer of the stack's last kind plus its projection
+        mp = layer_params(model, model.mtp_kind)
+        mtp_dense = model.num_mtp_layers * (mp["sharded"] / g_t + mp["replicated"] + 2 * model.hidden_size ** 2 / g_t)
+        mtp_expert = model.num_mtp_layers * mp["expert"] / ep
+        dense[2] += mtp_dense
+        expert[2] += mtp_expert
+    single = p == 1  # the only stage holds the head and the MTP modules too
+    dense[0] = np.where(single, dense[0] + head + mtp_dense, dense[0])
+    expert[0] = np.where(single, expert[0] + mtp_expert, expert[0])
     return dense, expert
 
 
@@ -1036,12 +1128,12 @@ def _memory_costs(state: CostState, lay: StageLayout, inflight: Inflight) -> Mem
     grads = params * _grad_bytes_per_param(batch) * copies
     optim = params * OPTIMIZER_STATE_BYTES * copies
     L = state.layers
-    act_stage = lay.dense * L["dense"].act_saved_bytes
+    act_stage = _on_stages(lay, L, lambda c: c.act_saved_bytes)
     # transient working set of the layer being recomputed: only layer types the stage holds
-    work = np.where(lay.dense > 0, L["dense"].act_working_bytes, 0.0)
-    if "moe" in L:
-        act_stage = act_stage + lay.moe * L["moe"].act_saved_bytes
-        work = np.maximum(work, np.where(lay.moe > 0, L["moe"].act_working_bytes, 0.0))
+    work = None
+    for kind, count in lay.counts.items():
+        w = np.where(count > 0, L[kind].act_working_bytes, 0.0)
+        work = w if work is None else np.maximum(work, w)
     held = np.stack([inflight.first, inflight.mid, inflight.last])
     acts = act_stage * held
     logits = np.zeros_like(acts)

@@ -40,7 +40,7 @@ from collections.abc import Mapping
 import attrs
 import numpy as np
 
-from .decompose import ATTENTION_BWD_FACTOR, Geometry, attention_operators, model_flops_per_sequence
+from .decompose import ATTENTION_BWD_FACTOR, Geometry, attention_mixer_operators, model_flops_per_sequence
 from .errors import PluginError, PluginResultError
 
 #: relative tolerance of the additivity checks (float64 sums of a few dozen terms)
@@ -172,15 +172,28 @@ def mfu_ceiling(model, batch) -> np.ndarray:
     geo = lambda flash: Geometry(b=one, s=uniq, t=one, c=one, e=one, etp=one, dp=one,  # noqa: E731
                                  sp=np.zeros(len(uniq), bool), dt=2.0 * one, precision=np.zeros(len(uniq), int),
                                  flash=np.full(len(uniq), flash))
-    core = lambda g: sum((np.asarray(o.flops, dtype=np.float64) for o in attention_operators(model, g)  # noqa: E731
-                          if o.name == "core_attention"), np.zeros(len(uniq)))
-    layers = model.num_layers + model.num_mtp_layers
-    attn_model = 3.0 * layers * core(geo(False))
-    attn_exec = (1.0 + ATTENTION_BWD_FACTOR) * layers * core(geo(True))
+    attn_model = 3.0 * _core_attention_flops(model, geo(False))
+    attn_exec = (1.0 + ATTENTION_BWD_FACTOR) * _core_attention_flops(model, geo(True))
     total = 3.0 * model_flops_per_sequence(model, uniq)
     saved = np.maximum(attn_model - attn_exec, 0.0)
     ceiling = total / np.maximum(total - saved, 1e-300)
     return np.where(np.asarray(batch.flash_attention, bool), ceiling[inv], 1.0)
+
+
+def _core_attention_flops(model, g: Geometry) -> np.ndarray:
+    """Forward core-attention FLOPs of one sequence through every attention layer of the stack, each
+    kind by its own attention (full, sliding, chunked; the MTP modules as layers of the last kind);
+    layers without attention (Mamba, linear attention) execute what model FLOPs count."""
+    out = np.zeros(len(g.s))
+    for kind, layers in model.kind_counts.items():
+        block = model.block_kinds[kind]
+        if not block.is_attention:
+            continue
+        count = layers + (model.num_mtp_layers if kind == model.mtp_kind else 0)
+        ops = attention_mixer_operators(model, g, block)
+        out = out + count * sum((np.asarray(o.flops, dtype=np.float64) for o in ops if o.name == "core_attention"),
+                                np.zeros(len(g.s)))
+    return out
 
 
 @attrs.frozen

@@ -115,6 +115,22 @@ LIMITS: dict[str, Bound] = {
     "model.v_head_dim": _count(0, MAX_WIDTH, "MLA"),
     "model.num_mtp_layers": _count(0, MAX_LAYERS, "multi-token-prediction modules"),
     "model.sliding_window": _count(0, 2**32, "tokens, 0 = full attention"),
+    "model.attention_chunk_size": _count(0, 2**32, "tokens per chunk of chunked attention, 0 = none"),
+    "model.shared_expert_ffn_hidden_size": _count(0, MAX_WIDTH, "0 = num_shared_experts × moe_ffn_hidden_size"),
+    "model.mamba_state_size": _count(1, MAX_WIDTH, "Mamba state N"),
+    "model.mamba_head_dim": _count(1, MAX_WIDTH, "Mamba-2 head dimension P"),
+    "model.mamba_num_heads": _count(0, MAX_HEADS, "Mamba-2 heads, 0 = mamba_expand × hidden / head_dim"),
+    "model.mamba_num_groups": _count(1, MAX_HEADS, "Mamba-2 B/C groups"),
+    "model.mamba_conv_kernel": _count(1, 1024, "causal conv1d width"),
+    "model.mamba_chunk_size": _count(1, MAX_SEQUENCE, "SSD chunk length"),
+    "model.mamba_expand": _count(1, 1024, "d_inner / hidden"),
+    "model.mamba_dt_rank": _count(0, MAX_WIDTH, "Mamba-1 Δ rank, 0 = hidden / 16"),
+    "model.linear_num_key_heads": _count(0, MAX_HEADS, "linear-attention query/key heads"),
+    "model.linear_num_value_heads": _count(0, MAX_HEADS, "linear-attention value heads"),
+    "model.linear_key_head_dim": _count(1, MAX_WIDTH, "linear-attention key head dimension"),
+    "model.linear_value_head_dim": _count(1, MAX_WIDTH, "linear-attention value head dimension"),
+    "model.linear_conv_kernel": _count(1, 1024, "causal conv1d width"),
+    "model.linear_chunk_size": _count(1, MAX_SEQUENCE, "chunk length of the chunked algorithm"),
 }
 
 

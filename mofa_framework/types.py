@@ -9,6 +9,7 @@ only in field names that say so, and the SI properties (``*_bytes``, ``*_bytes_p
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -17,6 +18,7 @@ import attrs
 from attrs import validators as v
 
 from .limits import limit, option_backstop
+from .stack import BlockSpec, kind_key, pattern_blocks
 from .units import DTYPE_BYTES, GIB, gbps_to_bytes_per_s, tflops_to_flops_per_s
 
 KEBAB = re.compile(r"^[a-z0-9][a-z0-9.\-]*$")
@@ -47,6 +49,30 @@ def _tuple_of_str(x) -> tuple[str, ...]:
     return tuple(str(i) for i in x)
 
 
+_BLOCK_KEYS = ("mixer", "attention", "output_gate", "ffn")
+
+
+def _block_table(d) -> dict[str, BlockSpec]:
+    """``{symbol: BlockSpec}``: one character each, not a digit, a parenthesis or a space; each block a
+    table of ``mixer``, ``attention``, ``output_gate``, ``ffn``."""
+    if not isinstance(d, Mapping):
+        raise ValueError(f"blocks must be a table of symbol = {{mixer, attention, output_gate, ffn}}, got {d!r:.60}")
+    out = {}
+    for symbol, block in d.items():
+        if not (isinstance(symbol, str) and len(symbol) == 1 and not symbol.isdigit() and symbol not in "() \t"):
+            raise ValueError(f"blocks: symbol {symbol!r} must be one character (not a digit, parenthesis or space)")
+        if isinstance(block, BlockSpec):
+            out[symbol] = block
+            continue
+        if not isinstance(block, Mapping):
+            raise ValueError(f"blocks.{symbol} must be a table of {', '.join(_BLOCK_KEYS)}, got {block!r:.60}")
+        unknown = sorted(set(map(str, block)) - set(_BLOCK_KEYS))
+        if unknown:
+            raise ValueError(f"blocks.{symbol}: unknown key(s) {', '.join(unknown)} (known: {', '.join(_BLOCK_KEYS)})")
+        out[symbol] = BlockSpec(**block)
+    return out
+
+
 # ---------------------------------------------------------------------------------------
 # Models
 # ---------------------------------------------------------------------------------------
@@ -59,10 +85,13 @@ class Activation(enum.Enum):
 
 @attrs.frozen(kw_only=True)
 class ModelSpec:
-    """A transformer's architecture, in HuggingFace/Megatron field names.
+    """A model's architecture, in HuggingFace/Megatron field names.
 
     Dense, MoE (routed + shared experts, leading dense layers) and MLA attention are all
-    described by the same record; fields that do not apply stay 0.
+    described by the same record; fields that do not apply stay 0. A stack whose layers
+    differ — hybrid Mamba/attention, local/global or chunked attention, linear attention, MoE
+    on some layers — is spelled in ``layer_pattern`` (:mod:`mofa_framework.stack`); the
+    engine prices each kind of layer (``block_kinds``) once.
     """
 
     name: str = attrs.field(validator=_kebab)
@@ -110,6 +139,35 @@ class ModelSpec:
     #: full-attention layers: 0.5); the others attend to the whole causal prefix
     sliding_window_layer_fraction: float = attrs.field(default=1.0, converter=float,
                                                        validator=[v.ge(0.0), v.le(1.0)])
+    # -- the layer stack (mofa_framework/stack.py; docs/job-file.md "Layer stacks") -----------
+    #: one symbol per layer, with counts and groups ("M-M*-", "D3X58", "(LLLG)12"); repeated to
+    #: num_layers and cut there. Empty: the stack follows first_k_dense_layers and moe_layer_frequency
+    layer_pattern: str = attrs.field(default="", validator=[v.instance_of(str), v.max_len(1 << 16)])
+    #: symbols of layer_pattern beyond (or redefining) the built-in ones, e.g. {"L": {attention = "sliding"}}
+    blocks: Any = attrs.field(factory=dict, converter=lambda d: _block_table(d))  # {symbol: BlockSpec}
+    #: chunked attention (Llama 4): queries attend to the keys of their own chunk of this many tokens
+    attention_chunk_size: int = attrs.field(default=0, validator=limit("model.attention_chunk_size"))
+    #: width of the shared expert(s) of an MoE layer; 0 = num_shared_experts × moe_ffn_hidden_size
+    shared_expert_ffn_hidden_size: int = attrs.field(default=0, validator=limit("model.shared_expert_ffn_hidden_size"))
+    #: Mamba-2 (SSD) and Mamba mixers: state size N, head dimension P, heads H (0 = expand·h/P),
+    #: B/C groups G, causal conv1d width, SSD chunk length Q, expand (d_inner = expand·h when H = 0),
+    #: and Mamba-1's Δ rank (0 = ⌈h/16⌉)
+    mamba_state_size: int = attrs.field(default=128, validator=limit("model.mamba_state_size"))
+    mamba_head_dim: int = attrs.field(default=64, validator=limit("model.mamba_head_dim"))
+    mamba_num_heads: int = attrs.field(default=0, validator=limit("model.mamba_num_heads"))
+    mamba_num_groups: int = attrs.field(default=1, validator=limit("model.mamba_num_groups"))
+    mamba_conv_kernel: int = attrs.field(default=4, validator=limit("model.mamba_conv_kernel"))
+    mamba_chunk_size: int = attrs.field(default=128, validator=limit("model.mamba_chunk_size"))
+    mamba_expand: int = attrs.field(default=2, validator=limit("model.mamba_expand"))
+    mamba_dt_rank: int = attrs.field(default=0, validator=limit("model.mamba_dt_rank"))
+    #: gated DeltaNet / linear attention mixers: key and value heads (query heads = key heads) and
+    #: their dimensions, causal conv1d width, chunk length of the chunked (WY) algorithm
+    linear_num_key_heads: int = attrs.field(default=0, validator=limit("model.linear_num_key_heads"))
+    linear_num_value_heads: int = attrs.field(default=0, validator=limit("model.linear_num_value_heads"))
+    linear_key_head_dim: int = attrs.field(default=128, validator=limit("model.linear_key_head_dim"))
+    linear_value_head_dim: int = attrs.field(default=128, validator=limit("model.linear_value_head_dim"))
+    linear_conv_kernel: int = attrs.field(default=4, validator=limit("model.linear_conv_kernel"))
+    linear_chunk_size: int = attrs.field(default=64, validator=limit("model.linear_chunk_size"))
 
     def __attrs_post_init__(self):
         if self.num_attention_heads % self.num_kv_heads:
@@ -141,6 +199,7 @@ class ModelSpec:
                              f"{self.name!r} has no experts: leave it out")
         if self.kv_lora_rank and not (self.qk_nope_head_dim + self.qk_rope_head_dim and self.v_head_dim):
             raise ValueError("an MLA model (kv_lora_rank > 0) needs qk_nope_head_dim/qk_rope_head_dim and v_head_dim")
+        _check_stack(self)
 
     # -- derived -----------------------------------------------------------------------
     @property
@@ -168,12 +227,152 @@ class ModelSpec:
     def num_moe_layers(self) -> int:
         if not self.is_moe:
             return 0
+        if self.layer_pattern:
+            return sum(self.kind_counts.get(k, 0) for k in self.moe_kinds)
         rest = self.num_layers - self.first_k_dense_layers
         return len(range(0, rest, self.moe_layer_frequency))
 
     @property
     def num_dense_layers(self) -> int:
         return self.num_layers - self.num_moe_layers
+
+    # -- the layer stack -----------------------------------------------------------------
+    def with_num_layers(self, n: int) -> ModelSpec:
+        """The same model cut (or extended) to `n` layers: the first `n` layers of its stack — a
+        ``layer_pattern`` keeps repeating past its end, ``first_k_dense_layers`` is capped at `n`
+        (docs/job-file.md, "Fewer layers")."""
+        return attrs.evolve(self, num_layers=n, first_k_dense_layers=min(self.first_k_dense_layers, n))
+
+    @functools.cached_property
+    def layer_kinds(self) -> tuple[str, ...]:
+        """The kind (:func:`~mofa_framework.stack.kind_key`) of each layer, first to last.
+
+        Without ``layer_pattern``: ``"dense"`` layers (attention + MLP), and ``"moe"`` ones
+        (attention + MoE) from layer ``first_k_dense_layers`` on, every ``moe_layer_frequency``-th
+        (Megatron's ``--moe-layer-freq``)."""
+        if self.layer_pattern:
+            unit = [kind_key(b) for b in self._unit]
+            return tuple((unit * -(-self.num_layers // len(unit)))[:self.num_layers])
+        return tuple(self._legacy_kind(i) for i in range(self.num_layers))
+
+    @functools.cached_property
+    def block_kinds(self) -> dict[str, BlockSpec]:
+        """Each distinct kind of layer and its block, in order of first appearance (without a
+        pattern: ``dense`` before ``moe``)."""
+        if self.layer_pattern:
+            return {kind_key(b): b for b in self._unit[:self.num_layers]}
+        legacy = {"dense": BlockSpec(), "moe": BlockSpec(ffn="moe")}
+        return {k: legacy[k] for k in self.kind_counts}
+
+    @functools.cached_property
+    def kind_counts(self) -> dict[str, int]:
+        """Layers of each kind (keys in :attr:`block_kinds` order)."""
+        if not self.layer_pattern:
+            counts = {"dense": self.num_dense_layers, "moe": self.num_moe_layers}
+            return {k: n for k, n in counts.items() if n}
+        unit = [kind_key(b) for b in self._unit]
+        reps, rest = divmod(self.num_layers, len(unit))
+        counts = dict.fromkeys(self.block_kinds, 0)
+        for i, k in enumerate(unit):
+            counts[k] = counts.get(k, 0) + reps + (i < rest)
+        return {k: n for k, n in counts.items() if n}
+
+    @property
+    def moe_kinds(self) -> tuple[str, ...]:
+        """The kinds of layer with an MoE (routed experts)."""
+        return tuple(k for k, b in self.block_kinds.items() if b.ffn == "moe")
+
+    @property
+    def mtp_kind(self) -> str:
+        """The kind of the layer each multi-token-prediction module repeats: the stack's last."""
+        last = self.num_layers - 1
+        return kind_key(self._unit[last % len(self._unit)]) if self.layer_pattern else self._legacy_kind(last)
+
+    def _legacy_kind(self, i: int) -> str:
+        first = self.first_k_dense_layers
+        return "moe" if self.is_moe and i >= first and (i - first) % self.moe_layer_frequency == 0 else "dense"
+
+    @functools.cached_property
+    def derived(self) -> dict:
+        """Values derived from this model alone, memoised by the engine (per-kind parameters and
+        FLOPs weights): a model is immutable, so they never go stale."""
+        return {}
+
+    @functools.cached_property
+    def _unit(self) -> tuple[BlockSpec, ...]:
+        """The blocks of the expanded pattern; full attention without a model window is the model's
+        attention (one kind, whichever way it is written)."""
+        out = pattern_blocks(self.layer_pattern, self.blocks)
+        if not self.sliding_window:
+            out = [attrs.evolve(b, attention="model") if b.attention == "full" else b for b in out]
+        return tuple(out)
+
+    def block(self, kind: str) -> BlockSpec:
+        """The block of layer kind `kind` (``"dense"``/``"moe"`` are always known)."""
+        if kind in self.block_kinds:
+            return self.block_kinds[kind]
+        legacy = {"dense": BlockSpec(), "moe": BlockSpec(ffn="moe")}
+        if kind in legacy:
+            return legacy[kind]
+        raise KeyError(f"model {self.name!r} has no layer kind {kind!r} (it has {', '.join(self.block_kinds)})")
+
+    @property
+    def mixers(self) -> frozenset[str]:
+        """The mixers (and attention types) the stack uses."""
+        return frozenset(b.mixer for b in self.block_kinds.values())
+
+    @property
+    def shared_expert_ffn(self) -> int:
+        """Width of an MoE layer's shared expert(s) (0: none)."""
+        return self.shared_expert_ffn_hidden_size or self.num_shared_experts * self.moe_ffn_hidden_size
+
+    @property
+    def mamba_heads(self) -> int:
+        return self.mamba_num_heads or self.mamba_expand * self.hidden_size // self.mamba_head_dim
+
+    @property
+    def mamba_inner_size(self) -> int:
+        """d_inner: Mamba-2's heads × head dimension; Mamba-1's expand × hidden."""
+        return self.mamba_num_heads * self.mamba_head_dim if self.mamba_num_heads else self.mamba_expand * self.hidden_size
+
+    @property
+    def mamba_delta_rank(self) -> int:
+        return self.mamba_dt_rank or -(-self.hidden_size // 16)
+
+
+def _check_stack(m: ModelSpec) -> None:
+    """The layer stack's own rules (ModelSpec's post-init)."""
+    if m.blocks and not m.layer_pattern:
+        raise ValueError("blocks defines layer symbols but layer_pattern is empty: give the pattern that uses them")
+    if m.layer_pattern and (m.first_k_dense_layers or m.moe_layer_frequency != 1):
+        raise ValueError("first_k_dense_layers / moe_layer_frequency describe a stack without layer_pattern: "
+                         "write the dense and MoE layers into layer_pattern instead")
+    # the rules read the pattern's blocks, not only the first num_layers (a shorter model keeps its
+    # MoE and window settings even when its first layers have none)
+    blocks = set(m._unit) if m.layer_pattern else list(m.block_kinds.values())  # parses the pattern
+    has_moe = any(b.ffn == "moe" for b in blocks)
+    if m.layer_pattern and has_moe and not m.num_experts:
+        raise ValueError("layer_pattern has MoE blocks but num_experts is 0: set num_experts, experts_per_token "
+                         "and moe_ffn_hidden_size")
+    if m.layer_pattern and m.num_experts and not has_moe:
+        raise ValueError("num_experts is set but layer_pattern has no MoE block ('E', 'X' or a block with ffn = 'moe')")
+    attention = [b.attention for b in blocks if b.is_attention]
+    if "sliding" in attention and not m.sliding_window:
+        raise ValueError("layer_pattern has sliding-window attention blocks: set sliding_window (keys per query)")
+    if "chunked" in attention and not m.attention_chunk_size:
+        raise ValueError("layer_pattern has chunked attention blocks: set attention_chunk_size (tokens per chunk)")
+    mixers = m.mixers
+    if "mamba2" in mixers:
+        if m.mamba_heads < 1 or m.mamba_heads % m.mamba_num_groups:
+            raise ValueError(f"mamba_num_groups ({m.mamba_num_groups}) must divide the Mamba-2 heads ({m.mamba_heads}; "
+                             "mamba_num_heads, or mamba_expand × hidden_size / mamba_head_dim)")
+    if mixers & {"gated_deltanet", "linear_attention"}:
+        hk, hv = m.linear_num_key_heads, m.linear_num_value_heads
+        if not hk or not hv or hv % hk:
+            raise ValueError(f"linear_num_key_heads ({hk}) and linear_num_value_heads ({hv}) must be > 0, the key heads "
+                             "dividing the value heads, for gated_deltanet / linear_attention blocks")
+    if m.shared_expert_ffn_hidden_size and not m.num_experts:
+        raise ValueError("shared_expert_ffn_hidden_size needs an MoE model (num_experts > 0)")
 
 
 # ---------------------------------------------------------------------------------------

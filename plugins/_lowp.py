@@ -20,19 +20,30 @@ REPRICE_BEFORE = ("kernel_scaling", "recompute", "memfine", "activation_offload"
 
 
 def gemm_input_bytes(model, g, kind) -> np.ndarray:
-    """Saved bf16 GEMM inputs of one layer (the part of ``act_other_bytes`` a quantised copy replaces)."""
+    """Saved bf16 GEMM inputs of one layer (the part of ``act_other_bytes`` a quantised copy replaces):
+    each sublayer's normed input (QKV / mixer input, MLP input), the mixer's output-projection input
+    and the MLP's FC2 inputs."""
+    block = model.block(kind)
     h = model.hidden_size
     T, t, spd, dt = g.tokens, g.t, g.sp_div, g.dt
-    o_in = dt * T * model.num_attention_heads * model.v_dim / t
-    out = dt * T * h / spd * 2.0 + o_in  # QKV input, MLP (FC1) input, O-proj input
-    if kind == "moe":
+    out = dt * T * h / spd * float(block.sublayers) + _out_proj_input(model, g, block)
+    if block.ffn == "moe":
         routed = routed_pairs(model, g)
         out = out + dt * routed * h + dt * routed * model.moe_ffn_hidden_size / g.etp
-        if model.num_shared_experts:
-            out = out + dt * T * model.num_shared_experts * model.moe_ffn_hidden_size / t
-    else:
+        if model.shared_expert_ffn:
+            out = out + dt * T * model.shared_expert_ffn / t
+    elif block.ffn == "dense":
         out = out + dt * T * model.ffn_hidden_size / t
     return out
+
+
+def _out_proj_input(model, g, block) -> np.ndarray:
+    """The input of the mixer's output projection, saved for its weight gradient."""
+    if block.mixer == "attention":
+        return g.dt * g.tokens * model.num_attention_heads * model.v_dim / g.t
+    width = {"mamba2": model.mamba_inner_size, "mamba": model.mamba_inner_size, "none": 0}.get(
+        block.mixer, model.linear_num_value_heads * model.linear_value_head_dim)
+    return g.dt * g.tokens * width / g.t
 
 
 def reprice_gemms(state, target: int, efficiency, cast_bytes, saved_fraction, share=1.0):
@@ -116,11 +127,10 @@ def gemm_params_on_stages(model, batch) -> np.ndarray:
     """GEMM weights (TP-sharded matrices + local experts) per GPU on each stage, (3, N)."""
     lay = stage_layout(model, batch)
     t = batch.tp.astype(np.float64)
-    d = layer_params(model, "dense")
-    out = lay.dense * (d["sharded"] / t)
-    if model.is_moe:
-        mo = layer_params(model, "moe")
-        out = out + lay.moe * (mo["sharded"] / t + mo["expert"] / (batch.ep * batch.etp))
+    out = np.zeros_like(lay.total)
+    for kind, count in lay.counts.items():
+        p = layer_params(model, kind)
+        out = out + count * (p["sharded"] / t + p["expert"] / (batch.ep * batch.etp))
     return out
 
 

@@ -27,6 +27,7 @@ def mofa_candidate_constraints(batch, model, hardware):
         reason=f"parallel.tp must divide model.num_attention_heads ({model.num_attention_heads})"
                + ("" if model.is_mla else f" and model.num_kv_heads ({model.num_kv_heads})")
                + ": choose a smaller power of two")
+    yield from _recurrent_heads(model, t)
     ffn = model.moe_ffn_hidden_size if model.is_moe and not model.num_dense_layers else model.ffn_hidden_size
     yield ConstraintResult(name="tp_divides_ffn", feasible=ffn % t == 0,
                            reason=f"parallel.tp must divide model.ffn_hidden_size ({ffn})")
@@ -80,3 +81,18 @@ def _end_stage_reason(model, batch, i: int) -> str:
                 f"(first + last = {L}); set both, or neither for a balanced split")
     return (f"parallel.{given}: the {p - 2} middle stages must share the other {L} − first − last layers equally "
             f"(at least one each, a multiple of vpp): change the end-stage sizes or pp")
+
+
+def _recurrent_heads(model, t):
+    """TP shards a recurrent mixer's heads (and Mamba-2's B/C groups): t must divide them."""
+    mixers = model.mixers
+    if "mamba2" in mixers:
+        h, g = model.mamba_heads, model.mamba_num_groups
+        yield ConstraintResult(name="tp_divides_mamba_heads", feasible=(h % t == 0) & (g % t == 0),
+                               reason=f"parallel.tp must divide the Mamba-2 heads ({h}) and model.mamba_num_groups "
+                                      f"({g}): choose a smaller tp")
+    if mixers & {"gated_deltanet", "linear_attention"}:
+        hk, hv = model.linear_num_key_heads, model.linear_num_value_heads
+        yield ConstraintResult(name="tp_divides_linear_heads", feasible=(hk % t == 0) & (hv % t == 0),
+                               reason=f"parallel.tp must divide model.linear_num_key_heads ({hk}) and "
+                                      f"linear_num_value_heads ({hv}): choose a smaller tp")

@@ -187,8 +187,7 @@ def busiest_stage(state):
     dense, expert = _params_on_stages(state.ctx.model, state.batch, lay)
     worst = np.argmax(dense + expert, axis=0)
     pick = lambda a: np.take_along_axis(np.asarray(a), worst[None, :], axis=0)[0]  # noqa: E731
-    kinds = {"dense": lay.dense, "moe": lay.moe}
-    bwd = sum((pick(kinds[k]) * (c.bwd_input_s + c.bwd_weight_s + c.recompute_s) for k, c in state.layers.items()),
+    bwd = sum((pick(lay.of(k)) * (c.bwd_input_s + c.bwd_weight_s + c.recompute_s) for k, c in state.layers.items()),
               np.zeros(len(state.batch)))
     return pick(dense), pick(expert), bwd, np.maximum(pick(lay.total), 1.0)
 

@@ -47,20 +47,21 @@ class EpOverlapOptions(ContentionOptions):
 
 
 def layer(state, rows):
-    moe = state.layers.get("moe")
-    if moe is None:  # a dense model: nothing to overlap
-        return state
-    alpha, beta = contention(state, rows)
-    experts = rows.choice("hide_with", "experts") if "hide_with" in rows.options else np.zeros(len(rows.enabled), bool)
-    f_comp = np.where(experts, moe.expert_fwd_s, moe.fwd_compute_s)
-    b_comp = np.where(experts, moe.expert_bwd_s, moe.bwd_input_s + moe.bwd_weight_s)
-    a2a_f, a2a_b = moe.ep_fwd_s, moe.ep_bwd_s
-    applies = (a2a_f + a2a_b) > 0
-    exp_f = np.maximum(alpha * f_comp, beta * a2a_b) - f_comp
-    exp_b = np.maximum(alpha * b_comp, beta * a2a_f) - b_comp
-    new = attrs.evolve(moe, ep_exposed_fwd_s=np.where(applies, exp_f, moe.ep_exposed_fwd_s),
-                       ep_exposed_bwd_s=np.where(applies, exp_b, moe.ep_exposed_bwd_s))
-    return attrs.evolve(state, layers={**state.layers, "moe": new})
+    out = dict(state.layers)
+    for kind in state.ctx.model.moe_kinds:  # none on a dense model: nothing to overlap
+        moe = state.layers[kind]
+        alpha, beta = contention(state, rows)
+        experts = (rows.choice("hide_with", "experts") if "hide_with" in rows.options
+                   else np.zeros(len(rows.enabled), bool))
+        f_comp = np.where(experts, moe.expert_fwd_s, moe.fwd_compute_s)
+        b_comp = np.where(experts, moe.expert_bwd_s, moe.bwd_input_s + moe.bwd_weight_s)
+        a2a_f, a2a_b = moe.ep_fwd_s, moe.ep_bwd_s
+        applies = (a2a_f + a2a_b) > 0
+        exp_f = np.maximum(alpha * f_comp, beta * a2a_b) - f_comp
+        exp_b = np.maximum(alpha * b_comp, beta * a2a_f) - b_comp
+        out[kind] = attrs.evolve(moe, ep_exposed_fwd_s=np.where(applies, exp_f, moe.ep_exposed_fwd_s),
+                                 ep_exposed_bwd_s=np.where(applies, exp_b, moe.ep_exposed_bwd_s))
+    return attrs.evolve(state, layers=out)
 
 
 def from_megatron(args):

@@ -109,17 +109,21 @@ def _a2a_seconds(ctx, moe_model, g) -> tuple[np.ndarray, np.ndarray]:
 
 
 def layer(state, rows):
-    moe = state.layers.get("moe")
-    if moe is None:
-        return state
     ctx = state.ctx
+    kinds = ctx.model.moe_kinds
+    if not kinds:
+        return state
     g = ctx.geometry
     plain, flex = ctx.per_structure(lambda c: _a2a_seconds(c, c.model, c.geometry))
     on = g.e > 1
     delta = np.where(on, 2.0 * (flex - plain), 0.0)  # dispatch + combine, per pass
-    new = attrs.evolve(moe, ep_fwd_s=moe.ep_fwd_s + delta, ep_bwd_s=moe.ep_bwd_s + delta,
-                       ep_exposed_fwd_s=moe.ep_exposed_fwd_s + delta, ep_exposed_bwd_s=moe.ep_exposed_bwd_s + delta)
-    return attrs.evolve(state, layers={**state.layers, "moe": new})
+    out = dict(state.layers)
+    for kind in kinds:
+        moe = out[kind]
+        out[kind] = attrs.evolve(moe, ep_fwd_s=moe.ep_fwd_s + delta, ep_bwd_s=moe.ep_bwd_s + delta,
+                                 ep_exposed_fwd_s=moe.ep_exposed_fwd_s + delta,
+                                 ep_exposed_bwd_s=moe.ep_exposed_bwd_s + delta)
+    return attrs.evolve(state, layers=out)
 
 
 def _applies(batch, model, hardware):

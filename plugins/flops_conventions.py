@@ -30,6 +30,15 @@ from mofa_framework import hookimpl
 from mofa_framework.types import Activation, FlopsConvention, ModelSpec
 
 
+def _transformer_only(model: ModelSpec, convention: str) -> None:
+    """Every convention here counts transformer layers (attention then an MLP or MoE): a stack with
+    other layers (Mamba, linear attention, a lone MLP) has no count in it, so none is made up."""
+    other = sorted(k for k, b in model.block_kinds.items() if not b.is_attention or b.ffn == "none")
+    if other:
+        raise ValueError(f"the {convention} count covers transformer layers only; this model's stack also has "
+                         f"{', '.join(other)} layers")
+
+
 def _mlp_mats(model: ModelSpec) -> int:
     """GEMMs of one MLP: gated (SwiGLU) three, plain two."""
     return 3 if model.activation is Activation.swiglu else 2
@@ -49,6 +58,7 @@ def attention_weights(model: ModelSpec) -> float:
 
 def active_gemm_weights(model: ModelSpec) -> float:
     """``N``: the GEMM weights one token passes through, all layers plus the output layer."""
+    _transformer_only(model, "6·N·D / PaLM")
     h, mats = model.hidden_size, _mlp_mats(model)
     dense = mats * h * model.ffn_hidden_size
     moe = mats * h * model.moe_ffn_hidden_size * (model.experts_per_token + model.num_shared_experts)
@@ -74,6 +84,7 @@ def megatron_2021_flops(model: ModelSpec, global_batch_size: int, sequence_lengt
     model FLOPs plus one recomputed forward."""
     if model.is_moe or model.is_mla:
         raise ValueError("Narayanan's eq. 3 counts dense GPT layers only")
+    _transformer_only(model, "Narayanan eq. 3")
     h, L, s, V = model.hidden_size, model.num_layers, sequence_length, model.vocab_size
     return 96.0 * global_batch_size * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
 
@@ -97,9 +108,10 @@ def megatron_core_flops(model: ModelSpec, global_batch_size: int, sequence_lengt
     """Megatron-LM's ``num_floating_point_operations`` for a transformer (not hybrid) model:
     ``6·B·s·[h·(3|2)·(f·L_dense + (k·f_e + f_shared)·L_moe) + L·attn + MTP + h·V·(1 + n_mtp)]``,
     MTP layers counted as extra layers of the last layer's kind plus their norms and projection."""
+    _transformer_only(model, "Megatron-Core")
     h, s, mats = model.hidden_size, sequence_length, _mlp_mats(model)
     mtp = model.num_mtp_layers
-    last_is_moe = model.is_moe and model.num_moe_layers > 0 and _last_layer_is_moe(model)
+    last_is_moe = model.mtp_kind in model.moe_kinds  # MTP layers repeat the stack's last kind
     dense_layers = model.num_dense_layers + (0 if last_is_moe else mtp)
     moe_layers = model.num_moe_layers + (mtp if last_is_moe else 0)
     shared = model.num_shared_experts * model.moe_ffn_hidden_size
@@ -111,18 +123,13 @@ def megatron_core_flops(model: ModelSpec, global_batch_size: int, sequence_lengt
     return 6.0 * global_batch_size * s * (mlp + attn + mtp_proj + logits)
 
 
-def _last_layer_is_moe(model: ModelSpec) -> bool:
-    """Whether the last layer is an MoE one (``moe_layer_frequency`` counted from the first MoE layer)."""
-    rest = model.num_layers - model.first_k_dense_layers
-    return rest > 0 and (rest - 1) % model.moe_layer_frequency == 0
-
-
 def nemo_flops(model: ModelSpec, global_batch_size: int, sequence_length: int) -> float:
     """NeMo's ``flops_formulas``: per token and layer ``6h² + 6h²·g/a`` for the attention
     projections, ``6·h·f·(3 | 2)`` for the MLP (Mixtral: ``f·k`` for its top-k experts) and
     ``12·s·h`` for the attention scores over the whole sequence, plus ``6·h·V``."""
     if model.is_mla:
         raise ValueError("NeMo's DeepSeek-V3 formula is not implemented")
+    _transformer_only(model, "NeMo")
     if model.is_moe and (model.num_shared_experts or model.num_dense_layers):
         raise ValueError("NeMo's MoE formula (mixtral) counts only models whose every layer is MoE "
                          "without shared experts")

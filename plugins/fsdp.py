@@ -158,14 +158,14 @@ def _rest_params(state):
     dense, expert = _params_on_stages(ctx.model, batch, lay)
     worst = np.argmax(dense + expert, axis=0)
     pick = lambda a: np.take_along_axis(a, worst[None, :], axis=0)[0]  # noqa: E731
-    in_layers = pick(lay.dense) * layer_shards(state, "dense")[0]
-    if ctx.model.is_moe:
-        d, e = layer_shards(state, "moe")
-        in_layers = in_layers + pick(lay.moe) * d
-        rest_expert = np.maximum(pick(expert) - pick(lay.moe) * e, 0.0)
-    else:
-        rest_expert = np.zeros(len(batch))
-    return np.maximum(pick(dense) - in_layers, 0.0), rest_expert
+    in_layers = np.zeros(len(batch))
+    in_experts = np.zeros(len(batch))
+    for kind, count in lay.counts.items():
+        d, e = layer_shards(state, kind)
+        n = pick(count)
+        in_layers = in_layers + n * d
+        in_experts = in_experts + n * e
+    return np.maximum(pick(dense) - in_layers, 0.0), np.maximum(pick(expert) - in_experts, 0.0)
 
 
 def optimizer(state, rows):

@@ -58,37 +58,37 @@ def stored_expert_bytes(model, g, c) -> np.ndarray:
     return np.maximum(expert_activation_bytes(model, g) - cut, 0.0)
 
 
-def _expert_flops(ctx) -> np.ndarray:
-    """The routed experts' forward FLOPs per MoE layer and micro-batch."""
-    ops = layer_operators(ctx.model, ctx.geometry, "moe")
+def _expert_flops(ctx, kind: str) -> np.ndarray:
+    """The routed experts' forward FLOPs per layer of MoE `kind` and micro-batch."""
+    ops = layer_operators(ctx.model, ctx.geometry, kind)
     return sum((np.asarray(op.flops, dtype=np.float64) for op in ops if op.group == "expert"),
                np.zeros(len(ctx.geometry.b)))
 
 
 def layer(state, rows):
-    if "moe" not in state.layers:
-        return state
     ctx = state.ctx
-    c = state.layers["moe"]
     n = np.maximum(rows.options["chunks"], 1.0)
     extra = (n - 1.0) / n
     o = (n - 1.0) * rows.options["chunk_overhead_us"] * 1e-6
-    s_exp = stored_expert_bytes(ctx.model, ctx.geometry, c)
-    dropped = s_exp * extra
-    exp_flops = ctx.per_structure(_expert_flops)
-    new = attrs.evolve(
-        c,
-        fwd_compute_s=c.fwd_compute_s + o,
-        bwd_input_s=c.bwd_input_s + o,
-        expert_fwd_s=c.expert_fwd_s + o,
-        expert_bwd_s=c.expert_bwd_s + o,
-        recompute_s=c.recompute_s + extra * c.expert_fwd_s,
-        recompute_flops=c.recompute_flops + extra * exp_flops,
-        act_other_bytes=c.act_other_bytes - dropped,
-        act_saved_bytes=c.act_saved_bytes - dropped,
-        act_working_bytes=np.maximum(c.act_working_bytes, s_exp / n),
-    )
-    return attrs.evolve(state, layers={**state.layers, "moe": new})
+    out = dict(state.layers)
+    for kind in ctx.model.moe_kinds:  # MoE layers only
+        c = out[kind]
+        s_exp = stored_expert_bytes(ctx.model, ctx.geometry, c)
+        dropped = s_exp * extra
+        exp_flops = ctx.per_structure(lambda cx, kind=kind: _expert_flops(cx, kind))
+        out[kind] = attrs.evolve(
+            c,
+            fwd_compute_s=c.fwd_compute_s + o,
+            bwd_input_s=c.bwd_input_s + o,
+            expert_fwd_s=c.expert_fwd_s + o,
+            expert_bwd_s=c.expert_bwd_s + o,
+            recompute_s=c.recompute_s + extra * c.expert_fwd_s,
+            recompute_flops=c.recompute_flops + extra * exp_flops,
+            act_other_bytes=c.act_other_bytes - dropped,
+            act_saved_bytes=c.act_saved_bytes - dropped,
+            act_working_bytes=np.maximum(c.act_working_bytes, s_exp / n),
+        )
+    return attrs.evolve(state, layers=out)
 
 
 def megatron_args(options) -> list[str]:

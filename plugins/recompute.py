@@ -69,6 +69,7 @@ from mofa_framework.decompose import (
     module_operators,
     module_saved_bytes,
     routed_pairs,
+    tp_sublayers,
 )
 from mofa_framework.engine import price_operators
 from mofa_framework.limits import MAX_LAYERS, between
@@ -136,10 +137,11 @@ def module_rerun(state, kind: str, c, module: str) -> tuple[np.ndarray, np.ndarr
         scale[grp] = np.divide(getattr(c, field), priced, out=np.ones_like(z), where=priced > 0)
     secs = sum((t * scale.get(o.group, 1.0) for t, o in zip(price_operators(ctx, ops), ops)), z)
     flops = sum((np.asarray(o.flops, dtype=np.float64) for o in ops), z)
+    share = 1.0 / max(tp_sublayers(ctx.model, ctx.model.block(kind)), 1)  # the module's TP block
     if module == "mlp":
-        secs = secs + 0.5 * c.tp_exposed_fwd_s
+        secs = secs + share * c.tp_exposed_fwd_s
     elif module == "moe":
-        secs = secs + c.ep_exposed_fwd_s + (0.5 * c.tp_exposed_fwd_s if ctx.model.num_shared_experts else 0.0)
+        secs = secs + c.ep_exposed_fwd_s + (share * c.tp_exposed_fwd_s if ctx.model.shared_expert_ffn else 0.0)
     return secs, flops
 
 
@@ -148,15 +150,16 @@ def module_gemm_inputs(model, g, kind: str, module: str) -> np.ndarray:
     (bf16 bytes), which fp8/nvfp4 may already keep quantised: the norms' outputs (QKV and MLP
     inputs), FC2's input (the activation's output) of the MLP, experts and shared experts, and the
     experts' dispatched input."""
+    block = model.block(kind)
     T, t, dt, spd = g.tokens, g.t, g.dt, g.sp_div
     h, fe = model.hidden_size, model.moe_ffn_hidden_size
     z = np.zeros_like(np.asarray(T, dtype=np.float64))
-    shared = dt * T * model.num_shared_experts * fe / t
-    if module == "layernorm":
-        return z + 2.0 * dt * T * h / spd
-    if module == "mlp" and kind == "dense":
+    shared = dt * T * model.shared_expert_ffn / t
+    if module == "layernorm":  # each sublayer's normed input
+        return z + float(block.sublayers) * dt * T * h / spd
+    if module == "mlp" and block.ffn == "dense":
         return z + dt * T * model.ffn_hidden_size / t
-    if kind != "moe" or module not in ("moe", "moe_act", "shared_experts"):
+    if block.ffn != "moe" or module not in ("moe", "moe_act", "shared_experts"):
         return z
     routed = routed_pairs(model, g)
     if module == "moe":
@@ -213,10 +216,11 @@ def layer(state, rows):
     r = np.where(full, full_fraction(state, rows), 0.0)
     out = {}
     for kind, c in state.layers.items():
-        # selective
-        sel_time = np.where(qkv, c.qkv_attn_fwd_s, c.attn_fwd_s)
+        # selective (the QKV projection only with the attention core it feeds)
+        qkv_k = qkv & state.ctx.model.block(kind).is_attention
+        sel_time = np.where(qkv_k, c.qkv_attn_fwd_s, c.attn_fwd_s)
         sel_flops = (_group_flops(state.ctx, kind, ("core_attn",))
-                     + np.where(qkv, _group_flops(state.ctx, kind, ("qkv",)), 0.0))
+                     + np.where(qkv_k, _group_flops(state.ctx, kind, ("qkv",)), 0.0))
         sel_saved = c.act_saved_bytes - c.act_core_attn_bytes
         sel_other = c.act_other_bytes
         sel_work = c.act_working_bytes

@@ -121,3 +121,24 @@ def test_each_source_reports_tflops_under_its_convention(mofa_predictor, path, c
     assert set(ratios) == models
     for name, rs in ratios.items():
         assert statistics.median(rs) == pytest.approx(1.0, abs=0.003), name
+
+
+@pytest.mark.parametrize("model", ["nemotron-h-8b", "qwen3-next-80b-a3b", "jamba-v0.1"])
+@pytest.mark.parametrize("count", [six_nd_flops, palm_flops, megatron_core_flops, nemo_flops])
+def test_stacks_with_non_transformer_layers_have_no_count(mofa_predictor, model, count):
+    """Every count here is of attention + MLP layers: a Mamba / gated DeltaNet / lone-MLP layer is
+    refused (the row is listed as not predictable) rather than counted as a transformer layer."""
+    with pytest.raises(ValueError, match="transformer layers only"):
+        count(mofa_predictor.registry.model(model), 1, 4096)
+
+
+def test_megatron_core_counts_an_interleaved_moe_stack_by_its_layers(mofa_predictor):
+    """Llama 4 Maverick (h 5120, 48 layers alternating dense MLP 16384 and MoE top-1 of 8192 + a
+    shared 8192; 40 query heads of 128, 8 KV) at s 8192, per token ÷ 6: attention
+    5120·(5120 + 2·1024) + 5120·8192/2·2 + 5120·5120 = 104,857,600 per layer; MLP 5120·3·16384 =
+    251,658,240 per dense layer, 5120·3·(8192 + 8192) = 251,658,240 per MoE layer; logits
+    5120·202,048."""
+    m = mofa_predictor.registry.model("llama4-maverick")
+    assert (m.num_dense_layers, m.num_moe_layers) == (24, 24)
+    per_token = 6 * (48 * (104_857_600 + 251_658_240) + 5120 * 202_048)
+    assert megatron_core_flops(m, 1, 8192) == pytest.approx(per_token * 8192, rel=1e-15)

@@ -5,6 +5,7 @@ import json
 import attrs
 import numpy as np
 
+from mofa_framework.api import Predictor
 from mofa_framework.config import model_from_hf_config
 from mofa_framework.decompose import (
     CAUSAL_FRACTION,
@@ -42,9 +43,12 @@ def test_attended_keys_limits():
 
 
 def _gpt_oss():
+    """GPT-OSS-120B described without a layer pattern: the model-level window on half of the layers
+    (the zoo spells the alternation out; `layer_pattern` below)."""
     from mofa_framework.api import Predictor
 
-    return Predictor().registry.model("gpt-oss-120b")
+    zoo = Predictor().registry.model("gpt-oss-120b")
+    return attrs.evolve(zoo, layer_pattern="", blocks={}, sliding_window_layer_fraction=0.5)
 
 
 def test_half_windowed_layers_cost_between_all_and_none():
@@ -61,14 +65,27 @@ def test_half_windowed_layers_cost_between_all_and_none():
     assert sa(attrs.evolve(model, sliding_window_layer_fraction=1.0)) < sa(model) < sa(attrs.evolve(model, sliding_window=0))
 
 
-def test_hf_layer_types_give_the_fraction(tmp_path):
+def test_hf_layer_types_give_the_layer_pattern(tmp_path):
     cfg = {"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4,
            "intermediate_size": 128, "vocab_size": 1000, "sliding_window": 128,
            "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]}
     p = tmp_path / "config.json"
     p.write_text(json.dumps(cfg))
     m = model_from_hf_config(p)
-    assert m.sliding_window == 128 and m.sliding_window_layer_fraction == 0.5
+    assert m.sliding_window == 128
+    assert m.layer_kinds == ("sliding_attention+mlp", "full_attention+mlp") * 2
+
+
+def test_the_explicit_alternation_matches_the_half_fraction_on_average():
+    """The zoo's (sf)18 pattern and the fraction form put the same attention work in the model: per
+    layer, the mean of a sliding and a full layer (one stage holding all layers)."""
+    model = _gpt_oss()
+    zoo = Predictor().registry.model("gpt-oss-120b")
+    g = _geometry(4096.0)
+    core = lambda m, kind: float(sum(np.asarray(o.flops)[0] for o in layer_operators(m, g, kind)  # noqa: E731
+                                     if o.name == "core_attention"))
+    mean = 0.5 * (core(zoo, "sliding_attention+moe") + core(zoo, "full_attention+moe"))
+    assert np.isclose(mean, core(model, "moe"))
 
 
 def test_notes_map_stated_moe_features(tmp_path):

@@ -23,9 +23,11 @@ def _space(reg, **kw):
     return SearchSpace(**base)
 
 
-def test_search_equals_brute_force(mofa_predictor):
+# a dense transformer, and a hybrid stack whose stages hold different mixes of Mamba, MLP and attention layers
+@pytest.mark.parametrize("model_name", ["llama3-8b", "nemotron-h-8b"])
+def test_search_equals_brute_force(mofa_predictor, model_name):
     reg = mofa_predictor.registry
-    model, hw = reg.model("llama3-8b"), reg.hardware_profile("h100-sxm5-80gb")
+    model, hw = reg.model(model_name), reg.hardware_profile("h100-sxm5-80gb")
     space = _space(reg)
     req = TuneRequest(model=model, hardware=hw, num_gpus=8, global_batch_size=32, sequence_length=4096, space=space,
                       top_k=3)
@@ -37,7 +39,7 @@ def test_search_equals_brute_force(mofa_predictor):
                                                       space.schedules):
         for combo in itertools.product(*[space.features[n] for n in names]):
             features = {n: dict(o) for n, o in zip(names, combo) if o is not None}
-            job = {"model": {"name": "llama3-8b"}, "hardware": {"name": hw.name, "num_gpus": 8},
+            job = {"model": {"name": model_name}, "hardware": {"name": hw.name, "num_gpus": 8},
                    "parallel": {"tp": tp, "pp": pp, "vpp": vpp, "micro_batch_size": mbs, "global_batch_size": 32,
                                 "sequence_length": 4096, "sequence_parallel": tp > 1},
                    "pipeline": {"schedule": sched}, "features": features}
@@ -342,7 +344,9 @@ def test_moe_search_equals_brute_force_for_every_objective(mofa_predictor, objec
         assert result.best[0].checkpoint_interval_steps >= 1
 
 
-def test_the_bounds_contracts_hold_for_every_builtin_schedule_and_feature(mofa_predictor):
+# one kind of layer; and four (Mamba or attention × MLP or MoE), each priced and placed on stages separately
+@pytest.mark.parametrize("model_name", ["mixtral-8x7b", "jamba-v0.1"])
+def test_the_bounds_contracts_hold_for_every_builtin_schedule_and_feature(mofa_predictor, model_name):
     """What the branch and bound relies on, checked on the built-ins: (1) a schedule's busy time
     is m·v·(F+B+W); (2) the busy time read off engine.busy_terms equals the engine's own
     (the breakdown's per-micro-batch components); (3) turning on any set of adds_time_only
@@ -365,7 +369,7 @@ def test_the_bounds_contracts_hold_for_every_builtin_schedule_and_feature(mofa_p
         np.testing.assert_allclose(sched.time(xs).busy_s, xs.m * xs.v * (xs.F + xs.B + xs.W), rtol=1e-12,
                                    err_msg=sched.name)
 
-    model, hw = reg.model("mixtral-8x7b"), reg.hardware_profile("h100-sxm5-80gb")
+    model, hw = reg.model(model_name), reg.hardware_profile("h100-sxm5-80gb")
     names = sorted(n for n, f in reg.features.items() if f.tunable and f.layer is not None)
     space = SearchSpace(tp=(2, 4), pp=(2, 4), vpp=(1, 2), cp=(1, 2), ep=(2, 8), etp=(1,), micro_batch_size=(1,),
                         schedules=("1f1b", "interleaved-1f1b", "zb-h1", "dualpipe"), lighter_ends=(0, 2),

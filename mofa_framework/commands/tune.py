@@ -10,7 +10,7 @@ from pathlib import Path
 import attrs
 import click
 
-from ..cli import _emit_json, _fmt_s, load_jobs, pass_state
+from ..cli import NUM_LAYERS_OPTION, _emit_json, _fmt_s, load_jobs, pass_state
 from ..errors import ConfigError
 from ..limits import LIMITS, check, short
 from ..tuner import (OBJECTIVES, SearchSpace, TuneRequest, default_space, feature_choices, megatron_arguments,
@@ -49,6 +49,7 @@ def build_request(state, job_files, flags, *, tp, pp, vpp, cp, ep, etp, mbs_list
                   objective, top, pareto, lighter_ends=None, time_budget=None) -> tuple[TuneRequest, object]:
     """A TuneRequest from a job file (its [search] table) or flags; flags override the file."""
     flags = dict(flags)
+    num_layers = flags.pop("num_layers", None)  # applies to a job file too
     for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs"):
         flags.setdefault(k, None)
     flags.setdefault("schedule", None)
@@ -63,7 +64,7 @@ def build_request(state, job_files, flags, *, tp, pp, vpp, cp, ep, etp, mbs_list
             raise ConfigError("give either a job file or --model/--hardware/--gpus/--gbs/--seq, not both "
                               "(a job file sets moe_load_factor under [model])")
         flags = {k: None if not isinstance(v, tuple) else () for k, v in flags.items()}
-    job = load_jobs(state, job_files, {**flags, "tokens": None if job_files else tokens})[0]
+    job = load_jobs(state, job_files, {**flags, "tokens": None if job_files else tokens, "num_layers": num_layers})[0]
     if tokens:
         job = attrs.evolve(job, training=attrs.evolve(job.training, tokens=tokens))
     if flash is not None:  # the flag also overrides a job file's [parallel] flash_attention
@@ -265,10 +266,11 @@ class _ProgressLine:
               help="Stop after SECONDS and print the best found so far (labelled: not proven optimal).")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on a terminal, a line on stderr every few seconds otherwise (default: on).")
+@NUM_LAYERS_OPTION
 @pass_state
 def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, tokens, flash_attention, moe_load_factor, tp,
              pp, vpp, cp, ep, etp, mbs_list, schedules, features, objective, top, pareto, fmt, trace_best, lighter_ends,
-             time_budget, progress):
+             time_budget, progress, num_layers=None):
     """Find the best parallel strategy and features for a model, GPUs and global batch.
 
     Searches TP × PP × VPP × CP × EP × ETP × micro-batch × schedule × every feature's
@@ -276,7 +278,7 @@ def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, token
     top configurations with the paper's Table 6 columns (or Megatron-LM arguments).
     """
     flags = dict(model=model, hardware=hardware, gpus=gpus, gbs=gbs, seq=seq, precision=precision, tokens=tokens,
-                 moe_load_factor=moe_load_factor, flash_attention=flash_attention)
+                 moe_load_factor=moe_load_factor, flash_attention=flash_attention, num_layers=num_layers)
     if len(job_files) > 1:
         raise ConfigError("mofa tune takes one job file")
     req, job = build_request(state, list(job_files), {k: v for k, v in flags.items()},

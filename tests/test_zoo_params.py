@@ -1,0 +1,98 @@
+"""Parameter counts of the zoo's models against the published totals (and active counts for MoE).
+
+A published figure rounded to a unit (“109B”) cannot test finer than half that unit, so a count
+passes when it is within 0.5 % of the figure *or* within half its unit. Each row says what the
+figure counts: the whole model (``total``), without the embeddings (``non-embedding``), or the
+parameters a token activates (``active``: both embeddings included, as Meta, Mistral, Databricks and
+Snowflake count; ``active-no-lookup``: without the input embedding's table lookup, as DeepSeek counts)."""
+
+import pytest
+
+from mofa_framework.api import Predictor
+from mofa_framework.decompose import total_params
+
+REG = Predictor().registry
+B, M = 1e9, 1e6
+
+
+def _llama4_vision() -> float:
+    """Llama 4's vision encoder and projector, from its published vision_config (hidden 1408, 34 layers,
+    MLP 5632, 16 heads, 14-pixel patches of 336-pixel images, pixel-shuffle ratio 0.5, projector
+    4096 → 4096, then 4096 → the text's 5120): biased attention and MLP, LayerNorms with bias."""
+    h, f, layers = 1408, 5632, 34
+    layer = 4 * (h * h + h) + (h * f + f) + (f * h + h) + 2 * 2 * h
+    patches = (336 // 14) ** 2 + 1
+    encoder = 3 * 14 * 14 * h + h + patches * h + 2 * 2 * h + layers * layer
+    adapter = (4 * h) * 4096 + 4096 * 4096  # pixel-shuffle MLP
+    return encoder + adapter + 4096 * 5120
+
+
+def _embedding(m) -> float:
+    return m.vocab_size * m.hidden_size * (1 if m.tied_embeddings else 2)
+
+
+# (model, what, published, unit, source)
+PUBLISHED = [
+    ("nemotron-h-8b", "total", 8_100_852_736, 1, "safetensors of nvidia/Nemotron-H-8B-Base-8K"),
+    ("nemotron-h-47b", "total", 47 * B, B, "Nemotron-H paper / model card: 47B"),
+    ("nemotron-h-56b", "total", 56 * B, B, "Nemotron-H paper / model card: 56B"),
+    ("llama4-scout", "total+vision", 109 * B, B, "Meta: 109B total (with the vision encoder)"),
+    ("llama4-scout", "active", 17 * B, B, "Meta: 17B active"),
+    ("llama4-maverick", "total+vision", 400 * B, B, "Meta: 400B total (with the vision encoder)"),
+    ("llama4-maverick", "active", 17 * B, B, "Meta: 17B active"),
+    ("qwen3-next-80b-a3b", "total", 79_674_391_296, 1, "safetensors of Qwen3-Coder-Next (the same architecture)"),
+    ("qwen3-next-80b-a3b", "active", 3_874_929_408, 1, "the same safetensors, inactive experts left out"),
+    ("gemma-2-9b", "non-embedding", 8_324_201_984, 1, "Gemma 2 report, Table 1"),
+    ("gemma-2-27b", "non-embedding", 26_047_480_320, 1, "Gemma 2 report, Table 1"),
+    ("gemma-3-1b", "non-embedding", 698 * M, M, "Gemma 3 report, Table 1"),
+    ("gemma-3-27b", "non-embedding", 25_600 * M, M, "Gemma 3 report, Table 1"),
+    ("nemotron-4-15b", "non-embedding", 12.5 * B, 0.1 * B, "Nemotron-4 15B paper: 12.5B non-embedding"),
+    ("nemotron-4-15b", "total", 15.7 * B, 0.2 * B, "Nemotron-4 15B paper: 3.2B + 12.5B (two rounded terms)"),
+    ("grok-1", "non-embedding", 314 * B, B, "xAI: 314B (the non-embedding count; tied embedding 0.8B more)"),
+    ("llama3.2-1b", "total", 1_235_814_400, 1, "safetensors of meta-llama/Llama-3.2-1B"),
+    ("llama3.2-3b", "total", 3_212_749_824, 1, "safetensors of meta-llama/Llama-3.2-3B"),
+    ("mistral-large-2", "total", 122_610_069_504, 1, "safetensors of Mistral-Large-Instruct-2407"),
+    ("phi-3-mini", "total", 3_821_079_552, 1, "safetensors of Phi-3-mini-4k-instruct"),
+    ("phi-3-medium", "total", 13_960_238_080, 1, "safetensors of Phi-3-medium-4k-instruct"),
+    ("phi-4", "total", 14_659_507_200, 1, "safetensors of microsoft/phi-4"),
+    ("dbrx", "total", 132 * B, B, "Databricks: 132B total"),
+    ("dbrx", "active", 36 * B, B, "Databricks: 36B active"),
+    ("snowflake-arctic", "total", 480 * B, B, "Snowflake: 480B total"),
+    ("snowflake-arctic", "active", 17 * B, B, "Snowflake: 17B active"),
+    ("jamba-v0.1", "total", 52 * B, B, "Jamba paper: 52B total"),
+    ("jamba-v0.1", "active", 12 * B, B, "Jamba paper: 12B active"),
+    ("deepseek-v3-no-mtp", "total", 671 * B, B, "DeepSeek-V3 report: 671B total"),
+    ("deepseek-v3-no-mtp", "active-no-lookup", 37 * B, B, "DeepSeek-V3 report: 37B activated (the input "
+     "embedding, a table lookup, not counted)"),
+    ("llama3.1-405b", "total", 405.8 * B, 0.1 * B, "Meta: 405B (safetensors 405.8B)"),
+    ("mixtral-8x7b", "total", 46.7 * B, 0.1 * B, "Mistral: 46.7B total"),
+    ("mixtral-8x7b", "active", 12.9 * B, 0.1 * B, "Mistral: 12.9B active"),
+]
+
+
+@pytest.mark.parametrize("name, what, published, unit, source", PUBLISHED,
+                         ids=[f"{r[0]}-{r[1]}" for r in PUBLISHED])
+def test_parameter_count_matches_the_published_figure(name, what, published, unit, source):
+    m = REG.model(name)
+    counts = total_params(m)
+    ours = {"total": counts["total"], "active": counts["active"],
+            "non-embedding": counts["total"] - _embedding(m),
+            "active-no-lookup": counts["active"] - m.vocab_size * m.hidden_size,
+            "total+vision": counts["total"] + _llama4_vision()}[what]
+    assert abs(ours - published) <= max(0.005 * published, unit / 2), f"{name} {what}: {ours:,.0f} vs {source}"
+
+
+def test_every_zoo_model_has_a_source_and_a_consistent_stack():
+    for name, m in REG.models.items():
+        assert m.source, name
+        assert len(m.layer_kinds) == m.num_layers
+    for name in ("nemotron-h-8b", "nemotron-h-47b", "nemotron-h-56b"):  # Megatron's pattern: one symbol a layer
+        m = REG.model(name)
+        assert len(m.layer_pattern) == m.num_layers
+
+
+def test_benchmark_spellings_resolve():
+    for alias, name in (("Llama3.1 405B", "llama3.1-405b"), ("Nemotron 340B", "nemotron-4-340b"),
+                        ("Nemotron4 15b", "nemotron-4-15b"), ("LLAMA4 Maverick 400b", "llama4-maverick"),
+                        ("Llama 3.1 70B", "llama3.1-70b")):
+        assert REG.model(alias).name == name
