@@ -25,7 +25,7 @@ from attrs import validators as v
 from .batch import PRECISIONS, CandidateBatch, FeatureRows
 from .errors import ConfigError, UnknownRecordError
 from .limits import INT64_MAX, limit, optional, short
-from .hf_config import hf_model_fields, read_hf_file
+from .hf_config import hf_model_fields, read_hf_bytes
 from .types import ModelSpec
 
 
@@ -188,8 +188,8 @@ def read_bytes(path: str | Path, what: str = "a job file") -> tuple[bytes, str]:
         raise ConfigError(f"{shown}: no such file") from None
     except IsADirectoryError:
         raise ConfigError(f"{shown}: is a directory, not {what}") from None
-    except OSError as exc:  # a symlink loop, a name too long, no permission, a device
-        raise ConfigError(f"{shown}: cannot read: {exc.strerror or type(exc).__name__}") from None
+    except (OSError, ValueError) as exc:  # a symlink loop, a name too long, no permission, a device, a NUL
+        raise ConfigError(f"{shown}: cannot read: {getattr(exc, 'strerror', None) or type(exc).__name__}") from None
 
 
 def read_toml(path: str | Path) -> dict:
@@ -353,7 +353,8 @@ class TrainingJob:
 
 def model_from_hf_config(path: str | Path) -> ModelSpec:
     """A :class:`ModelSpec` from a HuggingFace ``config.json`` (:mod:`mofa_framework.hf_config`)."""
-    return model_from_hf_dict(read_hf_file(path), str(path)[:200], fallback_name=Path(path).parent.name)
+    data, shown = read_bytes(path, "a HuggingFace config.json")
+    return model_from_hf_dict(read_hf_bytes(data, shown), shown, fallback_name=Path(path).parent.name)
 
 
 def model_from_hf_dict(cfg: Any, where: str, fallback_name: str = "hf-model") -> ModelSpec:

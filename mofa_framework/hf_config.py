@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
@@ -150,16 +149,6 @@ def read_hf_bytes(data: bytes, where: str) -> dict:
         raise ConfigError(f"{where}: a HuggingFace config.json holds one JSON object {{...}}, got "
                           f"{'null' if cfg is None else type(cfg).__name__}; give the model's config.json")
     return cfg
-
-
-def read_hf_file(path: str | Path) -> dict:
-    p = Path(path)
-    try:
-        data = p.read_bytes()
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{str(p)[:200]}: cannot read HuggingFace config.json: "
-                          f"{getattr(exc, 'strerror', None) or type(exc).__name__}") from None
-    return read_hf_bytes(data, str(p))
 
 
 def hf_model_fields(cfg: dict, where: str, fallback_name: str = "hf-model") -> dict:

@@ -88,8 +88,10 @@ def test_a_missing_size_says_which_key(tmp_path):
         model_from_hf_dict({"hidden_size": 64, "num_attention_heads": 4, "vocab_size": 10}, "config.json")
     d = tmp_path / "dir"
     d.mkdir()
-    with pytest.raises(ConfigError, match="cannot read"):
+    with pytest.raises(ConfigError, match="is a directory, not a HuggingFace config.json"):
         model_from_hf_config(d)
+    with pytest.raises(ConfigError, match="no such file"):
+        model_from_hf_config(tmp_path / "missing.json")
 
 
 # ---------------------------------------------------------------------- fuzzing
