@@ -42,7 +42,7 @@ def _check_options(rec) -> str:
 
 
 #: an organisation prefix as HuggingFace writes it ("meta-llama/", "nvidia/"): no spaces before the "/"
-_ORG_PREFIX = re.compile(r"^[\w.-]+/(?=.)")
+_ORG_PREFIX = re.compile(r"^[\w.-]+/(?=[^/]+$)")
 #: the tokens of a name: runs of letters, and numbers (a dot only inside a number: "3.1")
 _TOKEN = re.compile(r"[a-z]+|\d+(?:\.\d+)*")
 #: trailing words a published name may add to a registered one without changing what it names

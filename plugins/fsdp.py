@@ -217,10 +217,9 @@ def root_params(state):
     """Parameters outside the transformer layers on each stage (3, N): embedding, output layer, MTP."""
     lay, mem = state.layout, state.mem
     inside = np.zeros_like(mem.dense_params)
-    for kind, count in (("dense", lay.dense), ("moe", lay.moe)):
-        if kind in state.layers:
-            d, e = layer_shards(state, kind)
-            inside = inside + count * (d + e)[None, :]
+    for kind, count in lay.counts.items():
+        d, e = layer_shards(state, kind)
+        inside = inside + count * (d + e)[None, :]
     return np.maximum(mem.dense_params + mem.expert_params - inside, 0.0)
 
 
