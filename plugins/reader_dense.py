@@ -14,6 +14,9 @@ and the ``*_dense.csv`` twins of NVIDIA's tables. What it knows, by the ``framew
   one layer lighter;
 - torchtitan: FSDP2 under a pipeline keeps parameters gathered (ZeRO-2); an FSDP rank with no
   stated micro-batch runs its whole batch at once;
+- PyTorch-FSDP frameworks (llm-foundry / Composer, torchtitan) run eager element-wise kernels
+  (``eager_kernels``) unless the row says ``torch.compile`` ran; a ``mixed_precision=PURE`` row
+  reduce-scatters its gradients in bf16;
 - Megatron-Core-era frameworks (NeMo, Megatron-Bridge) and MegaScale: their recipe's overlaps;
 - the FLOPs convention a ``flops_convention`` text names (Narayanan's eq. 3, model FLOPs with
   attention, 6ND — or any registered convention by name), to turn a TFLOPS or MFU into a time;
@@ -189,6 +192,8 @@ def _model_section(r: dict, ctx: ReadContext, name: str) -> tuple[dict, ModelSpe
                "num_layers": L, "hidden_size": h, "num_attention_heads": a,
                "num_kv_heads": ctx.count(r, "n_kv_heads", a), "ffn_hidden_size": ffn,
                "vocab_size": ctx.count(r, "vocab", 51200), "activation": "gelu" if ffn == 4 * h else "swiglu"}
+    if ffn == 4 * h:  # the GPT block (GPT-2/3, Megatron's GPT, MPT): LayerNorm, learned positions
+        section.update(normalization="layernorm", position_embedding="learned")
     try:
         return section, ModelSpec(**section)
     except ValueError as exc:
@@ -202,6 +207,25 @@ def _flash(fw: str, notes: str, old_megatron: bool) -> bool:
     if said:  # what the row says wins
         flash = not said.group(1)
     return flash
+
+
+def _eager(fw: str, notes: str) -> bool:
+    """Whether a PyTorch-FSDP framework (llm-foundry / Composer, torchtitan) ran its element-wise ops
+    as eager kernels: unless the row says ``torch.compile`` ran (both frameworks' default is off)."""
+    if not re.search(r"pytorch|torchtitan|composer", fw, re.I):
+        return False
+    text = f"{fw} {notes}".lower()
+    if re.search(r"compile\s*(off|=\s*false|disabled)", text):
+        return True
+    return re.search(r"(torch\.compile|training\.compile)(?!\s+setting not stated)", text) is None
+
+
+def _fsdp_options(notes: str) -> dict:
+    """The gradient reduce-scatter dtype an FSDP row's notes state: Composer's ``mixed_precision=PURE``
+    reduces in bf16 (``DEFAULT``, and torchtitan's default ``mixed_precision_reduce``, in fp32)."""
+    if re.search(r"mixed_precision\s*=\s*pure|reduce_dtype\s*=\s*(bf16|bfloat16)", notes, re.I):
+        return {"grad_reduce_dtype": "bf16"}
+    return {}
 
 
 def _recompute(rec: str, fw: str = "") -> dict | None:
@@ -314,12 +338,14 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     elif zero2:
         job["features"]["distributed_optimizer"] = {"shard_gradients": True}
     elif full_shard:
-        job["features"]["fsdp"] = {}
+        job["features"]["fsdp"] = _fsdp_options(notes)
     elif dopt.startswith("y") or "zero-1" in dopt or "distributed" in dopt and not dopt.startswith("ddp"):
         job["features"]["distributed_optimizer"] = {}
     if lowp:
         job["features"][lowp] = lowp_options
     job["features"].update(loss_features(fw, f"{notes} {ctx.text(r, 'source_ref')}"))
+    if _eager(fw, notes):
+        job["features"]["eager_kernels"] = {}
     if dp > 1 and ("DDP-impl torch" in notes or not old_megatron) and not ds_stage:
         job["features"]["dp_overlap"] = {}  # torch DDP buckets overlap the all-reduce with backward
     if model_section.get("num_layers") and spec.num_layers != ctx.count(r, "n_layers", spec.num_layers):
