@@ -36,6 +36,10 @@ PUBLISHED = [
     ("nemotron-h-8b", "total", 8_100_852_736, 1, "safetensors of nvidia/Nemotron-H-8B-Base-8K"),
     ("nemotron-h-47b", "total", 47 * B, B, "Nemotron-H paper / model card: 47B"),
     ("nemotron-h-56b", "total", 56 * B, B, "Nemotron-H paper / model card: 56B"),
+    ("nemotron-3-nano", "total", 31.6 * B, 0.1 * B, "Nemotron 3 Nano report (arXiv 2512.20848): 31.6B total"),
+    ("nemotron-3-nano", "active", 3.6 * B, 0.1 * B, "the same report: 3.6B active with embeddings"),
+    ("nemotron-3-nano", "active-no-lookup", 3.2 * B, 0.1 * B, "the same report: 3.2B active (the input "
+     "embedding, a table lookup, not counted)"),
     ("llama4-scout", "total+vision", 109 * B, B, "Meta: 109B total (with the vision encoder)"),
     ("llama4-scout", "active", 17 * B, B, "Meta: 17B active"),
     ("llama4-maverick", "total+vision", 400 * B, B, "Meta: 400B total (with the vision encoder)"),
@@ -86,7 +90,7 @@ def test_every_zoo_model_has_a_source_and_a_consistent_stack():
     for name, m in REG.models.items():
         assert m.source, name
         assert len(m.layer_kinds) == m.num_layers
-    for name in ("nemotron-h-8b", "nemotron-h-47b", "nemotron-h-56b"):  # Megatron's pattern: one symbol a layer
+    for name in ("nemotron-h-8b", "nemotron-h-47b", "nemotron-h-56b", "nemotron-3-nano"):  # Megatron's pattern: one symbol a layer
         m = REG.model(name)
         assert len(m.layer_pattern) == m.num_layers
 
@@ -94,5 +98,5 @@ def test_every_zoo_model_has_a_source_and_a_consistent_stack():
 def test_benchmark_spellings_resolve():
     for alias, name in (("Llama3.1 405B", "llama3.1-405b"), ("Nemotron 340B", "nemotron-4-340b"),
                         ("Nemotron4 15b", "nemotron-4-15b"), ("LLAMA4 Maverick 400b", "llama4-maverick"),
-                        ("Llama 3.1 70B", "llama3.1-70b")):
+                        ("Llama 3.1 70B", "llama3.1-70b"), ("Nemotron_3_Nano", "nemotron-3-nano")):
         assert REG.model(alias).name == name
