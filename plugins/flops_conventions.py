@@ -16,7 +16,9 @@ embedding):
   model FLOPs plus the recomputed forward of full activation recompute (GPT models).
 - :func:`megatron_core_flops` — Megatron-LM's ``num_floating_point_operations``
   (``megatron/training/training.py``), what Megatron-Core logs as TFLOP/s/GPU: causal attention
-  (``s/2``), GQA, MLA, MoE (dense-first layers, top-k routed and shared experts), MTP layers.
+  (``s/2``), GQA, MLA, MoE (dense-first layers, top-k routed and shared experts), MTP layers;
+  for a stack with Mamba-2 or gated DeltaNet layers its per-layer hybrid count
+  (:func:`megatron_core_layer_flops`).
 - :func:`nemo_flops` — NeMo's ``nemo/utils/flops_formulas.py`` (``gpt3``, ``llama2``/``llama3``,
   ``nemotron``, ``mixtral``), what NeMo's performance tables report as model TFLOP/s/GPU: full
   attention (``4·s·h`` per token and layer), projections sized by ``h``.
@@ -104,10 +106,68 @@ def _megatron_core_attention(model: ModelSpec, s: int) -> float:
     return h * (q + 2 * kv) + q * s / 2 * 2 + q * h
 
 
+def _recurrent(model: ModelSpec) -> bool:
+    return any(b.mixer in ("mamba2", "gated_deltanet") for b in model.block_kinds.values())
+
+
+def _mamba2_count(model: ModelSpec) -> float:
+    """Megatron-LM's ``mamba_layer_flops`` per token: in_proj ``2h·(2·d_in + 2GN + H)``, scan
+    ``7·d_in·N``, out_proj ``2·d_in·h``, with ``d_in = 2h`` whatever the heads (Megatron's choice:
+    Nemotron 3 Nano's 64 heads of 64 are 4,096 channels, counted as 5,376)."""
+    h, n, g = model.hidden_size, model.mamba_state_size, model.mamba_num_groups
+    d_in = 2 * h
+    heads = model.mamba_num_heads or d_in // model.mamba_head_dim
+    return 2.0 * h * (2 * d_in + 2 * g * n + heads) + 7.0 * d_in * n + 2.0 * d_in * h
+
+
+def _gdn_count(model: ModelSpec) -> float:
+    """Megatron-LM's gated DeltaNet count per token: 2·(in_proj ``h·(2·Hk·dk + 2·Hv·dv + 2Hv)``,
+    conv1d ``K·(2·Hk·dk + Hv·dv)``, delta rule ``4·Hv·dv²``, out_proj ``h·Hv·dv``)."""
+    h, qk = model.hidden_size, model.linear_num_key_heads * model.linear_key_head_dim
+    hv, dv = model.linear_num_value_heads, model.linear_value_head_dim
+    return 2.0 * (h * (2 * qk + 2 * hv * dv + 2 * hv) + model.linear_conv_kernel * (2 * qk + hv * dv)
+                  + 4 * hv * dv * dv + h * hv * dv)
+
+
+def _layer_count(model: ModelSpec, block, s: int) -> float:
+    """Forward FLOPs per token of one layer, Megatron-LM's hybrid terms: its mixer (attention: the
+    projections, an output gate's columns and the causal scores; Mamba-2; gated DeltaNet) plus its
+    MLP (``2·h·f·(3|2)``) or MoE (top-k routed and shared experts)."""
+    h, mats = model.hidden_size, _mlp_mats(model)
+    if block.mixer == "attention":
+        if block.attention not in ("model", "full") or model.sliding_window or model.is_mla:
+            raise ValueError("Megatron-Core's hybrid count has full attention only (no window, chunk or MLA)")
+        gate = h * model.kv_channels * model.num_attention_heads if block.output_gate else 0
+        mixer = 2.0 * (_megatron_core_attention(model, s) + gate)
+    else:
+        mixer = {"none": 0.0, "mamba2": _mamba2_count(model), "gated_deltanet": _gdn_count(model)}.get(block.mixer)
+        if mixer is None:
+            raise ValueError(f"Megatron-Core counts no {block.mixer} layer")
+    ffn = {"none": 0, "dense": model.ffn_hidden_size,
+           "moe": model.moe_ffn_hidden_size * model.experts_per_token + model.shared_expert_ffn}[block.ffn]
+    return mixer + 2.0 * h * mats * ffn
+
+
+def megatron_core_layer_flops(model: ModelSpec, global_batch_size: int, sequence_length: int) -> float:
+    """Megatron-LM's ``num_floating_point_operations`` for a stack with Mamba-2 or gated DeltaNet
+    layers (its ``hybrid_flops``; the transformer path's linear-attention term is the same per
+    layer): ``3·B·s·[Σ_layers (mixer + ffn) + 2·h·V·(1 + n_mtp)]``, each MTP module one more layer
+    of the stack's last kind (the pattern's MTP layers; no norms or projection, as the hybrid
+    count has none)."""
+    s, blocks = sequence_length, model.block_kinds
+    layers = sum(n * _layer_count(model, blocks[k], s) for k, n in model.kind_counts.items())
+    layers += model.num_mtp_layers * _layer_count(model, blocks[model.mtp_kind], s)
+    logits = 2.0 * model.hidden_size * model.vocab_size * (1 + model.num_mtp_layers)
+    return 3.0 * global_batch_size * s * (layers + logits)
+
+
 def megatron_core_flops(model: ModelSpec, global_batch_size: int, sequence_length: int) -> float:
     """Megatron-LM's ``num_floating_point_operations`` for a transformer (not hybrid) model:
     ``6·B·s·[h·(3|2)·(f·L_dense + (k·f_e + f_shared)·L_moe) + L·attn + MTP + h·V·(1 + n_mtp)]``,
-    MTP layers counted as extra layers of the last layer's kind plus their norms and projection."""
+    MTP layers counted as extra layers of the last layer's kind plus their norms and projection.
+    A stack with Mamba-2 or gated DeltaNet layers: :func:`megatron_core_layer_flops`."""
+    if _recurrent(model):
+        return megatron_core_layer_flops(model, global_batch_size, sequence_length)
     _transformer_only(model, "Megatron-Core")
     h, s, mats = model.hidden_size, sequence_length, _mlp_mats(model)
     mtp = model.num_mtp_layers
@@ -156,7 +216,7 @@ def mofa_register_flops_conventions():
                         source="Narayanan et al. 2021 (arXiv 2104.04473) eq. 3"),
         FlopsConvention(name="megatron-core", aliases=("megatron-lm",), step_flops=megatron_core_flops,
                         description="Megatron-LM's num_floating_point_operations: causal attention, GQA, MLA, "
-                                    "MoE, MTP",
+                                    "MoE, MTP, Mamba-2 and gated DeltaNet layers",
                         source="NVIDIA/Megatron-LM megatron/training/training.py num_floating_point_operations"),
         FlopsConvention(name="nemo", aliases=("nemo-flops-formulas",), step_flops=nemo_flops,
                         description="NeMo's flops_formulas (gpt3, llama2/3, nemotron, mixtral): full attention",

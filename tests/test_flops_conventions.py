@@ -105,7 +105,8 @@ def _both(path):
 @pytest.mark.parametrize("path, convention, models", [
     ("megatron_core_moe.csv", megatron_core_flops, {"qwen3-235b-a22b"}),
     ("nvidia_megatron_bridge.csv", megatron_core_flops,
-     {"llama3-8b", "llama3-70b", "llama3.1-405b", "qwen3-235b-a22b", "qwen3-30b-a3b", "deepseek-v3", "kimi-k2"}),
+     {"llama3-8b", "llama3-70b", "llama3.1-405b", "qwen3-235b-a22b", "qwen3-30b-a3b", "deepseek-v3", "kimi-k2",
+      "nemotron-3-nano"}),
     ("nemo_2407.csv", nemo_flops, {"llama3-8b", "llama3-70b", "gpt3-175b", "nemotron-4-340b"}),
 ])
 def test_each_source_reports_tflops_under_its_convention(mofa_predictor, path, convention, models):
@@ -123,13 +124,40 @@ def test_each_source_reports_tflops_under_its_convention(mofa_predictor, path, c
         assert statistics.median(rs) == pytest.approx(1.0, abs=0.003), name
 
 
-@pytest.mark.parametrize("model", ["nemotron-h-8b", "qwen3-next-80b-a3b", "jamba-v0.1"])
-@pytest.mark.parametrize("count", [six_nd_flops, palm_flops, megatron_core_flops, nemo_flops])
+@pytest.mark.parametrize("model, count", [
+    (m, c) for m in ("nemotron-h-8b", "qwen3-next-80b-a3b", "jamba-v0.1")
+    for c in (six_nd_flops, palm_flops, megatron_core_flops, nemo_flops)
+    if not (c is megatron_core_flops and m != "jamba-v0.1")])
 def test_stacks_with_non_transformer_layers_have_no_count(mofa_predictor, model, count):
-    """Every count here is of attention + MLP layers: a Mamba / gated DeltaNet / lone-MLP layer is
-    refused (the row is listed as not predictable) rather than counted as a transformer layer."""
+    """These counts are of attention + MLP layers: a Mamba / gated DeltaNet / lone-MLP layer is
+    refused (the row is listed as not predictable) rather than counted as a transformer layer.
+    Megatron-Core counts Mamba-2 and gated DeltaNet layers (below), not Mamba-1 (Jamba)."""
     with pytest.raises(ValueError, match="transformer layers only"):
         count(mofa_predictor.registry.model(model), 1, 4096)
+
+
+def test_megatron_core_hybrid_count_of_nemotron_3_nano(mofa_predictor):
+    """Megatron-LM's hybrid_flops (training.py) for Nemotron 3 Nano (h 2688; 6 attention layers of
+    32 heads × 128, 2 KV groups; 23 Mamba-2 layers of 64 heads, 8 groups, state 128; 23 MoE layers
+    of top-6 × 1856 + a shared 1856·2 = 3712, squared ReLU; V 131072) at s 8192, forward per token:
+    attention 4·(4096·2688 + 256·2688) + 2·8192·4096 = 113,901,568; Mamba-2 with Megatron's
+    d_in = 2h = 5376: 2·2688·(10752 + 2048 + 64) + 7·5376·128 + 2·5376·2688 = 102,875,136; MoE
+    4·2688·(6·1856 + 3712) = 159,645,696; logits 2·2688·131072 = 704,643,072; all × 3."""
+    m = mofa_predictor.registry.model("nemotron-3-nano")
+    per_token = 3 * (6 * 113_901_568 + 23 * 102_875_136 + 23 * 159_645_696 + 704_643_072)
+    assert per_token == 22_278_094_848
+    assert megatron_core_flops(m, 2, 8192) == pytest.approx(2 * 8192 * per_token, rel=1e-15)
+
+
+def test_megatron_core_counts_gated_deltanet_and_gated_attention(mofa_predictor):
+    """Qwen3-Next-80B-A3B (h 2048; 36 gated DeltaNet layers of 16 q/k heads × 128 and 32 v heads ×
+    128, conv 4; 12 gated attention layers of 16 heads × 256, 2 KV; 48 MoE layers of top-10 × 512 +
+    shared 512, SwiGLU; V 151936) at s 4096, forward per token: DeltaNet 2·(2048·12352 + 4·8192 +
+    4·32·128² + 2048·4096) = 71,630,848; attention 2·(2048·5120 + 4096·2048) + gate 2·2048·4096 +
+    2·4096·4096 = 88,080,384; MoE 2·2048·3·5632 = 69,206,016; logits 2·2048·151936; all × 3."""
+    m = mofa_predictor.registry.model("qwen3-next-80b-a3b")
+    per_token = 3 * (36 * 71_630_848 + 12 * 88_080_384 + 48 * 69_206_016 + 2 * 2048 * 151_936)
+    assert megatron_core_flops(m, 1, 4096) == pytest.approx(4096 * per_token, rel=1e-15)
 
 
 def test_megatron_core_counts_an_interleaved_moe_stack_by_its_layers(mofa_predictor):
