@@ -62,8 +62,9 @@ class MofaSpecs:
         Composition: registry.
 
         Called once, when the registry is first built (before any job file is read).
-        Receives nothing. Returns an iterable of :class:`~mofa_framework.types.HardwareProfile`;
-        each ``name`` (and each alias) must be unique across all plugins. The built-in
+        Receives nothing. Returns an iterable of :class:`~mofa_framework.types.HardwareProfile`
+        (or of :class:`~mofa_framework.types.LazyRecord` standing for one, read when first looked
+        up); each ``name`` (and each alias) must be unique across all plugins. The built-in
         ``hardware_zoo`` plugin registers the TOML files of ``hardware_profiles/``, and
         ``user_profiles`` those in the directories of ``MOFA_HARDWARE_PATH``.
         """
@@ -75,7 +76,8 @@ class MofaSpecs:
         Composition: registry.
 
         Called once, when the registry is first built. Receives nothing. Returns an iterable
-        of :class:`~mofa_framework.types.ModelSpec`; names and aliases must be unique. The
+        of :class:`~mofa_framework.types.ModelSpec` (or of :class:`~mofa_framework.types.LazyRecord`
+        standing for one); names and aliases must be unique. The
         built-in ``model_zoo`` plugin registers the TOML files of ``model_zoo/``, and
         ``user_profiles`` those in the directories of ``MOFA_MODEL_PATH``.
         """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import attrs
 
@@ -15,6 +15,7 @@ from .types import (
     Feature,
     FlopsConvention,
     HardwareProfile,
+    LazyRecord,
     MeasurementReader,
     ModelSpec,
     Phase,
@@ -72,6 +73,43 @@ def _without_variant(key: str) -> str:
     return "-".join(parts)
 
 
+def _loaded(rec: LazyRecord, rtype: type):
+    """The record `rec` stands for, checked to be an `rtype` of the name and aliases it was indexed by."""
+    out = rec.load()
+    if not isinstance(out, rtype) or out.name != rec.name or tuple(getattr(out, "aliases", ())) != rec.aliases:
+        raise PluginError(f"the {rtype.__name__} registered as {rec.name!r} read as "
+                          f"{type(out).__name__} {getattr(out, 'name', '?')!r} with other names or aliases")
+    return out
+
+
+class LazyTable(Mapping):
+    """Records by name; a :class:`~mofa_framework.types.LazyRecord` is read the first time it is
+    looked up (iterating names or counting them reads nothing)."""
+
+    def __init__(self, records: Mapping, rtype: type):
+        self._records, self._rtype = dict(records), rtype
+
+    def __getitem__(self, name: str):
+        rec = self._records[name]
+        if isinstance(rec, LazyRecord):
+            rec = self._records[name] = _loaded(rec, self._rtype)
+        return rec
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._records)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+
+#: the kinds whose hooks may return :class:`~mofa_framework.types.LazyRecord` (files read on demand)
+_LAZY_KINDS = ("hardware", "models")
+
+
+def _table(records: dict, rtype: type) -> Mapping:
+    return LazyTable(records, rtype) if any(isinstance(r, LazyRecord) for r in records.values()) else records
+
+
 @attrs.frozen(kw_only=True)
 class Registry:
     """Records by kind and name, plus which plugin provided each and what went wrong."""
@@ -105,7 +143,7 @@ class Registry:
             alias_kind = "features" if kind in ("overlaps", "memory_optimizers", "transforms") else kind
             for plugin, records in pm.hook_results(hook):
                 for rec in records:
-                    if not isinstance(rec, rtype):
+                    if not (isinstance(rec, rtype) or (isinstance(rec, LazyRecord) and kind in _LAZY_KINDS)):
                         msg = (f"plugin {plugin!r} returned {type(rec).__name__} from {hook}; "
                                f"expected {rtype.__name__}")
                         problems.append(msg)
@@ -143,8 +181,8 @@ class Registry:
                         aliases[(alias_kind, _norm(k))] = rec.name
         features = {**tables["overlaps"], **tables["memory_optimizers"], **tables["transforms"]}
         return cls(
-            hardware=tables["hardware"],
-            models=tables["models"],
+            hardware=_table(tables["hardware"], HardwareProfile),
+            models=_table(tables["models"], ModelSpec),
             schedules=dict(sorted(tables["schedules"].items())),
             features=dict(sorted(features.items())),
             policies=tables["policies"],

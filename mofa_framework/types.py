@@ -926,3 +926,19 @@ class SkippedRow:
     #: unmappable (the row lacks what a prediction needs) | malformed (a cell is not what its
     #: column holds) | infeasible (the job breaks a constraint)
     kind: str = "unmappable"
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class LazyRecord:
+    """A registry record named now and read when first looked up.
+
+    A registry hook may return one in place of a record whose reading is costly (a hardware
+    profile with microbenchmark tables, a zoo model): the registry indexes `name` and `aliases`
+    at once (look-ups, suggestions and listings of names stay cheap) and calls `load()` the first
+    time the record itself is asked for. `load()` must return the record, with this name and these
+    aliases.
+    """
+
+    name: str = attrs.field(validator=v.instance_of(str))
+    aliases: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    load: Callable[[], Any] = attrs.field(validator=v.is_callable())
