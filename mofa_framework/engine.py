@@ -328,20 +328,45 @@ def price_operators(ctx: Context, ops: list[Op]) -> list[FloatArray]:
 
 
 def price_collectives(ctx: Context, colls: list[Coll]) -> list[FloatArray]:
-    """Seconds per collective (one occurrence; multiply by ``count`` yourself)."""
+    """Seconds per collective (one occurrence; multiply by ``count`` yourself). Rows that share a
+    structure and every input of every collective are priced once (see :func:`_per_structure_rows`)."""
     if not colls:
         return []
     n = len(ctx.geometry.b)
     cat = lambda xs: _stacked(xs, n)  # noqa: E731
     size = cat([c.group_size for c in colls])
-    batch = CollectiveBatch(
-        kind=cat([c.kind for c in colls]).astype(np.int64), bytes=cat([c.bytes for c in colls]),
-        group_size=size.astype(np.int64),
-        nodes=nodes_spanned(size, cat([c.stride for c in colls]), ctx.hardware.scaleup_domain_gpus).astype(np.int64),
-    )
+    cols = {"kind": cat([c.kind for c in colls]).astype(np.int64), "bytes": cat([c.bytes for c in colls]),
+            "group_size": size.astype(np.int64),
+            "nodes": nodes_spanned(size, cat([c.stride for c in colls]),
+                                   ctx.hardware.scaleup_domain_gpus).astype(np.int64)}
+    rows = _per_structure_rows(ctx, cols, len(colls), n)
+    if rows is not None:  # the inputs repeat per structure: price the structures' rows, then repeat
+        first, inverse = rows
+        cols = {k: v[first] for k, v in cols.items()}
+    batch = CollectiveBatch(**cols)
     out = invariants.provider_result(ctx.pm, "mofa_collective_latency", len(batch), colls=batch, hardware=ctx.hardware)
+    if rows is not None:
+        out = np.asarray(out, dtype=np.float64)[inverse]
     out = np.where(size > 1, out, 0.0)
     return list(out.reshape(len(colls), n))
+
+
+def _per_structure_rows(ctx: Context, cols: Mapping[str, np.ndarray], k: int, n: int):
+    """When every one of `cols` (k collectives × n rows, end to end) equals its value on its
+    structure's first row: (the flat rows to price, where each flat row takes its price from);
+    else None. Providers price rows independently, so the prices are the same either way."""
+    if ctx.structure is None or n < 2:
+        return None
+    first, inverse = ctx.structure
+    if len(first) * 2 > n:  # few rows share a structure: checking would cost more than it saves
+        return None
+    offset = (np.arange(k) * n)[:, None]
+    rep = (first[inverse][None, :] + offset).ravel()  # each flat row's structure's first row
+    if not all(np.array_equal(v, v[rep]) for v in cols.values()):
+        return None
+    sub = (first[None, :] + offset).ravel()
+    back = (inverse[None, :] + (np.arange(k) * len(first))[:, None]).ravel()
+    return sub, back
 
 
 # ====================================================================== layer phase

@@ -100,26 +100,57 @@ def _interp_seconds(x, y, factor, size):
     return s * factor / bus
 
 
+class _TableIndex:
+    """A profile's ``[[collective_profile]]`` points by (kind, scope), and the curves of
+    :func:`_curve` once per measured group size asked for: built once per table, not per call."""
+
+    def __init__(self, table):
+        self.table = table
+        self.points: dict[tuple[str, str], list] = {}
+        for p in table:
+            self.points.setdefault((p.kind, p.scope), []).append(p)
+        self.curves: dict[tuple[str, str, float], tuple] = {}
+
+    def curve(self, kind: str, scope: str, group: float):
+        key = (kind, scope, group)
+        if key not in self.curves:
+            self.curves[key] = _curve(self.points[(kind, scope)], group)
+        return self.curves[key]
+
+
+_INDEXES: dict[int, _TableIndex] = {}
+
+
+def _index(table) -> _TableIndex:
+    """The index of `table` (kept by identity: profiles are frozen and live for the process)."""
+    index = _INDEXES.get(id(table))
+    if index is None or index.table is not table:
+        index = _INDEXES[id(table)] = _TableIndex(table)
+    return index
+
+
 def table_seconds(colls, hardware, default: np.ndarray) -> np.ndarray:
     """`default` with every collective a ``[[collective_profile]]`` curve covers priced from it."""
     table = hardware.collective_profile
     if not table:
         return default
+    index = _index(table)
     out = np.array(default, dtype=np.float64, copy=True)
     n = np.maximum(colls.group_size.astype(np.float64), 1.0)
     nodes = np.maximum(colls.nodes.astype(np.float64), 1.0)
     domain = float(hardware.scaleup_domain_gpus)
     decay_per_doubling = 1.0 - hardware.efficiency.bandwidth_decay_per_doubling
-    for kind in {p.kind for p in table}:
+    for kind in {kind for kind, _ in index.points}:
         k = COLLECTIVE_KINDS.index(kind)
         for scope, where in (("scaleup", colls.nodes <= 1), ("scaleout", colls.nodes > 1)):
-            pts = [p for p in table if p.kind == kind and p.scope == scope]
+            if (kind, scope) not in index.points:
+                continue
             sel = (colls.kind == k) & where & (n > 1)
-            if not pts or not sel.any():
+            if not sel.any():
                 continue
             for group in np.unique(n[sel]):
                 rows = sel & (n == group)
-                x, y, g = _curve(pts, group)
+                x, y, g = index.curve(kind, scope, float(group))
                 t = _interp_seconds(x, y, BUSBW_FACTOR[kind](n[rows]), colls.bytes[rows])
                 if scope == "scaleout":
                     local = np.maximum(n[rows] / nodes[rows], 1.0)
