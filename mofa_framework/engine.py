@@ -18,6 +18,7 @@ back with ``np.where`` so every other row stays bit-identical.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import attrs
@@ -606,9 +607,15 @@ def _merge(mask: np.ndarray, new, old):
     if isinstance(old, Mapping):
         return {k: _merge(mask, new[k], old[k]) for k in old}
     if attrs.has(type(old)):
-        return attrs.evolve(old, **{f.name: _merge(mask, getattr(new, f.name), getattr(old, f.name))
-                                    for f in attrs.fields(type(old)) if f.init})
+        return type(old)(**{a: _merge(mask, getattr(new, k), getattr(old, k)) for k, a in _init_fields(type(old))})
     return new
+
+
+@functools.cache
+def _init_fields(cls) -> tuple[tuple[str, str], ...]:
+    """(attribute, ``__init__`` argument) of an attrs class's init fields: rebuilding with every
+    one given is what ``attrs.evolve`` does, without looking the fields up on every call."""
+    return tuple((f.name, f.alias) for f in attrs.fields(cls) if f.init)
 
 
 _PHASE_FIELD = {Phase.layer: "layers", Phase.pipeline: "pipe", Phase.optimizer: "opt", Phase.memory: "mem"}
@@ -647,8 +654,7 @@ def _expand(obj, inverse: np.ndarray):
     if isinstance(obj, Mapping):
         return {k: _expand(v, inverse) for k, v in obj.items()}
     if attrs.has(type(obj)):
-        return attrs.evolve(obj, **{f.name: _expand(getattr(obj, f.name), inverse)
-                                    for f in attrs.fields(type(obj)) if f.init})
+        return type(obj)(**{a: _expand(getattr(obj, k), inverse) for k, a in _init_fields(type(obj))})
     return obj
 
 
