@@ -123,12 +123,13 @@ class CalibrationResult:
 class _Problem:
     """Rows of one hardware profile, prepared once; ln-error as a function of θ."""
 
-    def __init__(self, mapped: Sequence[MappedRow], predictor, hw, params: Sequence[str]):
+    def __init__(self, mapped: Sequence[MappedRow], predictor, hw, params: Sequence[str], groups=None):
         self.mapped = list(mapped)
         self.predictor = predictor
         self.hw = hw
         self.params = list(params)
-        self.groups, self.infeasible = prepare(self.mapped, predictor)
+        # ``groups``: batches already prepared over `mapped` (cross-validation prepares once for every fold)
+        self.groups, self.infeasible = (list(groups), []) if groups is not None else prepare(self.mapped, predictor)
         self.meas = np.array([m.measured_s for m in self.mapped])
         self.sources = np.array([m.source for m in self.mapped])
         self.n_evals = 0
@@ -249,6 +250,19 @@ def _coordinate_search(residuals, x0, lo, hi, rounds: int = 30) -> np.ndarray:
 # ====================================================================== entry point
 
 
+def identifiable(problem: _Problem, base: dict[str, float], parameters: Sequence[str], mask: np.ndarray) -> list[str]:
+    """The `parameters` the rows in `mask` see: some row's ln t moves by ``MIN_SENSITIVITY`` or more
+    between the ends of the coefficient's bounds (the others are left alone by the fit)."""
+    keep = []
+    for name in parameters:
+        lo, hi, _ = PARAMETERS[name]
+        a = problem.log_error({**base, name: lo if name != "step_overhead_s" else 0.0})
+        b = problem.log_error({**base, name: hi if name != "step_overhead_s" else 1.0})
+        if mask.any() and np.nanmax(np.abs(a - b)[mask]) >= MIN_SENSITIVITY:
+            keep.append(name)
+    return keep
+
+
 def _check_enough_rows(rows: int, fitted: Sequence[str], folds: int, hardware: str) -> None:
     """ConfigError when the rows cannot determine the coefficients: fewer rows than coefficients, more
     folds than rows, or folds whose training rows are fewer than the coefficients."""
@@ -310,14 +324,7 @@ def calibrate(paths: Iterable[str | Path], hardware: str, predictor=None, *,
     if not ok.any():
         raise ConfigError(f"--hold-out {', '.join(hold_out)}: holds back every feasible row on {hw.name!r}, "
                           "none is left to fit")
-    # which coefficients do the rows see? ln t at both ends of each bound
-    keep = []
-    for name in parameters:
-        lo, hi, _ = PARAMETERS[name]
-        a = problem.log_error({**base, name: lo if name != "step_overhead_s" else 0.0})
-        b = problem.log_error({**base, name: hi if name != "step_overhead_s" else 1.0})
-        if np.nanmax(np.abs(a - b)[ok]) >= MIN_SENSITIVITY:
-            keep.append(name)
+    keep = identifiable(problem, base, parameters, ok)
     frozen = tuple(p for p in parameters if p not in keep)
     _check_enough_rows(int(ok.sum()), keep, folds, hw.name)
     if back.any():

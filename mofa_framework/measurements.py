@@ -244,7 +244,7 @@ PLAIN_REQUIRED = ("model", "hardware", "num_gpus", "global_batch_size", "sequenc
 PLAIN_LAYOUT = ("tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size")
 PLAIN_OPTIONAL = (*PLAIN_LAYOUT, "precision", "sequence_parallel", "flash_attention", "schedule", "features",
                   "num_layers", "step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "flops_convention",
-                  "measured_memory_gib", "row_id", "reference", "notes")
+                  "measured_memory_gib", "row_id", "reference", "notes", "framework")
 
 
 def parse_features(text: str) -> dict[str, dict]:
@@ -325,7 +325,8 @@ def map_plain_row(row: Mapping[str, str], ctx: ReadContext) -> MappedRow | Skipp
     measured, target = timed
     return MappedRow(source=ctx.source, reference=ref, row_id=rid, job=job, measured_s=measured, target=target,
                      group=(ctx.source, name, hw.name, n, seq),
-                     measured_memory_gib=cell_float(row, "measured_memory_gib"), notes=cell_text(row, "notes")[:200])
+                     measured_memory_gib=cell_float(row, "measured_memory_gib"), notes=cell_text(row, "notes")[:200],
+                     framework=cell_text(row, "framework")[:60])
 
 
 PLAIN_READER = MeasurementReader(

@@ -907,6 +907,10 @@ class MappedRow:
     #: ``assumptions``) for a row its source presents as other than the hardware's steady speed
     #: under the stack the reader maps: a step of an optimisation history, a run that stopped scaling
     fit: bool = True
+    #: the software stack and its generation that ran the row, as the reader names it ("Megatron-LM
+    #: 2021–22", "PyTorch FSDP (llm-foundry)"); "" = not known. Cross-validation holds each one out
+    #: in turn (``mofa calibrate --cross-validate``)
+    framework: str = ""
 
     @measured_s.validator
     def _finite_positive(self, attribute, value):

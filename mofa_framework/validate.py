@@ -206,13 +206,14 @@ def prepare(mapped: Sequence[MappedRow], predictor) -> tuple[list[PreparedGroup]
 
 def predict_prepared(groups: Sequence[PreparedGroup], predictor, hardware_override: dict | None = None,
                      n_rows: int | None = None) -> dict[str, np.ndarray]:
-    """Arrays over the mapped rows (NaN where not predicted): step time, model TFLOPS, memory, fit.
+    """Arrays over the mapped rows (NaN where not predicted): step time, model TFLOPS, memory, fit and
+    the GEMMs' format (``precision``: an index into :data:`~mofa_framework.batch.PRECISIONS`).
 
     ``hardware_override`` maps a profile name to a replacement :class:`HardwareProfile`
     (calibration evaluates the same batches with other efficiency coefficients).
     """
     n = n_rows if n_rows is not None else (max((max(g.rows) for g in groups), default=-1) + 1)
-    out = {k: np.full(n, np.nan) for k in ("step_s", "model_tflops", "memory_gib", "runtime_gib", "fits")}
+    out = {k: np.full(n, np.nan) for k in ("step_s", "model_tflops", "memory_gib", "runtime_gib", "fits", "precision")}
     for g in groups:
         hw = (hardware_override or {}).get(g.hardware.name, g.hardware)
         pred = predictor.evaluate(g.batch, g.model, hw)
@@ -222,6 +223,7 @@ def predict_prepared(groups: Sequence[PreparedGroup], predictor, hardware_overri
         out["memory_gib"][idx] = pred.peak_memory_gib
         out["runtime_gib"][idx] = pred.memory_breakdown["runtime"] / GIB
         out["fits"][idx] = np.asarray(pred.fits_in_memory, float)
+        out["precision"][idx] = pred.mfu_precision
     return out
 
 

@@ -13,6 +13,32 @@ import re
 #: frameworks whose published runs use Megatron-Core's performance recipes
 MEGATRON_CORE = re.compile(r"megatron[- ]core|\bmcore\b|\bnemo\b|megatron-bridge", re.I)
 
+#: (pattern in the framework column, generation label): the first that matches names the row's
+#: framework generation (``MappedRow.framework``; leave-one-regime-out cross-validation holds each out)
+GENERATIONS = (
+    (re.compile(r"deepspeed", re.I), "DeepSpeed ZeRO"),
+    (re.compile(r"zero-bubble", re.I), "Megatron-LM 2023 (ZeroBubble fork)"),
+    (re.compile(r"Megatron-LM \((2021|2022)|PTD-P"), "Megatron-LM 2021–22"),
+    (re.compile(r"torchtitan", re.I), "PyTorch FSDP2 (torchtitan)"),
+    (re.compile(r"llm-foundry|composer", re.I), "PyTorch FSDP (llm-foundry)"),
+    (re.compile(r"megascale", re.I), "MegaScale"),
+)
+
+
+def framework_generation(framework: str, release: str = "") -> str:
+    """The generation label of a run's framework column (and release): Megatron-Core-era stacks
+    (NeMo, Megatron-Bridge, Megatron-Core) split at 2025, when NeMo 2.0 and Megatron-Bridge
+    replaced NeMo 1's launcher; anything else keeps its framework text."""
+    for pattern, label in GENERATIONS:
+        if pattern.search(framework):
+            return label
+    if MEGATRON_CORE.search(framework):
+        year = re.search(r"\b20(\d\d)\b|\bNeMo (\d\d)\.\d", f"{framework} {release}")
+        before = year is not None and int(year.group(1) or year.group(2)) < 25
+        return "Megatron-Core ≤ 2024 (NeMo 1)" if before else "Megatron-Core 2025– (NeMo 2, Megatron-Bridge)"
+    return framework.strip()[:60]
+
+
 #: an unstated interleaving factor is searched when plain 1F1B would run fewer than this many
 #: micro-batches per pipeline stage beyond the first (bubble (p − 1)/m above 20 %)
 UNSTATED_VPP_MIN_RATIO = 4

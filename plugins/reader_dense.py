@@ -39,6 +39,7 @@ from ._megatron import (
     MEGATRON_CORE,
     UNEVEN_STAGES_IGNORED,
     UNSTATED_VPP_MIN_RATIO,
+    framework_generation,
     megatron_core_recipe,
     precision,
     proxy_layers,
@@ -362,7 +363,7 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
                      measured_memory_gib=ctx.number(r, "measured_memory_gb", unit_ok=True),
                      memory_counter=memory_counter(fw, notes),
                      ignore_constraints=ignore, notes=notes[:200], variants=variants, assumptions=assumed,
-                     fit=not stalled)
+                     fit=not stalled, framework=framework_generation(fw, ctx.text(r, "source")))
 
 
 READER = MeasurementReader(

@@ -33,6 +33,7 @@ from ._frameworks import loss_features, memory_counter
 from ._megatron import (
     UNEVEN_STAGES_IGNORED,
     UNSTATED_VPP_MIN_RATIO,
+    framework_generation,
     megatron_core_recipe,
     precision,
     proxy_layers,
@@ -243,7 +244,7 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
                      tflops_convention="model FLOPs (NVIDIA)", measured_memory_gib=ctx.number(r, "peak_mem_gib"),
                      memory_counter=memory_counter(fw, notes),
                      notes=notes[:200], assumptions=assumed, ignore_constraints=ignore, variants=variants,
-                     fit=not history)
+                     fit=not history, framework=framework_generation(fw, ctx.text(r, "release")))
 
 
 READER = MeasurementReader(

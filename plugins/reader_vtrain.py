@@ -50,7 +50,8 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     if dp > 1:
         job["features"]["dp_overlap"] = {}
     return MappedRow(source=ctx.source, reference="vTrain", row_id=rid, job=job, measured_s=ms / 1e3,
-                     target="iteration time (ms)", group=(ctx.source, name, n, seq))
+                     target="iteration time (ms)", group=(ctx.source, name, n, seq),
+                     framework="Megatron-DeepSpeed (vTrain)")
 
 
 READER = MeasurementReader(

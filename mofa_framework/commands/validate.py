@@ -213,7 +213,8 @@ def validate_cmd(state, files, builtin, builtin_set, reader, fmt, sources, show_
 @click.command("calibrate")
 @click.argument("files", nargs=-1, type=click.Path(path_type=Path))
 @data_options
-@click.option("--hardware", required=True, help="Hardware profile to fit (name or alias).")
+@click.option("--hardware", help="Hardware profile to fit (name or alias); with --cross-validate, only this one "
+                                 "(default: every profile whose TOML records the command that fitted it).")
 @click.option("--param", "params", multiple=True, metavar="NAME",
               help=f"Coefficient to fit (repeatable; default: {', '.join(DEFAULT_PARAMETERS)}; "
                    f"one of: {', '.join(PARAMETERS)}).")
@@ -232,16 +233,29 @@ def validate_cmd(state, files, builtin, builtin_set, reader, fmt, sources, show_
 @click.option("--name", "new_name", metavar="NAME",
               help="With --write: write it as a new profile NAME (kebab-case; its aliases dropped), e.g. into "
                    "a directory of MOFA_HARDWARE_PATH.")
+@click.option("--cross-validate", "cross_validate", is_flag=True,
+              help="Report the held-out error instead of fitting: each source predicted by the profiles refitted "
+                   "without it, and each regime (--leave-out) likewise; nothing is written.")
+@click.option("--leave-out", "leave_out", multiple=True, metavar="KIND",
+              type=click.Choice(["source", "gpu-precision", "model-family", "framework"]),
+              help="With --cross-validate: what each fold holds out (repeatable; default: all four).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "markdown"]), default="table",
               show_default=True)
 @pass_state
 def calibrate_cmd(state, files, builtin, builtin_set, reader, hardware, params, folds, seed, sources, hold_out, write,
-                  all_rows, new_name, fmt):
-    """Fit a hardware profile's [efficiency] coefficients to the step times in FILES (or --builtin)."""
+                  all_rows, new_name, cross_validate, leave_out, fmt):
+    """Fit a hardware profile's [efficiency] coefficients to the step times in FILES (or --builtin);
+    with --cross-validate, report the error on rows the fits did not see."""
     from ..calibrate import DEFAULT_PARAMETERS, calibrate, write_profile
     from ..measurements import map_files
     from ..validate import select_sources
 
+    if cross_validate:
+        return cross_validate_cmd(state, input_files(files, builtin, builtin_set), hardware, params, leave_out,
+                                  dict(write=write, name=new_name, hold_out=hold_out, all_rows=all_rows,
+                                       source=sources, reader=reader), fmt)
+    if hardware is None:
+        raise ConfigError("--hardware: give the profile to fit (`mofa list-hardware`), or --cross-validate")
     if folds < 0 or folds == 1:
         raise ConfigError(f"--folds must be 0 (none) or ≥ 2, got {folds}")
     if new_name is not None and not write:
@@ -294,3 +308,48 @@ def calibrate_cmd(state, files, builtin, builtin_set, reader, hardware, params, 
            fmt=fmt)
     if write:
         click.echo(f"wrote {write}", err=fmt == "csv")
+
+
+def cross_validate_cmd(state, files, hardware, params, leave_out, refused: dict, fmt: str) -> None:
+    """``mofa calibrate --cross-validate``: in-sample and held-out error per source and per regime."""
+    from ..crossval import KIND_TITLES, KINDS, FitPlan, cross_validate
+
+    given = [k for k, v in refused.items() if v]
+    if given:
+        raise ConfigError(f"--{given[0].replace('_', '-')} does not go with --cross-validate (it refits every "
+                          "profile as its recorded command did and writes nothing)")
+    if params and hardware is None:
+        raise ConfigError("--param with --cross-validate needs --hardware (the profile those coefficients belong to)")
+    predictor = state.predictor()
+    plans = None
+    if hardware is not None:
+        hw = predictor.registry.hardware_profile(hardware, field="--hardware")
+        plans = [FitPlan(hardware=hw.name, parameters=tuple(params or DEFAULT_PARAMETERS))]
+    progress = (lambda line: click.echo(line, err=True)) if fmt != "json" else None
+    cv = cross_validate(files, predictor, plans=plans, kinds=leave_out or KINDS, progress=progress)
+    if fmt == "json":
+        click.echo(json.dumps(_json_safe(cv.to_dict()), indent=2, default=str))
+        return
+    for kind, scheme in cv.held_out.items():
+        if kind == "source":
+            out = {s.source: s for s in scheme.summaries(cv.skipped)}
+            rows = []
+            for s in cv.in_sample.summaries(cv.skipped):
+                o = out[s.source]
+                r = o.ranking
+                rows.append([s.source, str(o.rows), _pct(s.step_time.mape), _pct(o.step_time.mape),
+                             _pct(o.step_time.p90), _pct(o.step_time.max), f"{100 * o.step_time.bias:+.1f} %",
+                             f"{_num(r.spearman_mean)} / {_num(r.spearman_min)} ({len(r.spearman)})"
+                             if r.spearman else "—", _pct(r.regret_max) if r.regret else "—"])
+            _table(rows, ["source", "rows", "in-sample MAPE", "held-out MAPE", "p90", "max", "bias",
+                          "Spearman mean / min (groups)", "top-1 regret max"],
+                   title=f"step time, {KIND_TITLES[kind]} (each source predicted by profiles fitted without it)",
+                   fmt=fmt)
+            continue
+        rows = [[key, str(b.n), _pct(a.mape), _pct(b.mape), _pct(b.p90), _pct(b.max), f"{100 * b.bias:+.1f} %"]
+                for key, a, b in cv.by_regime(kind)]
+        _table(rows, [kind, "rows", "in-sample MAPE", "held-out MAPE", "p90", "max", "bias"],
+               title=f"step time, {KIND_TITLES[kind]}", fmt=fmt)
+    refits = sum(len(f.refits) for s in cv.held_out.values() for f in s.folds)
+    click.echo(f"{refits} refits of {len(cv.plans)} profiles ({', '.join(p.hardware for p in cv.plans)}); "
+               f"{cv.cpu_s:.0f} s CPU ({cv.prepare_cpu_s:.1f} s mapping and preparing the rows once)", err=True)
