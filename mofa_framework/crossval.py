@@ -439,3 +439,33 @@ def cross_validate(paths: Iterable[str | Path], predictor=None, *, plans: Sequen
 def pct(x: float) -> str:
     """A fraction as a percentage to one decimal ("—" for NaN)."""
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f} %"
+
+
+# ====================================================================== the shipped residual table
+
+#: columns of :func:`residual_table` (``<kind>_out_s``: the row predicted with that kind's row held out)
+TABLE_COLUMNS = ("source", "row_id", "gpu", "precision", "family", "framework", "schedule", "features", "num_gpus",
+                 "measured_s", "in_sample_s", *(f"{k.replace('-', '_')}_out_s" for k in KINDS))
+
+
+def residual_table(cv: CrossValidation, registry, header: str) -> str:
+    """Every scored row's regime, measured step time, and in-sample and held-out predictions, as CSV
+    (the table error bands are drawn from; ``header`` is its first comment line). A comment line per
+    plan records the coefficients the held-out fits started from."""
+    import csv
+    import io
+
+    buf = io.StringIO()
+    buf.write(f"# {header}\n")
+    for p in cv.plans:
+        eff = registry.hardware_profile(p.hardware).efficiency
+        buf.write(f"# plan {p.hardware}: " + " ".join(f"{k}={getattr(eff, k):.6g}" for k in p.parameters)
+                  + f" | sources {' '.join(p.sources) or '(all)'}\n")
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(TABLE_COLUMNS)
+    for i, (reg, r) in enumerate(zip(cv.regimes, cv.in_sample.rows)):
+        held = [cv.held_out[k].rows[i].predicted_s if k in cv.held_out else math.nan for k in KINDS]
+        w.writerow([r.source, r.row_id, reg.gpu, reg.precision, reg.family, reg.framework, reg.schedule,
+                    ";".join(reg.features), reg.num_gpus, f"{r.measured_s:.6g}", f"{r.predicted_s:.6g}",
+                    *(f"{x:.6g}" for x in held)])
+    return buf.getvalue()
