@@ -44,7 +44,8 @@ import numpy as np
 from .batch import PRECISIONS
 from .errors import ConfigError
 from .types import EfficiencySpec, MappedRow, ModelSpec, SkippedRow
-from .validate import ErrorStats, RowResult, SourceSummary, predict_prepared, prepare, resolve_unstated, row_results, summarize
+from .validate import (ErrorStats, RowResult, SourceSummary, predict_prepared, prepare, rank_stats, resolve_unstated,
+                       row_results, summarize)
 
 #: what a fold holds out, in the order the report lists them
 KINDS = ("source", "gpu-precision", "model-family", "framework")
@@ -445,12 +446,13 @@ def pct(x: float) -> str:
 
 #: columns of :func:`residual_table` (``<kind>_out_s``: the row predicted with that kind's row held out)
 TABLE_COLUMNS = ("source", "row_id", "gpu", "precision", "family", "framework", "schedule", "features", "num_gpus",
-                 "measured_s", "in_sample_s", *(f"{k.replace('-', '_')}_out_s" for k in KINDS))
+                 "global_batch_size", "group", "measured_s", "in_sample_s", *(f"{k.replace('-', '_')}_out_s" for k in KINDS))
 
 
 def residual_table(cv: CrossValidation, registry, header: str) -> str:
-    """Every scored row's regime, measured step time, and in-sample and held-out predictions, as CSV
-    (the table error bands are drawn from; ``header`` is its first comment line). A comment line per
+    """Every scored row's regime, global batch, ranking group, measured step time, and in-sample and
+    held-out predictions, as CSV (the table error bands are drawn from and the gates are checked on;
+    ``header`` is its first comment line). A comment line per
     plan records the coefficients the held-out fits started from."""
     import csv
     import io
@@ -466,6 +468,73 @@ def residual_table(cv: CrossValidation, registry, header: str) -> str:
     for i, (reg, r) in enumerate(zip(cv.regimes, cv.in_sample.rows)):
         held = [cv.held_out[k].rows[i].predicted_s if k in cv.held_out else math.nan for k in KINDS]
         w.writerow([r.source, r.row_id, reg.gpu, reg.precision, reg.family, reg.framework, reg.schedule,
-                    ";".join(reg.features), reg.num_gpus, f"{r.measured_s:.6g}", f"{r.predicted_s:.6g}",
+                    ";".join(reg.features), reg.num_gpus, round(r.measured_s / r.measured_s_per_seq) if r.measured_s_per_seq
+                    else "", "|".join(map(str, r.group)) if r.group else "", f"{r.measured_s:.6g}", f"{r.predicted_s:.6g}",
                     *(f"{x:.6g}" for x in held)])
     return buf.getvalue()
+
+
+def table_records(text: str) -> list[dict[str, str]]:
+    """The rows of a :func:`residual_table` text (comment lines skipped)."""
+    import csv
+
+    return list(csv.DictReader(ln for ln in text.splitlines() if ln and not ln.startswith("#")))
+
+
+# ====================================================================== the gates (issue 17 §2)
+
+#: sources with at least this many predicted rows are gated one by one
+GATE_MIN_ROWS = 10
+GATE_SOURCE_MAPE = 0.10
+GATE_OVERALL_MAPE = 0.06
+#: reported beside the held-out figures, never gated alone
+GATE_IN_SAMPLE_MAPE = 0.04
+#: strategy ranking, held out, in every ranked group of a source
+GATE_SPEARMAN = 0.90
+
+
+@attrs.frozen(kw_only=True)
+class Gate:
+    key: str
+    target: str
+    achieved: float
+    threshold: float
+    #: "le": met when achieved ≤ threshold; "ge": ≥
+    sense: str = "le"
+
+    @property
+    def met(self) -> bool:
+        return self.achieved <= self.threshold if self.sense == "le" else self.achieved >= self.threshold
+
+
+def gates(text: str) -> list[Gate]:
+    """Issue 17 §2's gates on a :func:`residual_table` text: per source with ≥ :data:`GATE_MIN_ROWS`
+    rows and overall, the leave-one-source-out MAPE; the in-sample overall MAPE; per source with
+    ranked groups, the smallest held-out Spearman ρ of its strategy ranking."""
+    from types import SimpleNamespace
+
+    recs = table_records(text)
+    err = lambda r, col: float(r[col]) / float(r["measured_s"]) - 1.0  # noqa: E731
+    by: dict[str, list[dict]] = defaultdict(list)
+    for r in recs:
+        by[r["source"]].append(r)
+    out = []
+    for src, rows in by.items():
+        st = ErrorStats.of([err(r, "source_out_s") for r in rows])
+        if st.n >= GATE_MIN_ROWS:
+            out.append(Gate(key=f"source:{src}", target=f"{src}: held-out MAPE ≤ {pct(GATE_SOURCE_MAPE)}",
+                            achieved=st.mape, threshold=GATE_SOURCE_MAPE))
+    out.append(Gate(key="overall", target=f"overall held-out MAPE ≤ {pct(GATE_OVERALL_MAPE)}",
+                    achieved=ErrorStats.of([err(r, "source_out_s") for r in recs]).mape, threshold=GATE_OVERALL_MAPE))
+    out.append(Gate(key="in-sample", target=f"overall in-sample MAPE ≤ {pct(GATE_IN_SAMPLE_MAPE)}",
+                    achieved=ErrorStats.of([err(r, "in_sample_s") for r in recs]).mape, threshold=GATE_IN_SAMPLE_MAPE))
+    for src, rows in by.items():
+        ranked = [SimpleNamespace(group=(src, r["group"]), measured_s_per_seq=float(r["measured_s"]) / int(gbs),
+                                  predicted_s_per_seq=float(r["source_out_s"]) / int(gbs))
+                  for r in rows if r["group"] and (gbs := r["global_batch_size"])]
+        rho = rank_stats(ranked).spearman
+        if rho:
+            out.append(Gate(key=f"ranking:{src}", achieved=min(rho.values()), threshold=GATE_SPEARMAN, sense="ge",
+                            target=f"{src}: strategy ranking ρ ≥ {GATE_SPEARMAN} in every group, held out "
+                                   f"({len(rho)} groups)"))
+    return out

@@ -1,0 +1,143 @@
+"""Leave-one-source-out and leave-one-regime-out cross-validation (issue 17 §2) on synthetic rows
+whose 'measured' times are the model's own predictions with known coefficients, so each held-out
+prediction is known by hand: a source held out is predicted by the coefficient its *other* sources
+carry. Small folds (eight jobs per source, one coefficient): ~1 s."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from mofa_framework.crossval import FitPlan, Regime, cross_validate, model_family, parse_recorded, twins
+
+A100 = "a100-sxm4-80gb"
+LAYOUTS = (("gpt-22b", 8, 8, 1, 4), ("gpt3-175b", 64, 8, 8, 64), ("gpt-7.5b", 32, 4, 2, 64), ("gpt-1.7b", 8, 1, 1, 64))
+
+
+@pytest.fixture(scope="module")
+def predictor():
+    from mofa_framework import Predictor
+
+    return Predictor()
+
+
+def rows(predictor, source: str, gemm_efficiency: float, framework: str = "", scale: float = 1.0):
+    """Eight jobs whose measured step time is the A100 prediction with `gemm_efficiency` (× `scale`)."""
+    from mofa_framework.types import MappedRow
+    from mofa_framework.validate import predict_prepared, prepare
+
+    out = []
+    for model, gpus, tp, pp, gbs in LAYOUTS:
+        for rec in ("full", "selective"):
+            job = {"model": {"name": model}, "hardware": {"name": A100, "num_gpus": gpus},
+                   "parallel": {"tp": tp, "pp": pp, "micro_batch_size": 1, "global_batch_size": gbs,
+                                "sequence_length": 2048, "precision": "fp16"},
+                   "features": {"recompute": {"granularity": rec}}}
+            out.append(MappedRow(source=source, reference="", row_id=f"{model}-{rec}", job=job, measured_s=1.0,
+                                 target="t", framework=framework))
+    hw = predictor.registry.hardware_profile(A100)
+    truth = attrs.evolve(hw, efficiency=attrs.evolve(hw.efficiency, gemm_efficiency=gemm_efficiency))
+    groups, _ = prepare(out, predictor)
+    t = predict_prepared(groups, predictor, {A100: truth}, n_rows=len(out))["step_s"]
+    return [attrs.evolve(r, measured_s=float(x) * scale) for r, x in zip(out, t)]
+
+
+@pytest.fixture(scope="module")
+def cv(predictor):
+    """Source 'fast' runs at GEMM efficiency 0.62, 'slow' at 0.50 (the same eight jobs), and 'copy'
+    republishes fast's measurements 1 % apart (twins, TWIN_TOLERANCE 2 %)."""
+    import mofa_framework.calibrate as calibration
+
+    prior = calibration.PRIOR_WEIGHT
+    calibration.PRIOR_WEIGHT = 0.0  # no pull towards the library default: the fit is the data's
+    try:
+        fast = rows(predictor, "fast", 0.62, framework="stack 2021")
+        slow = rows(predictor, "slow", 0.50, framework="stack 2024")
+        copy = rows(predictor, "copy", 0.62, framework="stack 2021", scale=1.01)
+        plan = FitPlan(hardware=A100, parameters=("gemm_efficiency",))
+        res = cross_validate([], predictor, plans=[plan], kinds=("source", "framework"), mapped=fast + slow + copy)
+    finally:
+        calibration.PRIOR_WEIGHT = prior
+    return res, fast, slow
+
+
+def _by_source(scheme, source):
+    return [r for r in scheme.rows if r.source == source]
+
+
+def test_a_held_out_source_is_predicted_by_the_others_coefficient(cv):
+    res, fast, slow = cv
+    loso = res.held_out["source"]
+    # slow held out: fitted to fast and copy (0.62 and 0.62 at +1 %), so slow's rows are predicted at
+    # ~0.62: their predicted time is fast's measured time (same jobs), within copy's 1 % pull
+    for r, f in zip(_by_source(loso, "slow"), fast):
+        assert r.predicted_s == pytest.approx(f.measured_s, rel=0.012)
+    # fast held out: copy holds the same measurements (twins), so it is held out too and the refit
+    # sees slow alone: fast's rows are predicted at 0.50, i.e. slow's measured times
+    for r, s in zip(_by_source(loso, "fast"), slow):
+        assert r.predicted_s == pytest.approx(s.measured_s, rel=1e-3)
+    fold = next(f for f in loso.folds if f.key == "fast")
+    assert fold.train_rows == {A100: 8} and fold.rows == 8
+    assert fold.refits[A100]["gemm_efficiency"] == pytest.approx(0.50, abs=0.003)
+
+
+def test_in_sample_is_the_shipped_profile(cv, predictor):
+    res, fast, _ = cv
+    from mofa_framework.validate import predict_prepared, prepare
+
+    groups, _ = prepare(fast, predictor)
+    shipped = predict_prepared(groups, predictor, n_rows=len(fast))["step_s"]
+    assert [r.predicted_s for r in _by_source(res.in_sample, "fast")] == pytest.approx(list(shipped))
+
+
+def test_leave_one_framework_out(cv):
+    """'stack 2021' is fast and copy: held out together, the refit sees slow alone (0.50)."""
+    res, fast, slow = cv
+    held = res.held_out["framework"]
+    for r, s in zip(_by_source(held, "copy"), slow):
+        assert r.predicted_s == pytest.approx(s.measured_s, rel=1e-3)
+    keys = {k for k, _, _ in res.by_regime("framework")}
+    assert keys == {"stack 2021", "stack 2024"}
+    worst = res.by_regime("framework")[0]
+    assert worst[2].mape >= res.by_regime("framework")[1][2].mape
+
+
+def test_twins_are_other_sources_same_job_within_two_percent(predictor):
+    """c is 5 % from a and 3 % from b (1.05 / 1.019): no twin; b is 1.9 % from both a rows."""
+    from mofa_framework.types import MappedRow
+
+    job = {"model": {"name": "m"}, "hardware": {"num_gpus": 8}, "parallel": {"global_batch_size": 8}}
+    mk = lambda src, t: MappedRow(source=src, reference="", row_id="1", job=job, measured_s=t, target="t")  # noqa: E731
+    got = twins([mk("a", 1.0), mk("b", 1.019), mk("c", 1.05), mk("a", 1.0)], ["x"] * 4)
+    assert got == [[1], [0, 3], [], [1]]
+
+
+def test_model_family_and_regime_keys(predictor):
+    reg = predictor.registry
+    assert model_family(reg.model("llama3-8b")) == "dense GQA gated MLP"
+    assert model_family(reg.model("gpt3-175b")) == "dense MHA 2-matrix MLP"
+    assert model_family(reg.model("deepseek-v3")).startswith("MoE MLA")
+    r = Regime(gpu="g", precision="fp8", family="f", schedule="1f1b", features=(), num_gpus=8)
+    assert (r.key("gpu-precision"), r.key("model-family"), r.key("framework")) == ("fp8 on g", "f", "(not stated)")
+
+
+def test_parse_recorded_command():
+    text = ("# [efficiency] fitted by `mofa calibrate`: mofa calibrate --hardware x --builtin-set calibration "
+            "--param gemm_efficiency --param=contention_compute extra.csv --write x.toml\n")
+    plan = parse_recorded("x", text)
+    assert plan.parameters == ("gemm_efficiency", "contention_compute")
+    assert plan.files[-1] == "extra.csv" and "megatron_selene_a100.csv" in plan.files
+    assert parse_recorded("x", text.replace("--write", "--all-rows --write")) is None
+    assert parse_recorded("x", "name = 'x'\n") is None
+
+
+def test_cli_cross_validate_refuses_what_it_cannot_do():
+    from click.testing import CliRunner
+
+    import mofa_framework.cli as c
+
+    c._builtin_commands()
+    res = CliRunner().invoke(c.cli, ["calibrate", "--cross-validate", "--builtin", "--write", "x.toml"])
+    assert res.exit_code == 2 and "--write does not go with --cross-validate" in res.output
+    res = CliRunner().invoke(c.cli, ["calibrate", "--cross-validate", "--builtin", "--param", "gemm_efficiency"])
+    assert res.exit_code == 2 and "needs --hardware" in res.output and res.output.strip().count("\n") == 0
