@@ -58,6 +58,14 @@ class PredictionResult:
     mfu_precision: str = "bf16"
     #: MFU against the bf16 peak (how fp8 runs are often quoted); equals ``mfu`` for bf16 jobs
     mfu_bf16_peak: float = 0.0
+    #: the band the step time likely falls in: 80 % of the cross-validated errors of the nearest
+    #: validated runs (:mod:`mofa_framework.uncertainty`; NaN when no cross-validation table is installed)
+    step_time_s_low: float = float("nan")
+    step_time_s_high: float = float("nan")
+    #: which runs the band was drawn from (a sentence)
+    band_basis: str = ""
+    #: where the job lies outside the calibrated regimes, one sentence each (empty: inside)
+    extrapolation: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -131,8 +139,16 @@ class Predictor:
             model, hw = group[0].model, group[0].hardware
             pred = self._evaluate_jobs(group)
             for k, i in enumerate(idx):
-                results[i] = _result(jobs[i], pred, k)
+                results[i] = _with_band(_result(jobs[i], pred, k), jobs[i], self.registry)
         return results  # type: ignore[return-value]
+
+    def sensitivity(self, jobs: TrainingJob | Iterable[TrainingJob], top: int | None = None) -> list[list]:
+        """For each job, ∂ ln(step time) / ∂ ln(parameter) for the hardware-profile parameters it
+        depends on, largest first (:func:`mofa_framework.uncertainty.sensitivities`)."""
+        from .uncertainty import sensitivities
+
+        jobs = [jobs] if isinstance(jobs, TrainingJob) else list(jobs)
+        return sensitivities(self, jobs, top)
 
     def _evaluate_jobs(self, group: list[TrainingJob]) -> Prediction:
         """The engine's prediction for jobs sharing a model and hardware, after every constraint."""
@@ -173,6 +189,14 @@ def _result(job: TrainingJob, pred: Prediction, k: int) -> PredictionResult:
         critical_stage=STAGES[int(pred.critical_stage[k])],
         mfu_precision=PRECISIONS[int(pred.mfu_precision[k])], mfu_bf16_peak=f(pred.mfu_bf16_peak),
     )
+
+
+def _with_band(r: PredictionResult, job: TrainingJob, registry) -> PredictionResult:
+    from .uncertainty import band_for
+
+    b = band_for(r, job, registry)
+    return attrs.evolve(r, step_time_s_low=b.low_s, step_time_s_high=b.high_s, band_basis=b.basis,
+                        extrapolation=b.flags)
 
 
 def load_job(path, predictor: Predictor | None = None) -> TrainingJob:

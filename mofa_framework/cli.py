@@ -397,6 +397,24 @@ def _prediction_tables(r) -> list[tuple[str, list[str], list[list[str]]]]:
             ("memory per GPU (worst stage)", ["component", "GiB"], mem)]
 
 
+def band_text(r) -> str:
+    """" (band 13.8–16.0 s)" for a result with a band, else ""."""
+    import math
+
+    if not (math.isfinite(r.step_time_s_low) and math.isfinite(r.step_time_s_high)):
+        return ""
+    return f" (band {_fmt_s(r.step_time_s_low)}–{_fmt_s(r.step_time_s_high)})"
+
+
+def sensitivity_rows(sens) -> list[list[str]]:
+    return [[s.parameter, f"{s.value:.4g}", f"{s.elasticity:+.3f}"] for s in sens]
+
+
+SENSITIVITY_HEADERS = ["parameter", "value", "∂ ln step / ∂ ln parameter"]
+#: rows of the --sensitivity table (JSON carries every parameter)
+SENSITIVITY_TOP = 8
+
+
 def _prediction_head(r) -> tuple[str, str]:
     p = r.parallel
     head = (f"{r.job}: {r.model} on {r.num_gpus} × {r.hardware} — TP{p['tp']} PP{p['pp']} VPP{p['vpp']} "
@@ -407,9 +425,11 @@ def _prediction_head(r) -> tuple[str, str]:
     tok = f"{r.tokens_per_s_per_gpu:,.0f}" if r.tokens_per_s_per_gpu >= 10 else f"{r.tokens_per_s_per_gpu:.3g}"
     # MFU/HFU are against the peak of the format the GEMMs run in; say so when that is not bf16
     of = f" (of the {r.mfu_precision} peak; {r.mfu_bf16_peak:.1%} of bf16's)" if r.mfu_precision != "bf16" else ""
-    line = (f"step {_fmt_s(r.step_time_s)} · {tok} tokens/s/GPU · "
+    line = (f"step {_fmt_s(r.step_time_s)}{band_text(r)} · {tok} tokens/s/GPU · "
             f"{r.model_tflops_per_gpu:.0f} model TFLOPS/GPU · MFU {r.mfu:.1%}{of} · HFU {r.hfu:.1%} · "
             f"peak memory {r.peak_memory_gib:.1f} / {r.hbm_gib:.0f} GiB ({fit})")
+    for flag in r.extrapolation:
+        line += f"\noutside the calibrated regimes: {flag}"
     if r.mfu > 1:
         line += ("\nnote: MFU counts attention as the full s×s square (Megatron's convention); the fused causal "
                  "kernels execute about half of it, so at long sequences MFU can exceed 100 %")
@@ -449,7 +469,7 @@ def prediction_csv(results) -> str:
     mems = list(dict.fromkeys(k for r in results for k in r.memory_breakdown))
     head = ["job", "model", "hardware", "num_gpus", "tp", "pp", "vpp", "cp", "ep", "dp", "micro_batch_size",
             "global_batch_size", "sequence_length", "precision", "schedule", "features", "step_time_s",
-            "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu", "hfu", "peak_memory_gib", "fits_in_memory",
+            "step_time_s_low", "step_time_s_high", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu", "hfu", "peak_memory_gib", "fits_in_memory",
             "critical_stage", "memory_first_gib", "memory_mid_gib", "memory_last_gib",
             *(f"{k}_s" for k in comps), *(f"memory_{k}_gib" for k in mems)]
     rows = []
@@ -457,7 +477,8 @@ def prediction_csv(results) -> str:
         p = r.parallel
         rows.append([r.job, r.model, r.hardware, r.num_gpus, p["tp"], p["pp"], p["vpp"], p["cp"], p["ep"], p["dp"],
                      p["micro_batch_size"], p["global_batch_size"], p["sequence_length"], p["precision"],
-                     r.schedule, ";".join(r.features), f"{r.step_time_s:.6g}", f"{r.tokens_per_s_per_gpu:.6g}",
+                     r.schedule, ";".join(r.features), f"{r.step_time_s:.6g}", f"{r.step_time_s_low:.6g}",
+                     f"{r.step_time_s_high:.6g}", f"{r.tokens_per_s_per_gpu:.6g}",
                      f"{r.model_tflops_per_gpu:.6g}", f"{r.mfu:.6g}", f"{r.hfu:.6g}", f"{r.peak_memory_gib:.6g}",
                      r.fits_in_memory, r.critical_stage,
                      *(f"{r.stage_memory_gib[k]:.6g}" if k in r.stage_memory_gib else "" for k in ("first", "mid",
@@ -559,8 +580,12 @@ def write_trace_outputs(predictor, job, trace_path: Path | None, plot_path: Path
                                                  "the first, a middle and the last.")
 @click.option("--plot-timeline", "plot_timeline", type=click.Path(dir_okay=False, path_type=Path),
               metavar="FILE.png", help="Also draw the pipeline timeline (needs matplotlib).")
+@click.option("--sensitivity", is_flag=True,
+              help="Also list the hardware-profile parameters the step time depends on most "
+                   "(∂ ln step / ∂ ln parameter; JSON: every parameter).")
 @pass_state
-def predict(state: State, job_files, fmt, megatron_args, trace_path, all_stages, plot_timeline, **flags):
+def predict(state: State, job_files, fmt, megatron_args, trace_path, all_stages, plot_timeline, sensitivity,
+            **flags):
     """Predict step time, throughput, MFU and memory for JOB_FILES (or a job given by flags)."""
     if megatron_args is not None:
         if job_files:
@@ -572,18 +597,27 @@ def predict(state: State, job_files, fmt, megatron_args, trace_path, all_stages,
         raise ConfigError("--trace and --plot-timeline draw one job: give a single job")
     predictor = state.predictor()
     results = predictor.predict(jobs)
+    sens = predictor.sensitivity(jobs) if sensitivity else None
     if trace_path or plot_timeline:
         write_trace_outputs(predictor, jobs[0], trace_path, plot_timeline, all_stages)
+    dicts = [{**r.to_dict(), **({"sensitivity": [attrs.asdict(x) for x in sens[i]]} if sens else {})}
+             for i, r in enumerate(results)]
     if fmt == "json":
-        _emit_json([r.to_dict() for r in results] if len(results) > 1 else results[0].to_dict())
+        _emit_json(dicts if len(results) > 1 else dicts[0])
     elif fmt == "jsonl":
-        for r in results:
-            click.echo(json.dumps(r.to_dict(), default=str))
+        for d in dicts:
+            click.echo(json.dumps(d, default=str))
     elif fmt == "csv":
         click.echo(prediction_csv(results), nl=False)
+        if sens:
+            click.echo(csv_table([[r.job, *row] for r, s in zip(results, sens) for row in sensitivity_rows(s)],
+                                 ["job", "parameter", "value", "elasticity"]), nl=False)
     else:
-        for r in results:
+        for i, r in enumerate(results):
             print_prediction(r, fmt)
+            if sens:
+                _table(sensitivity_rows(sens[i][:SENSITIVITY_TOP]), SENSITIVITY_HEADERS,
+                       title="sensitivity of the step time (largest first)", fmt=fmt)
 
 
 def assemble() -> click.Group:

@@ -190,6 +190,12 @@ class Candidate:
     #: the feature sets of configurations identical to this one in every number (same structure,
     #: step time and memory): the features they differ in change nothing here
     variants: tuple[Mapping[str, Mapping[str, Any]], ...] = ()
+    #: the step time's band and extrapolation flags (:func:`mofa_framework.uncertainty.band_candidates`)
+    step_time_s_low: float = float("nan")
+    step_time_s_high: float = float("nan")
+    extrapolation: tuple[str, ...] = ()
+    #: this step time and rank 1's lie inside each other's band: the two are not told apart
+    within_band_of_best: bool = False
 
     def to_dict(self) -> dict:
         return attrs.asdict(self)
@@ -947,7 +953,9 @@ def tune(predictor, req: TuneRequest, progress: Callable[[TuneProgress], None] |
         skipped, unexplored = search.skipped(search.threshold())
         for k, v in search.removed.items():
             removed[k] = removed.get(k, 0) + v
-    best = search.best() if search else ()
+    from .uncertainty import band_candidates
+
+    best = band_candidates(search.best(), req, registry) if search else ()
     front = search.pareto_front() if search else ()
     return TuneResult(best=best, evaluated=search.evaluated if search else 0,
                       feasible=search.feasible if search else 0, space_size=req.space.size,

@@ -29,7 +29,6 @@ relative; one-sided at a bound), one prediction per perturbed profile.
 
 from __future__ import annotations
 
-import csv
 import functools
 import math
 from collections.abc import Mapping, Sequence
@@ -38,7 +37,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from .crossval import KINDS, Regime, regime_of
+from .crossval import KINDS, Regime, regime_of, table_records
 
 TABLE = Path(__file__).resolve().parent / "data" / "cross_validation.csv"
 #: the central share of the held-out errors a band covers
@@ -93,10 +92,9 @@ class ResidualTable:
 
 
 def read_table(path: str | Path = TABLE) -> ResidualTable:
-    """The residual table at `path` (comment lines skipped)."""
+    """The residual table at `path` (:func:`~mofa_framework.crossval.residual_table`; none: empty)."""
     path = Path(path)
-    lines = [ln for ln in path.read_text().splitlines() if ln and not ln.startswith("#")] if path.exists() else []
-    rows = list(csv.DictReader(lines))
+    rows = table_records(path.read_text()) if path.exists() else []
     col = lambda k: np.array([r[k] for r in rows], dtype=object)  # noqa: E731
     meas = np.array([float(r["measured_s"]) for r in rows])
     errs = {"in-sample": np.log(np.array([float(r["in_sample_s"]) for r in rows]) / meas)}
@@ -105,7 +103,8 @@ def read_table(path: str | Path = TABLE) -> ResidualTable:
         if rows and name in rows[0]:
             errs[k] = np.log(np.array([float(r[name]) for r in rows]) / meas)
     return ResidualTable(source=col("source"), gpu=col("gpu"), precision=col("precision"), family=col("family"),
-                         schedule=col("schedule"), features=tuple(frozenset(filter(None, r["features"].split(";"))) for r in rows),
+                         schedule=col("schedule"), features=tuple(frozenset(filter(None, r["features"].split(";")))
+                                                                  for r in rows),
                          num_gpus=np.array([int(r["num_gpus"]) for r in rows], dtype=float), log_error=errs)
 
 
@@ -201,6 +200,37 @@ def band_for(result, job, registry, table: ResidualTable | None = None) -> Band:
     return band(result.step_time_s, regime_of(job, result.mfu_precision), registry, table)
 
 
+def gemm_format(hardware, precision: str, features, registry) -> str:
+    """The format a job's GEMMs run in: `precision`, or a faster one an enabled feature declares
+    (as :func:`mofa_framework.engine.mfu_precision` decides it for a batch)."""
+    best = precision
+    for name in features:
+        fmt = registry.features[name].gemm_precision if name in registry.features else None
+        if fmt is not None and hardware.peak_flops_per_s(fmt) > hardware.peak_flops_per_s(best):
+            best = fmt
+    return best
+
+
+def band_candidates(cands, req, registry, table: ResidualTable | None = None) -> tuple:
+    """The tuner's top configurations with their bands and flags; ``within_band_of_best`` marks
+    those whose step time and rank 1's lie inside each other's band."""
+    from .crossval import model_family
+
+    out = []
+    for c in cands:
+        reg = Regime(gpu=req.hardware.name, family=model_family(req.model), schedule=c.schedule,
+                     precision=gemm_format(req.hardware, c.parallel["precision"], c.features, registry),
+                     features=tuple(sorted(c.features)), num_gpus=int(req.num_gpus))
+        b = band(c.step_time_s, reg, registry, table)
+        out.append(attrs.evolve(c, step_time_s_low=b.low_s, step_time_s_high=b.high_s, extrapolation=b.flags))
+    if out:
+        top = out[0]
+        inside = lambda t, c: c.step_time_s_low <= t <= c.step_time_s_high  # noqa: E731
+        out = [attrs.evolve(c, within_band_of_best=inside(c.step_time_s, top) and inside(top.step_time_s, c))
+               for c in out]
+    return tuple(out)
+
+
 def row_regime(table: ResidualTable, i: int) -> Regime:
     """The :class:`~mofa_framework.crossval.Regime` of the table's row `i`."""
     return Regime(gpu=str(table.gpu[i]), precision=str(table.precision[i]), family=str(table.family[i]),
@@ -234,48 +264,103 @@ def held_out_coverage(table: ResidualTable, registry) -> dict[str, tuple[int, in
 
 #: relative step of the finite differences
 SENSITIVITY_STEP = 0.05
+#: sections of a hardware profile whose rates (``*_gbps``, ``peak_tflops``) are perturbed
+RATE_SECTIONS = ("compute", "memory", "interconnect")
+#: fields of the rows of a profile's measured tables (``gemm_profile`` …) that are perturbed, all rows at once
+TABLE_RATES = ("tflops", "busbw_gbps")
 
 
 @attrs.frozen(kw_only=True)
 class Sensitivity:
-    coefficient: str
+    """How step time moves with one hardware-profile parameter."""
+
+    #: dotted path in the profile: ``efficiency.gemm_efficiency``, ``memory.hbm_bandwidth_gbps``,
+    #: ``compute.peak_tflops`` (every format at once), ``gemm_profile.tflops`` (every row at once)
+    parameter: str
+    #: its value (for a table or a per-format mapping: the bf16 / first row's)
     value: float
-    #: ∂ ln(step time) / ∂ ln(coefficient)
+    #: ∂ ln(step time) / ∂ ln(parameter)
     elasticity: float
 
 
-def sensitivity(predictor, job, top: int | None = None) -> list[Sensitivity]:
-    """The efficiency coefficients `job`'s step time depends on, largest |∂ ln t / ∂ ln c| first
-    (coefficients at 0 have no relative derivative and are left out; `top` keeps the first few)."""
-    import attrs as _attrs
+def _scaled(obj, field: str, factor: float):
+    """`obj` with `field` multiplied by `factor` (a mapping: every value)."""
+    v = getattr(obj, field)
+    new = {k: x * factor for k, x in v.items()} if isinstance(v, Mapping) else v * factor
+    return attrs.evolve(obj, **{field: new})
 
-    from .types import EfficiencySpec
 
-    hw = job.hardware
-    base = math.log(_step(predictor, job))
+def perturbations(hw) -> list[tuple[str, float, object]]:
+    """(parameter, value, f(factor) → the profile with that parameter scaled) for every parameter of
+    profile `hw` a step time can depend on: the rates of :data:`RATE_SECTIONS`, the rate columns of
+    its measured tables, and every nonzero ``[efficiency]`` coefficient."""
     out = []
-    for f in _attrs.fields(EfficiencySpec):
+    for sec in RATE_SECTIONS:
+        part = getattr(hw, sec)
+        for f in attrs.fields(type(part)):
+            v = getattr(part, f.name)
+            if f.name == "peak_tflops" or (f.name.endswith("_gbps") and isinstance(v, float)):
+                val = float(v["bf16"]) if isinstance(v, Mapping) else float(v)
+                out.append((f"{sec}.{f.name}", val,
+                            lambda k, sec=sec, name=f.name: attrs.evolve(hw, **{sec: _scaled(getattr(hw, sec), name, k)})))
+    for f in attrs.fields(type(hw)):
+        rows = getattr(hw, f.name)
+        if not (isinstance(rows, tuple) and rows and attrs.has(type(rows[0]))):
+            continue
+        for col in TABLE_RATES:
+            if hasattr(rows[0], col):
+                out.append((f"{f.name}.{col}", float(getattr(rows[0], col)),
+                            lambda k, tab=f.name, col=col: attrs.evolve(
+                                hw, **{tab: tuple(_scaled(r, col, k) for r in getattr(hw, tab))})))
+    for f in attrs.fields(type(hw.efficiency)):
         c = float(getattr(hw.efficiency, f.name))
-        if c == 0:
-            continue
-        pts = []
-        for sign in (1.0, -1.0):
-            try:
-                eff = _attrs.evolve(hw.efficiency, **{f.name: c * (1.0 + sign * SENSITIVITY_STEP)})
-            except ValueError:  # outside the coefficient's bounds: one-sided
-                continue
-            pts.append((math.log1p(sign * SENSITIVITY_STEP),
-                        math.log(_step(predictor, _attrs.evolve(job, hardware=_attrs.evolve(hw, efficiency=eff))))))
-        if not pts:
-            continue
-        if len(pts) == 2:
-            d = (pts[0][1] - pts[1][1]) / (pts[0][0] - pts[1][0])
-        else:
-            d = (pts[0][1] - base) / pts[0][0]
-        out.append(Sensitivity(coefficient=f.name, value=c, elasticity=float(d)))
-    out.sort(key=lambda s: -abs(s.elasticity))
-    return out[:top] if top else out
+        if c != 0:
+            out.append((f"efficiency.{f.name}", c,
+                        lambda k, name=f.name: attrs.evolve(hw, efficiency=_scaled(hw.efficiency, name, k))))
+    return out
 
 
-def _step(predictor, job) -> float:
-    return float(predictor._evaluate_jobs([job]).step_time_s[0])
+def elasticity(step_of, h: float = SENSITIVITY_STEP) -> np.ndarray:
+    """∂ ln t / ∂ ln c at factor 1 of `step_of(factor) → step times` (an array over jobs; None: the
+    factor is outside the parameter's bounds): central differences in ln c, one-sided at a bound."""
+    up, down = step_of(1.0 + h), step_of(1.0 - h)
+    if up is not None and down is not None:
+        return (np.log(up) - np.log(down)) / (math.log1p(h) - math.log1p(-h))
+    base = step_of(1.0)
+    one = up if up is not None else down
+    if one is None:
+        return np.full(np.shape(base), np.nan)
+    return (np.log(one) - np.log(base)) / math.log1p(h if up is not None else -h)
+
+
+def sensitivities(predictor, jobs, top: int | None = None) -> list[list[Sensitivity]]:
+    """For each job, the hardware-profile parameters its step time depends on, largest
+    |∂ ln t / ∂ ln c| first (zeros left out; `top` keeps the first few). Jobs sharing a model and a
+    profile are one batch: every perturbed profile is one engine call over all of them."""
+    from .config import jobs_to_batch
+
+    jobs = list(jobs)
+    out: list[list[Sensitivity]] = [[] for _ in jobs]
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, j in enumerate(jobs):
+        groups.setdefault((repr(j.model), j.hardware.name), []).append(i)
+    for idx in groups.values():
+        group = [jobs[i] for i in idx]
+        predictor._evaluate_jobs(group)  # the constraints, once: an infeasible job is one clear error
+        batch, model = jobs_to_batch(group, predictor.registry), group[0].model
+
+        for name, value, scaled in perturbations(group[0].hardware):
+            def step_of(k, scaled=scaled):
+                try:
+                    hw = scaled(k)
+                except ValueError:  # outside the parameter's bounds
+                    return None
+                return np.asarray(predictor.evaluate(batch, model, hw).step_time_s, float)
+
+            e = elasticity(step_of)
+            for k, i in enumerate(idx):
+                if np.isfinite(e[k]) and abs(e[k]) > 1e-9:
+                    out[i].append(Sensitivity(parameter=name, value=value, elasticity=float(e[k])))
+    for lst in out:
+        lst.sort(key=lambda s: -abs(s.elasticity))
+    return [lst[:top] if top else lst for lst in out]

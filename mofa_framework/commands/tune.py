@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import sys
 from pathlib import Path
 
@@ -141,7 +142,9 @@ def _variants(c, reg) -> str:
 
 def _row(c, reg) -> dict:
     p = c.parallel
-    row = {"rank": c.rank, "step_time_s": round(c.step_time_s, 4), "objective": c.objective_value,
+    row = {"rank": c.rank, "step_time_s": round(c.step_time_s, 4), "step_time_s_low": round(c.step_time_s_low, 4),
+           "step_time_s_high": round(c.step_time_s_high, 4), "within_band_of_best": c.within_band_of_best,
+           "objective": c.objective_value,
            "memory_gib": round(c.peak_memory_gib, 2), "tflops_per_gpu": round(c.model_tflops_per_gpu, 1),
            "mfu": round(c.mfu, 4), "compute_s": round(c.compute_s, 4), "tp": p["tp"], "pp": p["pp"], "vpp": p["vpp"],
            "cp": p["cp"], "ep": p["ep"], "etp": p["etp"], "dp": p["dp"], "mbs": p["micro_batch_size"],
@@ -184,24 +187,27 @@ def _print_table(result, req, reg, fmt: str = "table") -> None:
               f"{req.global_batch_size}, sequence {req.sequence_length}, objective {req.objective}: "
               + _headline(result, req))
     t = Table(header_style="bold")
-    cols = ["rank", "step", "memory GiB", "TFLOPS", "MFU", "compute", "TP", "PP (layers)", "VPP", "CP", "EP", "DP",
+    cols = ["rank", "step", "band", "memory GiB", "TFLOPS", "MFU", "compute", "TP", "PP (layers)", "VPP", "CP", "EP", "DP",
             "mbs", "schedule", "TP comm", "PP comm", "DP comm", "optimizer", "features"]
     e2e = req.objective != "step_time"
     if e2e:
-        cols[2:2] = ["total" if req.objective == "e2e_time" else "GPU-hours", "ckpt every", "ETTR"]
+        cols[3:3] = ["total" if req.objective == "e2e_time" else "GPU-hours", "ckpt every", "ETTR"]
     longest = max((len(x) for c in result.best for x in _row(c, reg)["features"].split(";")), default=8)
     for c in cols:
         t.add_column(c, overflow="fold", min_width=min(longest, 48) if c == "features" else None)
     for c in result.best:
         r = _row(c, reg)
         feats = r["features"].replace(";", "\n") + (f"\n[dim]{_variants(c, reg)}[/]" if c.variants else "")
-        cells = [r["rank"], _fmt_s(c.step_time_s), f"{r['memory_gib']:.1f}", f"{r['tflops_per_gpu']:.0f}",
+        rank = f"{r['rank']} ≈" if c.within_band_of_best and c.rank > 1 else r["rank"]
+        band = (f"{_fmt_s(c.step_time_s_low)}–{_fmt_s(c.step_time_s_high)}"
+                if math.isfinite(c.step_time_s_low) else "–")
+        cells = [rank, _fmt_s(c.step_time_s), band, f"{r['memory_gib']:.1f}", f"{r['tflops_per_gpu']:.0f}",
                  f"{c.mfu:.1%}", _fmt_s(c.compute_s), r["tp"], _layers(c, req.model), r["vpp"], r["cp"], r["ep"],
                  r["dp"], r["mbs"], r["schedule"], _fmt_s(c.tp_comm_s), _fmt_s(c.pp_comm_s), _fmt_s(c.dp_comm_s),
                  _fmt_s(c.optimizer_s), feats]
         if e2e:
             total = f"{c.objective_value / 86400:.2f} d" if req.objective == "e2e_time" else f"{c.objective_value:,.0f}"
-            cells[2:2] = [total, f"{c.checkpoint_interval_steps:,.0f} steps" if c.checkpoint_interval_steps else "–",
+            cells[3:3] = [total, f"{c.checkpoint_interval_steps:,.0f} steps" if c.checkpoint_interval_steps else "–",
                           f"{c.ettr:.3f}" if c.ettr is not None else "–"]
         rows.append([str(x) for x in cells])
         t.add_row(*rows[-1])
@@ -209,6 +215,10 @@ def _print_table(result, req, reg, fmt: str = "table") -> None:
         click.echo(markdown_table(rows, cols))
     else:
         con.print(t)
+    if any(c.within_band_of_best and c.rank > 1 for c in result.best):
+        con.print("≈: inside rank 1's band and rank 1 inside its own: the prediction cannot tell them apart")
+    for flag in result.best[0].extrapolation if result.best else ():
+        con.print(f"outside the calibrated regimes: {flag}")
     if result.pareto:
         con.print("Pareto front (step time vs peak memory): " + ", ".join(
             f"{_fmt_s(c.step_time_s)} @ {c.peak_memory_gib:.1f} GiB" for c in result.pareto))

@@ -1,0 +1,245 @@
+"""Error bands, extrapolation flags and sensitivities (issue 17 §3): values derived by hand from
+small residual tables, the sensitivities' finite differences on functions with known derivatives,
+and the wiring into predict, tune, the CLI and the Python API."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from mofa_framework.crossval import Regime
+from mofa_framework.uncertainty import (
+    COVERAGE,
+    MIN_ROWS,
+    SCALE_SPAN,
+    ResidualTable,
+    band,
+    elasticity,
+    held_out_coverage,
+    read_table,
+)
+
+H100, A100 = "h100-sxm5-80gb", "a100-sxm4-80gb"
+FAMILY = "dense GQA gated MLP"
+#: eleven ratios predicted / measured: with numpy's linear percentiles the 10th is the 2nd value
+#: (position 0.1 · 10 = 1) and the 90th the 10th (position 9), so the 80 % band is [t/1.10, t/0.90]
+RATIOS = (0.80, 0.90, 0.95, 0.97, 0.99, 1.00, 1.01, 1.03, 1.05, 1.10, 1.20)
+
+
+def table(rows: list[dict]) -> ResidualTable:
+    """A residual table from rows with keys gpu, precision, family, schedule, features, num_gpus,
+    source, and the ratio predicted/measured per kind (``source`` and optionally others)."""
+    col = lambda k, d="": np.array([r.get(k, d) for r in rows], dtype=object)  # noqa: E731
+    kinds = {k for r in rows for k in r.get("ratio", {})}
+    return ResidualTable(source=col("source", "s"), gpu=col("gpu", H100), precision=col("precision", "bf16"),
+                         family=col("family", FAMILY), schedule=col("schedule", "1f1b"),
+                         features=tuple(frozenset(r.get("features", ())) for r in rows),
+                         num_gpus=np.array([float(r.get("num_gpus", 64)) for r in rows]),
+                         log_error={k: np.log(np.array([r["ratio"].get(k, math.nan) for r in rows])) for k in kinds})
+
+
+def regime(**kw) -> Regime:
+    base = dict(gpu=H100, precision="bf16", family=FAMILY, schedule="1f1b", features=(), num_gpus=64)
+    return Regime(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def registry():
+    from mofa_framework import Predictor
+
+    return Predictor().registry
+
+
+def test_band_is_the_central_80_percent_of_the_held_out_errors(registry):
+    t = table([{"ratio": {"source": r}} for r in RATIOS])
+    b = band(10.0, regime(), registry, t)
+    assert COVERAGE == 0.8 and b.rows == 11 and not b.flags
+    # predicted 10 s; the runs like it were predicted between 10 % too fast and 10 % too slow
+    assert b.low_s == pytest.approx(10.0 / 1.10) and b.high_s == pytest.approx(10.0 / 0.90)
+    assert "held-out errors of 11 runs on h100-sxm5-80gb (bf16, dense GQA gated MLP, ~64 GPUs)" in b.basis
+
+
+def test_band_prefers_the_nearest_regime_with_enough_rows(registry):
+    """Eleven rows at the job's scale drive the band; rows of another precision do not (even if
+    they are far worse), until the job's precision has fewer than MIN_ROWS rows."""
+    same = [{"ratio": {"source": r}} for r in RATIOS]
+    fp8 = [{"precision": "fp8", "ratio": {"source": 2.0}} for _ in range(20)]
+    b = band(10.0, regime(), registry, table(same + fp8))
+    assert b.high_s == pytest.approx(10.0 / 0.90)
+    # far from the job's scale (more than SCALE_SPAN× away): the "same precision and family" level
+    far = [{"num_gpus": 64 * SCALE_SPAN * 2, "ratio": {"source": 0.5}} for _ in range(MIN_ROWS)]
+    b = band(10.0, regime(), registry, table(same + far))
+    assert b.high_s == pytest.approx(10.0 / 0.90)  # the 11 rows at its scale are enough
+    b = band(10.0, regime(), registry, table(same[:5] + far))  # 5 at its scale: not enough
+    assert b.rows == 15 and "(bf16, dense GQA gated MLP)" in b.basis
+
+
+def test_flags_and_widening(registry):
+    """A job outside the calibrated regimes is flagged; a schedule no run used takes each row's
+    worst held-out error over every leave-one-out kind (here the model-family one: ratio 1.5)."""
+    rows = [{"ratio": {"source": r, "model-family": 1.5 if i == 3 else r}} for i, r in enumerate(RATIOS)]
+    t = table(rows)
+    b = band(10.0, regime(schedule="dualpipe"), registry, t)
+    assert b.flags == ("no validated run uses the dualpipe schedule: band widened",)
+    # errors now 0.80, 0.90, 0.95, 1.5, 0.99, … : sorted, the 90th percentile is the 10th value, 1.20
+    assert b.high_s == pytest.approx(10.0 / 0.90) and b.low_s == pytest.approx(10.0 / 1.20)
+    b = band(10.0, regime(num_gpus=64 * SCALE_SPAN + 64), registry, t)
+    assert any("more than 8× the largest calibrated run" in f for f in b.flags)
+    b = band(10.0, regime(precision="fp8"), registry, t)
+    assert b.flags == ("no calibration rows for fp8 on h100-sxm5-80gb; band from its other precisions",)
+    b = band(10.0, regime(family="MoE MLA gated MLP"), registry, t)
+    assert b.flags == ("no calibration rows for MoE MLA gated MLP models on h100-sxm5-80gb",)
+    b = band(10.0, regime(features=("never_validated",)), registry, t)
+    assert b.flags == ("no validated run uses the never_validated feature: band widened",)
+
+
+def test_a_gpu_without_rows_borrows_the_most_similar_gpus(registry):
+    """H800 has H100's compute and HBM bandwidth: its band comes from the H100 rows, not the A100's."""
+    h100 = [{"ratio": {"source": r}} for r in RATIOS]
+    a100 = [{"gpu": A100, "ratio": {"source": 3.0}} for _ in range(11)]
+    b = band(10.0, regime(gpu="h800-sxm5-80gb"), registry, table(h100 + a100))
+    assert b.flags[0] == ("no calibration rows for bf16 on h800-sxm5-80gb; band from similar GPUs "
+                          "(h100-sxm5-80gb)")
+    assert b.high_s == pytest.approx(10.0 / 0.90)
+
+
+def test_no_table_no_band(registry):
+    b = band(10.0, regime(), registry, table([]))
+    assert math.isnan(b.low_s) and b.flags == ("no cross-validation table is installed: no band",)
+
+
+def test_held_out_coverage_counts_rows_inside_a_band_drawn_without_their_source(registry):
+    """Source a: eleven rows (RATIOS); source b: one row predicted 15 % slow and one 5 % slow. b's
+    bands come from a's rows alone, [t/1.10, t/0.90] around its own prediction t = 1.15 (or 1.05) ×
+    measured: 1.15 → measured in [1.15/1.10, 1.15/0.90] = [1.045, 1.278] · measured: outside; 1.05 → [0.955,
+    1.167]: inside. a's bands come from b's two rows and the widening to every row: checked as a total."""
+    rows = [{"source": "a", "ratio": {"source": r}} for r in RATIOS]
+    rows += [{"source": "b", "ratio": {"source": r}} for r in (1.15, 1.05)]
+    cov = held_out_coverage(table(rows), registry)
+    assert cov["b"] == (1, 2)
+    assert cov["overall"] == (cov["a"][0] + 1, 13)
+
+
+def test_read_table_round_trip(tmp_path):
+    from mofa_framework.crossval import TABLE_COLUMNS
+
+    path = tmp_path / "t.csv"
+    head = ",".join(TABLE_COLUMNS)
+    path.write_text(f"# comment\n{head}\nsrc,1,{H100},bf16,{FAMILY},Megatron-Core,1f1b,a;b,64,128,g,2,2.2,2.4,2,nan,2\n")
+    t = read_table(path)
+    assert list(t.source) == ["src"] and t.features == (frozenset({"a", "b"}),)
+    assert t.log_error["in-sample"][0] == pytest.approx(math.log(1.1))
+    assert t.log_error["source"][0] == pytest.approx(math.log(1.2))
+    assert t.log_error["gpu-precision"][0] == 0.0 and math.isnan(t.log_error["model-family"][0])
+
+
+# ---------------------------------------------------------------------------------- sensitivity
+
+
+def test_elasticity_of_functions_with_known_derivatives():
+    # t = c^-0.7: ln t is linear in ln c, so central differences give −0.7 exactly
+    assert elasticity(lambda k: np.array([k ** -0.7])) == pytest.approx([-0.7], abs=1e-12)
+    # t = 2 + c at c = 1: d ln t / d ln c = c / (2 + c) = 1/3; central differences over ±5 %:
+    # ln(3.05 / 2.95) / ln(1.05 / 0.95) = 0.033336 / 0.100083 = 0.33309
+    assert elasticity(lambda k: np.array([2.0 + k])) == pytest.approx([0.33309], abs=1e-5)
+    # a bound above 1: one-sided, ln(2.95 / 3) / ln(0.95) = −0.016807 / −0.051293 = 0.32767
+    e = elasticity(lambda k: None if k > 1 else np.array([2.0 + k]))
+    assert e == pytest.approx([0.32767], abs=1e-5)
+
+
+@pytest.fixture(scope="module")
+def predictor():
+    from mofa_framework import Predictor
+
+    return Predictor()
+
+
+def _job(predictor, **parallel):
+    return predictor.job({"model": {"name": "llama3-8b"}, "hardware": {"name": H100, "num_gpus": 16},
+                          "parallel": {"tp": 2, "pp": 2, "micro_batch_size": 1, "global_batch_size": 64,
+                                       "sequence_length": 4096, "precision": "bf16", **parallel},
+                          "features": {"dp_overlap": {}}})
+
+
+def test_sensitivities_obey_eulers_theorem(predictor):
+    """Step time is homogeneous of degree −1 in the profile's rates with its times scaled inversely
+    (every rate ×k and every latency or overhead ÷k makes the step k× shorter), so Euler's theorem
+    gives Σ elasticity(rate) − Σ elasticity(time) = −1; the dimensionless efficiencies are neither."""
+    s = predictor.sensitivity(_job(predictor))[0]
+    rate = sum(x.elasticity for x in s if x.parameter.split(".")[0] in ("compute", "memory", "interconnect",
+                                                                         "gemm_profile"))
+    time_ = sum(x.elasticity for x in s if x.parameter.endswith(("_s", "_us")))
+    assert rate - time_ == pytest.approx(-1.0, abs=0.01)
+    assert [abs(x.elasticity) for x in s] == sorted((abs(x.elasticity) for x in s), reverse=True)
+    peak = next(x for x in s if x.parameter == "compute.peak_tflops")
+    assert peak.value == 989.0 and -1.0 < peak.elasticity < -0.3
+
+
+def test_sensitivities_of_a_batch_equal_one_at_a_time(predictor):
+    jobs = [_job(predictor), _job(predictor, tp=4, pp=1)]
+    both = predictor.sensitivity(jobs, top=5)
+    assert [len(x) for x in both] == [5, 5]
+    for job, got in zip(jobs, both):
+        assert got == predictor.sensitivity(job, top=5)[0]
+
+
+# ---------------------------------------------------------------------------------- wiring
+
+
+def test_prediction_carries_its_band(predictor):
+    from mofa_framework.uncertainty import band_for, shipped_table
+
+    job = _job(predictor)
+    r = predictor.predict(job)[0]
+    assert len(shipped_table()) > 1000
+    b = band_for(r, job, predictor.registry)
+    assert (r.step_time_s_low, r.step_time_s_high, r.extrapolation) == (b.low_s, b.high_s, b.flags)
+    assert 0 < r.step_time_s_low < r.step_time_s_high and r.band_basis
+    d = r.to_dict()
+    assert {"step_time_s_low", "step_time_s_high", "extrapolation", "band_basis"} <= set(d)
+
+
+def test_predict_cli_band_flags_and_sensitivity(tmp_path):
+    from click.testing import CliRunner
+
+    import mofa_framework.cli as c
+
+    c._builtin_commands()
+    args = ["predict", "--model", "llama3-8b", "--hardware", "h800", "--gpus", "16", "--tp", "2", "--pp", "2",
+            "--gbs", "64", "--seq", "4096"]
+    res = CliRunner().invoke(c.cli, [*args, "--format", "json", "--sensitivity"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert d["step_time_s_low"] < d["step_time_s_high"]
+    assert any("no calibration rows" in f and "h800" in f for f in d["extrapolation"])
+    assert d["sensitivity"][0].keys() == {"parameter", "value", "elasticity"}
+    res = CliRunner().invoke(c.cli, [*args, "--sensitivity"])
+    assert res.exit_code == 0, res.output
+    assert "(band " in res.output and "outside the calibrated regimes: no calibration rows" in res.output
+    assert "sensitivity of the step time" in res.output and "compute.peak_tflops" in res.output
+    res = CliRunner().invoke(c.cli, [*args, "--format", "csv"])
+    head, row = res.output.splitlines()[:2]
+    assert "step_time_s_low" in head.split(",") and "step_time_s_high" in head.split(",")
+
+
+def test_tune_marks_winners_inside_each_others_band():
+    from click.testing import CliRunner
+
+    import mofa_framework.cli as c
+
+    c._builtin_commands()
+    args = ["tune", "--model", "llama3-8b", "--hardware", "h100", "--gpus", "16", "--gbs", "64", "--seq", "4096",
+            "--tp-values", "1,2,4", "--pp-values", "1,2", "--top", "5"]
+    res = CliRunner().invoke(c.cli, [*args, "--format", "json"])
+    assert res.exit_code == 0, res.output
+    best = json.loads(res.output)["best"]
+    assert best[0]["within_band_of_best"] and all(b["step_time_s_low"] < b["step_time_s_high"] for b in best)
+    for b in best[1:]:
+        both = (best[0]["step_time_s_low"] <= b["step_time_s"] <= best[0]["step_time_s_high"]
+                and b["step_time_s_low"] <= best[0]["step_time_s"] <= b["step_time_s_high"])
+        assert b["within_band_of_best"] == both
+    res = CliRunner().invoke(c.cli, args)
+    assert res.exit_code == 0 and "band" in res.output
