@@ -52,6 +52,8 @@ def test_wheel_has_everything(wheel_env):
     pred = json.loads(_run(mofa, "predict", "--model", "llama3-70b", "--hardware", "h100-sxm5-80gb", "--gpus", "64",
                            "--tp", "8", "--pp", "2", "--gbs", "64", "--seq", "4096", "--format", "json", cwd=tmp).stdout)
     assert pred["step_time_s"] > 0
+    # the cross-validation table ships in the wheel: the prediction carries its band
+    assert 0 < pred["step_time_s_low"] < pred["step_time_s_high"], pred["extrapolation"]
 
 
 def test_wheel_validates_the_measurements_it_ships(wheel_env):
