@@ -5,8 +5,16 @@
 published runs nearest to the job. The errors are those of ``mofa calibrate --cross-validate``
 (each run predicted by profiles fitted without its source), shipped as a generated table
 (``mofa_framework/data/cross_validation.csv``, written by ``benchmarks/validation_report.py``,
-never by hand). With ``e = ln(predicted / measured)`` of the chosen rows, the band is
-``[t·exp(−q90(e)), t·exp(−q10(e))]``: a model that runs slow on similar jobs moves the band up.
+never by hand). With ``e = ln(predicted / measured)``, the band is ``[t·exp(−q90), t·exp(−q10)]``
+for the 10th and 90th percentiles of the errors expected for a run of a source not in the table:
+a model that runs slow on similar jobs moves the band down.
+
+Rows of one source (a measurement file on one GPU) share a bias, so they are not independent draws
+for a new source: the expected error is the mean bias + a new source's bias (the chosen sources'
+biases about their mean, widened by √(1 + 1/k); with fewer than :data:`MIN_SOURCES` of them, every
+source's of the table) + the scatter within a source (each chosen row's deviation from its source's
+bias, every source weighted alike) — :func:`_quantiles`. Within the calibrated regimes each row
+gives its held-out error of every kind of :data:`POOLED_KINDS`.
 
 The nearest rows (:func:`band`): the rows on the job's GPU — or, for a GPU with none, on the
 GPUs closest to it in bf16 peak and HBM bandwidth — then the first of these with at least
@@ -16,8 +24,7 @@ same precision and family; same precision; any.
 **Flags** say where the job is outside the calibrated regimes: a GPU with no rows, a precision or
 a model family with no rows on that GPU, more GPUs than :data:`SCALE_SPAN` times the largest
 calibrated run on it, a pipeline schedule or a feature that no validated run used. A flagged band
-does not take each row's leave-one-source-out error but the largest of its held-out errors that
-match the extrapolation: the leave-one-precision-on-one-GPU-out error for a GPU or precision
+takes from each row one error, the largest of its held-out errors that match the extrapolation: the leave-one-precision-on-one-GPU-out error for a GPU or precision
 without rows, the leave-one-model-family-out error for a family, and the largest over every
 leave-one-out kind for a schedule, a feature or a scale never validated — so where a schedule or
 feature has no validation data, its band widens to what holding out a whole regime cost.
@@ -44,6 +51,12 @@ TABLE = Path(__file__).resolve().parent / "data" / "cross_validation.csv"
 COVERAGE = 0.8
 #: fewest rows a band is drawn from
 MIN_ROWS = 10
+#: fewest sources (publications on one GPU) whose biases a band's spread across sources is drawn from;
+#: with fewer, from every source of the table
+MIN_SOURCES = 3
+#: the held-out errors a band within the calibrated regimes draws from: a user's run is a new
+#: publication, and may be a new stack or family as well (see :func:`band`)
+POOLED_KINDS = KINDS
 #: rows within this factor of the job's GPU count are "at its scale"; a job beyond this factor
 #: times the largest calibrated run on its GPU is flagged
 SCALE_SPAN = 8
@@ -187,12 +200,83 @@ def band(step_s: float, regime: Regime, registry, table: ResidualTable | None = 
     sel, what = next(((on_gpu & m, w) for m, w in levels if (on_gpu & m).sum() >= MIN_ROWS), (on_gpu, "every row"))
     if not sel.any():
         sel, what, where = np.ones(len(table), bool), "every validated run", "any GPU"
-    e = _worst([table.log_error[k] for k in KINDS if k in kinds and k in table.log_error])[sel]
-    e = e[np.isfinite(e)]
-    lo_q, hi_q = np.percentile(e, [50 * (1 - COVERAGE), 50 * (1 + COVERAGE)])
+    errors = _errors(table, kinds)
+    lo_q, hi_q, groups = _quantiles(errors, _groups(table), sel)
+    rows = int(np.isfinite(errors[sel]).any(axis=1).sum())
     held = "held-out" if kinds == {"source"} else "worst held-out"
-    return Band(low_s=float(step_s * math.exp(-hi_q)), high_s=float(step_s * math.exp(-lo_q)), rows=int(len(e)),
-                basis=f"{COVERAGE:.0%} of the {held} errors of {len(e)} runs on {where} ({what})", flags=tuple(flags))
+    return Band(low_s=float(step_s * math.exp(-hi_q)), high_s=float(step_s * math.exp(-lo_q)), rows=rows,
+                basis=f"{COVERAGE:.0%} of the {held} errors of {rows} runs on {where} ({what}; {groups} "
+                      f"source{'s' if groups != 1 else ''}, spread as for a new one)", flags=tuple(flags))
+
+
+def _errors(table: ResidualTable, kinds: set[str]) -> np.ndarray:
+    """Per row, the held-out errors a band draws from (rows × samples, NaN where none): within the
+    calibrated regimes every kind of :data:`POOLED_KINDS` the table has (one sample each); outside
+    them (`kinds` beyond ``source``), the row's worst error over `kinds`."""
+    if kinds == {"source"}:
+        cols = [table.log_error[k] for k in POOLED_KINDS if k in table.log_error]
+    else:
+        cols = [_worst([table.log_error[k] for k in KINDS if k in kinds and k in table.log_error])]
+    return np.column_stack(cols)
+
+
+def _groups(table: ResidualTable) -> np.ndarray:
+    """Each row's group: its source on its GPU (rows of one publication on one GPU share a bias)."""
+    return np.array([f"{s}|{g}" for s, g in zip(table.source, table.gpu)], dtype=object)
+
+
+def weighted_quantile(x: np.ndarray, w: np.ndarray, q: Sequence[float]) -> np.ndarray:
+    """Quantiles `q` of values `x` with weights `w`: linear interpolation between the sorted values,
+    each at the middle of its weight, ends pinned to 0 and 1 (position (C_i − w_i/2 − w_1/2) /
+    (W − w_1/2 − w_n/2), C cumulative, W total): numpy's default ``linear`` percentile when the
+    weights are equal."""
+    o = np.argsort(x, kind="stable")
+    x, w = x[o], w[o]
+    c = np.cumsum(w) - 0.5 * w - 0.5 * w[0]
+    span = c[-1]
+    pos = c / span if span > 0 else np.zeros_like(c)
+    return np.interp(q, pos, x)
+
+
+def _bias_spread(errors: np.ndarray, groups: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """(the groups' biases − their mean, for every sample: its deviation from its group's bias, the mean bias)
+    over the rows in `keep` (a group's bias: the mean of its samples; the mean bias: each group once)."""
+    finite = np.isfinite(errors) & keep[:, None]
+    names, inv = np.unique(groups, return_inverse=True)
+    inv = np.broadcast_to(inv[:, None], errors.shape)[finite]
+    vals = errors[finite]
+    n = np.bincount(inv, minlength=len(names))
+    bias = np.bincount(inv, weights=vals, minlength=len(names)) / np.maximum(n, 1)
+    present = n > 0
+    mean = float(bias[present].mean())
+    return bias[present] - mean, vals - bias[inv], mean
+
+
+def _quantiles(errors: np.ndarray, groups: np.ndarray, sel: np.ndarray) -> tuple[float, float, int]:
+    """The (10th, 90th) percentiles of ln(predicted/measured) for a run of a source not in the table,
+    and how many sources (groups) the rows in `sel` come from.
+
+    Rows of one source share its bias, so the rows are not independent draws for a new source: the
+    error is modelled as mean bias + a new source's bias + the scatter within a source. The scatter
+    is the selected rows' deviations from their own group's bias, each group weighted alike; the new
+    source's bias is drawn from the selected groups' biases about their mean, widened by √(1 + 1/k)
+    (a new group, and a mean estimated from k groups), or — with fewer than :data:`MIN_SOURCES`
+    groups selected — from every group of the table likewise."""
+    if not np.isfinite(errors[sel]).any():
+        return math.nan, math.nan, 0
+    spread, dev, mean = _bias_spread(errors, groups, sel)
+    k = len(spread)
+    if k < MIN_SOURCES:
+        spread = _bias_spread(errors, groups, np.ones(len(groups), bool))[0]
+    spread = spread * math.sqrt(1.0 + 1.0 / len(spread))
+    finite = np.isfinite(errors) & sel[:, None]
+    g = np.broadcast_to(groups[:, None], errors.shape)[finite]
+    _, inv, count = np.unique(g, return_inverse=True, return_counts=True)
+    w = 1.0 / count[inv]  # every group's deviations weigh one in all
+    x = (mean + spread[:, None] + dev[None, :]).ravel()
+    lo_q, hi_q = weighted_quantile(x, np.broadcast_to(w, (len(spread), len(w))).ravel(),
+                                   [0.5 * (1 - COVERAGE), 0.5 * (1 + COVERAGE)])
+    return float(lo_q), float(hi_q), k
 
 
 def band_for(result, job, registry, table: ResidualTable | None = None) -> Band:

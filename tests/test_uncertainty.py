@@ -15,12 +15,14 @@ from mofa_framework.crossval import Regime
 from mofa_framework.uncertainty import (
     COVERAGE,
     MIN_ROWS,
+    MIN_SOURCES,
     SCALE_SPAN,
     ResidualTable,
     band,
     elasticity,
     held_out_coverage,
     read_table,
+    weighted_quantile,
 )
 
 H100, A100 = "h100-sxm5-80gb", "a100-sxm4-80gb"
@@ -60,7 +62,44 @@ def test_band_is_the_central_80_percent_of_the_held_out_errors(registry):
     assert COVERAGE == 0.8 and b.rows == 11 and not b.flags
     # predicted 10 s; the runs like it were predicted between 10 % too fast and 10 % too slow
     assert b.low_s == pytest.approx(10.0 / 1.10) and b.high_s == pytest.approx(10.0 / 0.90)
-    assert "held-out errors of 11 runs on h100-sxm5-80gb (bf16, dense GQA gated MLP, ~64 GPUs)" in b.basis
+    assert "held-out errors of 11 runs on h100-sxm5-80gb (bf16, dense GQA gated MLP, ~64 GPUs; 1 source" in b.basis
+
+
+def test_band_spreads_across_sources_as_for_a_new_one(registry):
+    """Three sources (one run in each predicted 5 % in ln too fast, one 5 % too slow) with biases
+    −0.1, 0, +0.1 in ln(predicted/measured). A new source's bias is one more draw: the biases about
+    their mean (0) widened by √(1 + 1/3) (a new group, and a mean from three) = ±0.11547, plus the
+    within-source scatter ±0.05. The 18 equally weighted sums are ±0.16547, ±0.06547, ±0.05 (three
+    each); numpy's linear 10th percentile (position 1.7 of 0…17) is −0.16547, the 90th +0.16547. The
+    six errors alone would give ±0.1 (positions 0.5 and 4.5 of 0…5)."""
+    rows = [{"source": src, "ratio": {"source": math.exp(bias + d)}}
+            for src, bias in (("a", -0.1), ("b", 0.0), ("c", 0.1)) for d in (-0.05, 0.05)]
+    b = band(10.0, regime(), registry, table(rows))
+    half = 0.1 * math.sqrt(4 / 3) + 0.05
+    assert b.low_s == pytest.approx(10.0 * math.exp(-half)) and b.high_s == pytest.approx(10.0 * math.exp(half))
+    assert "3 sources" in b.basis
+
+
+def test_band_of_one_source_takes_the_spread_of_every_source(registry):
+    """One source on the job's GPU (errors ±0.05 about bias 0) is fewer than MIN_SOURCES: the spread of
+    a new source's bias comes from every source of the table — biases 0 (H100), +0.2 and −0.2 (two A100
+    sources), about their mean 0, widened by √(1 + 1/3): 0, ±0.23094. With the scatter ±0.05 the six
+    sums are ±0.28094, ±0.18094, ±0.05; the linear 10th percentile (position 0.5 of 0…5) is
+    (−0.28094 − 0.18094)/2 = −0.23094, the 90th +0.23094."""
+    rows = [{"source": "a", "ratio": {"source": math.exp(d)}} for d in (-0.05, 0.05)]
+    rows += [{"source": s, "gpu": A100, "ratio": {"source": math.exp(e)}} for s, e in (("b", 0.2), ("c", -0.2))]
+    b = band(10.0, regime(), registry, table(rows))
+    half = 0.2 * math.sqrt(4 / 3)
+    assert MIN_SOURCES == 3
+    assert b.low_s == pytest.approx(10.0 * math.exp(-half)) and b.high_s == pytest.approx(10.0 * math.exp(half))
+
+
+def test_weighted_quantile_is_numpys_linear_percentile_for_equal_weights():
+    x = np.array([3.0, 1.0, 4.0, 1.5, 9.0, 2.6])
+    assert weighted_quantile(x, np.ones(6), [0.1, 0.5, 0.9]) == pytest.approx(np.percentile(x, [10, 50, 90]))
+    # values 0, 1, 2 weighing 2, 1, 1: C = 2, 3, 4; positions (C − w/2 − 1)/(4 − 1 − 0.5) = 0, 0.6, 1;
+    # the median (0.5) is 5/6 of the way from 0 to 1 (equal weights: 1)
+    assert weighted_quantile(np.array([2.0, 0.0, 1.0]), np.array([1.0, 2.0, 1.0]), [0.5]) == pytest.approx([5 / 6])
 
 
 def test_band_prefers_the_nearest_regime_with_enough_rows(registry):
@@ -75,7 +114,7 @@ def test_band_prefers_the_nearest_regime_with_enough_rows(registry):
     b = band(10.0, regime(), registry, table(same + far))
     assert b.high_s == pytest.approx(10.0 / 0.90)  # the 11 rows at its scale are enough
     b = band(10.0, regime(), registry, table(same[:5] + far))  # 5 at its scale: not enough
-    assert b.rows == 15 and "(bf16, dense GQA gated MLP)" in b.basis
+    assert b.rows == 15 and "(bf16, dense GQA gated MLP; 1 source," in b.basis
 
 
 def test_flags_and_widening(registry):
@@ -104,7 +143,10 @@ def test_a_gpu_without_rows_borrows_the_most_similar_gpus(registry):
     b = band(10.0, regime(gpu="h800-sxm5-80gb"), registry, table(h100 + a100))
     assert b.flags[0] == ("no calibration rows for bf16 on h800-sxm5-80gb; band from similar GPUs "
                           "(h100-sxm5-80gb)")
-    assert b.high_s == pytest.approx(10.0 / 0.90)
+    # exactly the band of a job on the H100 (its rows, the table's spread across sources), not the A100's
+    h = band(10.0, regime(), registry, table(h100 + a100))
+    a = band(10.0, regime(gpu=A100), registry, table(h100 + a100))
+    assert (b.low_s, b.high_s) == (h.low_s, h.high_s) and a.low_s < h.low_s / 2
 
 
 def test_no_table_no_band(registry):
