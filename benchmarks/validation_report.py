@@ -427,6 +427,8 @@ def coverage_of_bands(table_text: str) -> list[str]:
     for src, (inside, n) in cov.items():
         name = f"**{src}**" if src == "overall" else src
         lines.append(f"| {name} | {n} | {inside} | {pct(inside / n if n else math.nan)} |")
+    shares = [inside / n for src, (inside, n) in cov.items() if src != "overall" and n]
+    lines.append(f"| mean over sources (each alike) | {len(shares)} sources | — | {pct(sum(shares) / len(shares))} |")
     return lines
 
 
