@@ -14,6 +14,11 @@ import numpy as np
 from .units import BoolArray, FloatArray, IntArray, frozen_bool, frozen_f64, frozen_i64
 
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
+#: fused-attention kernel implementations a job can name (``[parallel] attention_kernel``): "auto" is
+#: the kernel a Megatron-Core-style framework picks on the GPU (the attention provider resolves it
+#: from the profile's ``compute.architecture``); FlashAttention-2 and -3, cuDNN's fused attention,
+#: Triton's FlashAttention. Unfused attention is ``flash_attention = false``.
+ATTENTION_KERNELS = ("auto", "fa2", "fa3", "cudnn", "triton")
 
 
 def _f64_or_scalar(x):
@@ -75,9 +80,13 @@ class CandidateBatch:
     #: attention kernel: True = fused/flash (no s² scores kept), False = unfused
     flash_attention: BoolArray = attrs.field(converter=frozen_bool)
     features: Mapping[str, FeatureRows] = attrs.field(factory=dict)
+    #: index into :data:`ATTENTION_KERNELS` of the fused kernel; None = "auto" on every row
+    attention_kernel: IntArray = attrs.field(default=None, converter=lambda x: None if x is None else frozen_i64(x))
 
     def __attrs_post_init__(self):
         n = len(self.tp)
+        if self.attention_kernel is None:
+            object.__setattr__(self, "attention_kernel", frozen_i64(np.zeros(n, np.int64)))
         for f in attrs.fields(type(self)):
             if f.name != "features" and len(getattr(self, f.name)) != n:
                 raise ValueError(f"batch field {f.name} has length {len(getattr(self, f.name))}, expected {n}")
@@ -152,6 +161,9 @@ class OperatorBatch:
     count: FloatArray | float = attrs.field(default=1.0, converter=_f64_or_scalar)
     #: kernel launches per pass of the row. Scalar 1 (the default) or an array.
     kernels: FloatArray | float = attrs.field(default=1.0, converter=_f64_or_scalar)
+    #: fused-attention kernel of the row's job (index into :data:`ATTENTION_KERNELS`; 0 = "auto").
+    #: Scalar 0 (the default) or an array.
+    attention_kernel: IntArray | int = attrs.field(default=0, converter=lambda x: int(x) if np.ndim(x) == 0 else frozen_i64(x))
 
     def __len__(self) -> int:
         return len(self.flops)

@@ -19,6 +19,7 @@ import click
 
 from . import __version__
 from .errors import ConfigError, MofaError
+from .batch import ATTENTION_KERNELS
 from .manager import ENV_DISABLED, MofaPluginManager, get_plugin_manager
 
 FORMATS = ("table", "json", "csv", "markdown")
@@ -292,7 +293,8 @@ def _opts_text(opts: dict) -> str:
 
 
 def job_dict_from_flags(model, hardware, gpus, tp, pp, vpp, cp, ep, etp, mbs, gbs, seq, precision, schedule,
-                        sequence_parallel, features, tokens, moe_load_factor=None, flash_attention=None) -> dict:
+                        sequence_parallel, features, tokens, moe_load_factor=None, flash_attention=None,
+                        attention_kernel=None) -> dict:
     if not (model and hardware) or None in (gpus, gbs, seq):  # 0 or -1 reach the bounds, which name them
         raise ConfigError("give a job file, or --model, --hardware, --gpus, --gbs and --seq")
     model_section = {"config": model} if model.endswith(".json") else {"name": model}
@@ -300,7 +302,8 @@ def job_dict_from_flags(model, hardware, gpus, tp, pp, vpp, cp, ep, etp, mbs, gb
         model_section["moe_load_factor"] = moe_load_factor
     par = {k: v for k, v in dict(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, micro_batch_size=mbs,
                                   global_batch_size=gbs, sequence_length=seq, precision=precision,
-                                  sequence_parallel=sequence_parallel, flash_attention=flash_attention).items()
+                                  sequence_parallel=sequence_parallel, flash_attention=flash_attention,
+                                  attention_kernel=attention_kernel).items()
            if v is not None}
     data = {"name": "cli", "model": model_section, "hardware": {"name": hardware, "num_gpus": gpus}, "parallel": par}
     if schedule:
@@ -321,6 +324,13 @@ def job_dict_from_flags(model, hardware, gpus, tp, pp, vpp, cp, ep, etp, mbs, gb
 #: ``--num-layers N``: the model's first N layers (a reduced-layer proxy run); applies to job files too
 NUM_LAYERS_OPTION = click.option("--num-layers", type=click.IntRange(1, 1 << 20), metavar="N",
                                  help="Run the model with its first N layers (proxy runs; job files too).")
+
+
+#: ``--attention-kernel``: the fused-attention implementation (``[parallel] attention_kernel``)
+ATTENTION_KERNEL_OPTION = click.option(
+    "--attention-kernel", "attention_kernel", type=click.Choice(ATTENTION_KERNELS),
+    help="Fused-attention kernel: auto (default: cuDNN on Hopper and later, else FlashAttention-2, as "
+         "Megatron-Core runs), fa2, fa3, cudnn, triton ([parallel] attention_kernel; docs/profiling.md).")
 
 
 def with_num_layers(jobs: list, n: int | None) -> list:
@@ -351,6 +361,7 @@ def job_options(f):
                      help="Fused (flash) attention kernels, the default; --no-flash-attention prices the unfused "
                           "core attention of Megatron 2021-22 runs, keeping the s×s scores ([parallel] "
                           "flash_attention)."),
+        ATTENTION_KERNEL_OPTION,
         click.option("--feature", "features", multiple=True, metavar="NAME[:key=value,...]",
                      help="Enable a feature plugin with options (repeatable)."),
         click.option("--tokens", type=float, help="Tokens to train on (end-to-end time)."),

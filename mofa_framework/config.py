@@ -22,7 +22,7 @@ import cattrs
 import numpy as np
 from attrs import validators as v
 
-from .batch import PRECISIONS, CandidateBatch, FeatureRows
+from .batch import ATTENTION_KERNELS, PRECISIONS, CandidateBatch, FeatureRows
 from .errors import ConfigError, UnknownRecordError
 from .limits import INT64_MAX, limit, optional, short
 from .hf_config import hf_model_fields, read_hf_bytes
@@ -239,6 +239,9 @@ class ParallelConfig:
     first_stage_layers: int = attrs.field(default=0, validator=limit("parallel.first_stage_layers"))
     last_stage_layers: int = attrs.field(default=0, validator=limit("parallel.last_stage_layers"))
     flash_attention: bool = True
+    #: fused-attention kernel (:data:`~mofa_framework.batch.ATTENTION_KERNELS`); "auto" = what a
+    #: Megatron-Core-style framework runs on the GPU (cuDNN on Hopper and later, else FlashAttention-2)
+    attention_kernel: str = attrs.field(default="auto", validator=v.in_(ATTENTION_KERNELS))
 
 
 @attrs.frozen(kw_only=True)
@@ -511,5 +514,6 @@ def jobs_to_batch(jobs: list[TrainingJob], registry) -> CandidateBatch:
         first_stage_layers=col(lambda j: j.parallel.first_stage_layers),
         last_stage_layers=col(lambda j: j.parallel.last_stage_layers),
         flash_attention=col(lambda j: j.parallel.flash_attention),
+        attention_kernel=col(lambda j: ATTENTION_KERNELS.index(j.parallel.attention_kernel)),
         features=encode_features(jobs, registry),
     )

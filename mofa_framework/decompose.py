@@ -94,6 +94,8 @@ class Geometry:
     dt: FloatArray  # activation/weight bytes per element of the GEMM inputs
     precision: np.ndarray
     flash: np.ndarray
+    #: fused-attention kernel (index into ATTENTION_KERNELS; 0 = "auto")
+    kernel: np.ndarray | int = 0
 
     @functools.cached_property
     def tokens(self) -> FloatArray:
@@ -119,7 +121,7 @@ class Geometry:
         return cls(b=f(batch.micro_batch_size), s=f(batch.sequence_length), t=f(batch.tp), c=f(batch.cp),
                    e=f(batch.ep), etp=f(batch.etp), dp=f(batch.dp), sp=np.asarray(batch.sequence_parallel),
                    dt=np.full(len(batch), 2.0), precision=np.asarray(batch.precision),
-                   flash=np.asarray(batch.flash_attention))
+                   flash=np.asarray(batch.flash_attention), kernel=np.asarray(batch.attention_kernel))
 
 
 def _gemm(name, m, n, k, dt, group, *, bwd_weight=1.0) -> Op:

@@ -268,7 +268,8 @@ class Context:
 
 
 def _take_geometry(g: Geometry, rows: np.ndarray) -> Geometry:
-    return attrs.evolve(g, **{f.name: getattr(g, f.name)[rows] for f in attrs.fields(Geometry)})
+    return attrs.evolve(g, **{f.name: getattr(g, f.name)[rows] if np.ndim(getattr(g, f.name)) else getattr(g, f.name)
+                              for f in attrs.fields(Geometry)})
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -323,6 +324,7 @@ def price_operators(ctx: Context, ops: list[Op]) -> list[FloatArray]:
         precision=_stacked([ctx.geometry.precision] * len(ops), n, np.int64),
         gemm_m=cat([o.m for o in ops]), gemm_n=cat([o.n for o in ops]), gemm_k=cat([o.k for o in ops]),
         count=cat([o.count for o in ops]), kernels=cat([o.kernels for o in ops]),
+        attention_kernel=_stacked([ctx.geometry.kernel] * len(ops), n, np.int64),
     )
     out = invariants.provider_result(ctx.pm, "mofa_operator_latency", len(batch), ops=batch, hardware=ctx.hardware)
     return list(out.reshape(len(ops), n))

@@ -43,7 +43,7 @@ import attrs
 import numpy as np
 
 from . import engine
-from .batch import PRECISIONS, CandidateBatch, FeatureRows
+from .batch import ATTENTION_KERNELS, PRECISIONS, CandidateBatch, FeatureRows
 from .engine import Prediction
 from .errors import ConfigError
 from .invariants import feasible_result
@@ -157,6 +157,8 @@ class TuneRequest:
     chunk_rows: int = attrs.field(default=32_768, validator=attrs.validators.ge(1))
     pareto: bool = False
     flash_attention: bool = True
+    #: the fused-attention kernel (a job property, not searched)
+    attention_kernel: str = attrs.field(default="auto", validator=attrs.validators.in_(ATTENTION_KERNELS))
     #: stop after this many seconds (wall clock) with the best found so far, not proven optimal (if
     #: nothing that fits was found by then, the search dives to the first configuration that does)
     time_budget_s: float | None = attrs.field(default=None, validator=attrs.validators.optional(
@@ -328,7 +330,8 @@ def _structure_batch(req: TuneRequest, registry) -> tuple[CandidateBatch, dict[s
         tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=req.num_gpus // (tp * pp * cp), micro_batch_size=mbs,
         global_batch_size=np.full(n, req.global_batch_size), sequence_length=np.full(n, req.sequence_length),
         sequence_parallel=tp > 1, precision=np.full(n, PRECISIONS.index(req.precision)), schedule=sched,
-        first_stage_layers=ends, last_stage_layers=ends, flash_attention=np.full(n, req.flash_attention))
+        first_stage_layers=ends, last_stage_layers=ends, flash_attention=np.full(n, req.flash_attention),
+        attention_kernel=np.full(n, ATTENTION_KERNELS.index(req.attention_kernel)))
     return batch, removed
 
 

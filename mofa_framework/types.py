@@ -398,6 +398,9 @@ class ComputeSpec:
     #: streaming multiprocessors (compute units): the GEMM model's occupancy term spreads a
     #: GEMM's 128×128 output tiles (split along k) over them; 0 = unknown (no occupancy term)
     sm_count: int = attrs.field(default=0, validator=_nonneg_int)
+    #: GPU architecture ("ampere", "hopper", "blackwell", "cdna3", …; "" = not stated): which published
+    #: attention-kernel benchmarks apply (``attention_kernels.toml`` of the built-in plugins)
+    architecture: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
 
 
 @attrs.frozen(kw_only=True)

@@ -31,3 +31,17 @@ def loss_features(framework: str, notes: str = "") -> dict:
         return {}
     compiled = re.search(r"compile", notes, re.I) is not None and re.search(r"(?<!\d)2024-?(0[1-9]|1[0-2])(?!\d)", notes) is None
     return {"fp32_cross_entropy": {"compiled": True} if compiled else {}}
+
+
+#: the fused-attention kernel a framework runs by default (``[parallel] attention_kernel``), first
+#: match on the ``framework`` column wins; anything else is "auto" (Megatron-Core / NeMo / Megatron-
+#: Bridge: Transformer Engine's choice for the GPU):
+#: - llm-foundry's benchmark launcher sets ``model.attn_impl`` from ``--attn_impl``, default "triton"
+#:   (``scripts/train/benchmarking/submit_benchmarks.py``): the Triton FlashAttention of its MPT model;
+#: - torchtitan calls ``F.scaled_dot_product_attention``, whose flash backend is FlashAttention-2.
+FRAMEWORK_KERNELS = (("llm-foundry", "triton"), ("torchtitan", "fa2"))
+
+
+def attention_kernel(framework: str) -> str:
+    fw = framework.lower()
+    return next((k for pattern, k in FRAMEWORK_KERNELS if pattern in fw), "auto")

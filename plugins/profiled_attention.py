@@ -34,6 +34,8 @@ from mofa_framework import hookimpl
 from mofa_framework.batch import OP_KINDS, PRECISIONS
 from mofa_framework.decompose import ATTENTION_BWD_FACTOR
 
+from ._attention_kernels import multiplier, resolve
+
 
 def _head_law(d, d_half: float):
     d = np.asarray(d, dtype=np.float64)
@@ -78,13 +80,26 @@ def attention_seconds(ops, hardware, default: np.ndarray) -> np.ndarray:
             if these:
                 rate[direction] = pass_tflops(these, d, s, eff.attention_half_head_dim) * 1e12
         fwd, bwd = rate.get("fwd", rate.get("bwd")), rate.get("bwd", rate.get("fwd"))
+        fwd, bwd = (r * kernel_multiplier(ops, rows, causal, hardware, direction, d, s)
+                    for r, direction in ((fwd, "fwd"), (bwd, "bwd")))
         flops = ops.flops[rows]
         t = (flops / fwd + ATTENTION_BWD_FACTOR * flops / bwd) / (1.0 + ATTENTION_BWD_FACTOR)
         t = t / eff.profiled_attention_relative_efficiency
+        t = np.maximum(t, flops / hardware.peak_flops_per_s("bf16"))  # never above the tensor cores' peak
         kernels = np.broadcast_to(ops.kernels, ops.flops.shape)[rows]
         out[rows] = np.maximum(t + eff.kernel_launch_s * kernels, eff.host_dispatch_s * kernels)
         att = att & ~rows
     return out
+
+
+def kernel_multiplier(ops, rows, points, hardware, direction: str, d, s) -> np.ndarray:
+    """The job's kernel against the profiled FlashAttention-2 points, at the operator's sequence and
+    causal mask (:func:`mofa_plugins._attention_kernels.multiplier`): a table measured at one sequence
+    takes the published shape from there; a table of several sequences keeps its own."""
+    codes = resolve(np.broadcast_to(ops.attention_kernel, ops.flops.shape)[rows], hardware.compute.architecture)
+    seqs = {p.seq_len for p in points}
+    s_ref = float(next(iter(seqs))) if len(seqs) == 1 else s
+    return multiplier(codes, hardware.compute.architecture, direction, d, s, s_ref, all(p.causal for p in points))
 
 
 @hookimpl(wrapper=True)

@@ -34,7 +34,7 @@ from mofa_framework import hookimpl
 from mofa_framework.measurements import ReadContext
 from mofa_framework.types import MappedRow, MeasurementReader, ModelSpec, SkippedRow
 
-from ._frameworks import loss_features, memory_counter
+from ._frameworks import attention_kernel, loss_features, memory_counter
 from ._megatron import (
     MEGATRON_CORE,
     UNEVEN_STAGES_IGNORED,
@@ -285,7 +285,8 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         mbs = gbs // dp if full_shard and pp == 1 and gbs % dp == 0 else 1
     par: dict[str, Any] = {"tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "micro_batch_size": mbs,
                            "global_batch_size": gbs, "sequence_length": seq,
-                           "precision": prec, "flash_attention": _flash(fw, notes, old_megatron)}
+                           "precision": prec, "flash_attention": _flash(fw, notes, old_megatron),
+                           "attention_kernel": attention_kernel(fw)}
     sp = ctx.text(r, "sequence_parallel").lower()
     if sp.startswith("y"):
         par["sequence_parallel"] = True

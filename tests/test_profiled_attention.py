@@ -7,6 +7,7 @@ import pytest
 
 from mofa_framework.batch import OP_KINDS, PRECISIONS, OperatorBatch
 from mofa_framework.types import AttentionPoint
+from mofa_plugins import _attention_kernels
 from mofa_plugins.profiled_attention import attention_seconds
 
 ATT = OP_KINDS.index("attention")
@@ -21,7 +22,10 @@ def attn(head_dim, keys_per_query, kind=ATT):
 
 
 @pytest.fixture
-def hw(mofa_predictor):
+def hw(mofa_predictor, monkeypatch):
+    # the table's own mechanics: no published kernel curves (those are tested in test_attention_kernels)
+    monkeypatch.setattr(_attention_kernels, "table", lambda: _attention_kernels.KernelTable(
+        prior_architecture="none", points=(), auto={"default": "fa2"}))
     h = mofa_predictor.registry.hardware_profile("h100-sxm5-80gb")
     eff = attrs.evolve(h.efficiency, attention_half_head_dim=64.0, profiled_attention_relative_efficiency=1.0,
                        kernel_launch_s=0.0, host_dispatch_s=0.0)

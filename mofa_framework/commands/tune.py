@@ -11,7 +11,7 @@ from pathlib import Path
 import attrs
 import click
 
-from ..cli import NUM_LAYERS_OPTION, _emit_json, _fmt_s, load_jobs, pass_state
+from ..cli import ATTENTION_KERNEL_OPTION, NUM_LAYERS_OPTION, _emit_json, _fmt_s, load_jobs, pass_state
 from ..errors import ConfigError
 from ..limits import LIMITS, check, short
 from ..tuner import (OBJECTIVES, SearchSpace, TuneRequest, default_space, feature_choices, megatron_arguments,
@@ -60,6 +60,7 @@ def build_request(state, job_files, flags, *, tp, pp, vpp, cp, ep, etp, mbs_list
         raise ConfigError("give a job file, or --model, --hardware, --gpus, --gbs and --seq")
     tokens = flags.pop("tokens", None)
     flash = flags.get("flash_attention")
+    kernel = flags.pop("attention_kernel", None)
     if job_files:
         if any(flags.get(k) for k in ("model", "hardware", "gpus", "gbs", "seq", "precision", "moe_load_factor")):
             raise ConfigError("give either a job file or --model/--hardware/--gpus/--gbs/--seq, not both "
@@ -70,6 +71,8 @@ def build_request(state, job_files, flags, *, tp, pp, vpp, cp, ep, etp, mbs_list
         job = attrs.evolve(job, training=attrs.evolve(job.training, tokens=tokens))
     if flash is not None:  # the flag also overrides a job file's [parallel] flash_attention
         job = attrs.evolve(job, parallel=attrs.evolve(job.parallel, flash_attention=flash))
+    if kernel is not None:  # likewise [parallel] attention_kernel
+        job = attrs.evolve(job, parallel=attrs.evolve(job.parallel, attention_kernel=kernel))
     reg = state.pm.registry
     srch = job.search
     feats = _names(features) or srch.features
@@ -107,7 +110,8 @@ def build_request(state, job_files, flags, *, tp, pp, vpp, cp, ep, etp, mbs_list
     req = TuneRequest(model=job.model, hardware=job.hardware, num_gpus=job.num_gpus,
                       global_batch_size=job.parallel.global_batch_size, sequence_length=job.parallel.sequence_length,
                       precision=job.parallel.precision, space=space, objective=objective, top_k=top, e2e=e2e,
-                      pareto=pareto, flash_attention=job.parallel.flash_attention, time_budget_s=time_budget)
+                      pareto=pareto, flash_attention=job.parallel.flash_attention, time_budget_s=time_budget,
+                      attention_kernel=job.parallel.attention_kernel)
     return req, job
 
 
@@ -251,6 +255,7 @@ class _ProgressLine:
 @click.option("--tokens", type=float, help="Tokens to train on (needed by the e2e_time and gpu_hours objectives).")
 @click.option("--flash-attention/--no-flash-attention", "flash_attention", default=None,
               help="Fused (flash) attention, the default; --no-flash-attention: unfused (Megatron 2021-22).")
+@ATTENTION_KERNEL_OPTION
 @click.option("--moe-load-factor", type=float, metavar="F",
               help="MoE routing imbalance: the busiest EP rank's token-expert pairs over the mean (default 1).")
 @click.option("--tp-values", "tp", help="TP sizes to try, e.g. 1,2,4,8 (default: powers of two in a scale-up domain).")
@@ -278,7 +283,8 @@ class _ProgressLine:
               help="Progress bar on a terminal, a line on stderr every few seconds otherwise (default: on).")
 @NUM_LAYERS_OPTION
 @pass_state
-def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, tokens, flash_attention, moe_load_factor, tp,
+def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, tokens, flash_attention, attention_kernel,
+             moe_load_factor, tp,
              pp, vpp, cp, ep, etp, mbs_list, schedules, features, objective, top, pareto, fmt, trace_best, lighter_ends,
              time_budget, progress, num_layers=None):
     """Find the best parallel strategy and features for a model, GPUs and global batch.
@@ -288,7 +294,8 @@ def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, token
     top configurations with the paper's Table 6 columns (or Megatron-LM arguments).
     """
     flags = dict(model=model, hardware=hardware, gpus=gpus, gbs=gbs, seq=seq, precision=precision, tokens=tokens,
-                 moe_load_factor=moe_load_factor, flash_attention=flash_attention, num_layers=num_layers)
+                 moe_load_factor=moe_load_factor, flash_attention=flash_attention, num_layers=num_layers,
+                 attention_kernel=attention_kernel)
     if len(job_files) > 1:
         raise ConfigError("mofa tune takes one job file")
     req, job = build_request(state, list(job_files), {k: v for k, v in flags.items()},

@@ -1,0 +1,155 @@
+"""Published attention-kernel benchmarks (``attention_kernels.toml``): how fast each fused-attention
+kernel runs relative to FlashAttention-2, by GPU architecture, head dimension, sequence length, mask
+and pass. Used by ``profiled_attention`` to move the profile's measured FlashAttention-2 rate to the
+job's kernel, sequence and causal mask.
+
+For a kernel k, pass p, head dimension d and sequence s the multiplier on the measured rate is
+
+    m = c(k, p, causal, d, s) / c(fa2, p, causal_ref, d, s_ref)
+
+where c is the published curve on the profile's architecture (interpolated in log2 s, clamped to the
+published range; the nearest published head dimension in log2) and (s_ref, causal_ref) where the
+profile's table measured FlashAttention-2 (its sequence when it measured one, else s itself: a table
+of several sequences carries its own shape). A pass published without a causal mask takes the
+forward's causal-over-full ratio at that sequence. A kernel the architecture lacks is priced as
+FlashAttention-2 (ratio 1); an architecture without any curve takes ``prior_architecture``'s
+FlashAttention-2 shape (the prior: ratio 1 for every kernel, the shape of the nearest published GPU).
+"""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from collections.abc import Mapping
+from importlib import resources
+
+import attrs
+import numpy as np
+
+from mofa_framework.batch import ATTENTION_KERNELS
+from mofa_framework.config import structure_file
+
+KERNELS = ATTENTION_KERNELS[1:]  # "auto" is resolved, never published
+DIRECTIONS = ("fwd", "bwd")
+
+
+def _positive(_, attribute, value):
+    if not value > 0:
+        raise ValueError(f"{attribute.name} must be > 0 (got {value!r})")
+
+
+@attrs.frozen(kw_only=True)
+class KernelPoint:
+    """One published bar: a kernel's achieved TFLOPS (causal: counting the FLOPs the mask keeps)."""
+
+    architecture: str
+    kernel: str = attrs.field(validator=attrs.validators.in_(KERNELS))
+    head_dim: int = attrs.field(validator=_positive)
+    seq_len: int = attrs.field(validator=_positive)
+    causal: bool
+    direction: str = attrs.field(validator=attrs.validators.in_(DIRECTIONS))
+    tflops: float = attrs.field(validator=_positive)
+
+
+@attrs.frozen(kw_only=True)
+class KernelSource:
+    architecture: str
+    text: str
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class KernelTable:
+    #: the architecture whose FlashAttention-2 shape an architecture without curves takes
+    prior_architecture: str
+    points: tuple[KernelPoint, ...] = attrs.field(converter=tuple)
+    #: architecture -> the kernel "auto" means there ("default": every other architecture)
+    auto: Mapping[str, str] = attrs.field(factory=dict)
+    source: tuple[KernelSource, ...] = attrs.field(default=(), converter=tuple)
+
+    @auto.validator
+    def _auto(self, attribute, value):
+        bad = {k: x for k, x in value.items() if x not in KERNELS}
+        if bad or "default" not in value:
+            raise ValueError(f"auto must map architectures to one of {KERNELS} and name a 'default' (got {value!r})")
+
+
+@functools.cache
+def table() -> KernelTable:
+    with resources.files("mofa_plugins").joinpath("attention_kernels.toml").open("rb") as fh:
+        return structure_file(tomllib.load(fh), KernelTable, "attention_kernels.toml")
+
+
+def resolve(codes, architecture: str, t: KernelTable | None = None) -> np.ndarray:
+    """Kernel codes with "auto" (0) replaced by the architecture's kernel."""
+    t = t or table()
+    auto = ATTENTION_KERNELS.index(t.auto.get(architecture, t.auto["default"]))
+    codes = np.asarray(codes, dtype=np.int64)
+    return np.where(codes == 0, auto, codes)
+
+
+@functools.cache
+def _curves(t: KernelTable) -> dict:
+    """(architecture, kernel, direction, causal) -> {head_dim: (log2 seq, tflops) sorted by seq}."""
+    out: dict = {}
+    for p in t.points:
+        out.setdefault((p.architecture, p.kernel, p.direction, p.causal), {}).setdefault(p.head_dim, []).append(
+            (np.log2(p.seq_len), p.tflops))
+    return {k: {d: tuple(np.array(x) for x in zip(*sorted(v))) for d, v in by_d.items()} for k, by_d in out.items()}
+
+
+def _interp(by_d: dict, d, s) -> np.ndarray:
+    dims = np.array(sorted(by_d), dtype=np.float64)
+    near = dims[np.abs(np.log2(np.asarray(d, float))[:, None] - np.log2(dims)[None, :]).argmin(axis=1)]
+    out = np.empty(len(near))
+    for dim in np.unique(near):
+        x, y = by_d[int(dim)]
+        sel = near == dim
+        out[sel] = np.interp(np.log2(np.asarray(s, float)[sel]), x, y)
+    return out
+
+
+def curve(t: KernelTable, arch: str, kernel: str, direction: str, causal: bool, d, s) -> np.ndarray | None:
+    """The published rate (TFLOPS) at (d, s), or None when the architecture lacks the kernel's pass."""
+    c = _curves(t)
+    if (arch, kernel, direction, causal) in c:
+        return _interp(c[arch, kernel, direction, causal], d, s)
+    full = c.get((arch, kernel, direction, False))
+    if not causal or full is None:
+        return None
+    # a pass published without the mask: the forward's causal-over-full ratio (the kernel's, else FA2's)
+    for k in (kernel, "fa2"):
+        fc, ff = c.get((arch, k, "fwd", True)), c.get((arch, k, "fwd", False))
+        if fc and ff:
+            return _interp(full, d, s) * _interp(fc, d, s) / _interp(ff, d, s)
+    return None
+
+
+def shape_architecture(t: KernelTable, arch: str) -> str | None:
+    """The architecture whose curves price `arch`: its own, else the prior's (None: no curves at all)."""
+    have = {p.architecture for p in t.points if p.kernel == "fa2"}
+    return arch if arch in have else (t.prior_architecture if t.prior_architecture in have else None)
+
+
+def multiplier(codes, architecture: str, direction: str, d, s, s_ref, causal_ref: bool,
+               t: KernelTable | None = None) -> np.ndarray:
+    """Rate multiplier on a FlashAttention-2 measurement at (s_ref, causal_ref) for causal attention at
+    (d, s) with the kernels `codes` (resolved, never "auto"), one pass. Arrays of equal length."""
+    t = t or table()
+    codes, d, s = np.asarray(codes), np.asarray(d, float), np.asarray(s, float)
+    s_ref = np.broadcast_to(np.asarray(s_ref, float), s.shape)
+    out = np.ones(len(s))
+    arch = shape_architecture(t, architecture)
+    if arch is None:
+        return out
+    ref = curve(t, arch, "fa2", direction, causal_ref, d, s_ref)
+    if ref is None:
+        return out
+    for code in np.unique(codes):
+        sel = codes == code
+        kernel = ATTENTION_KERNELS[int(code)]
+        # a kernel is priced from its own curve only on the architecture it was published for
+        num = curve(t, arch, kernel, direction, True, d[sel], s[sel]) if arch == architecture else None
+        if num is None:
+            num = curve(t, arch, "fa2", direction, True, d[sel], s[sel])
+        out[sel] = num / ref[sel]
+    return out

@@ -1,0 +1,113 @@
+"""The attention kernel as a job property (``[parallel] attention_kernel``): published kernel curves
+(plugins/attention_kernels.toml, from the FlashAttention-3 paper's Fig. 5-6 bars on H100) move the
+profile's FlashAttention-2 point to the job's kernel, sequence and causal mask. Expected values are
+the TOML's bars, combined by hand."""
+
+import subprocess
+import sys
+
+import attrs
+import numpy as np
+import pytest
+
+from mofa_framework.batch import ATTENTION_KERNELS, OP_KINDS, PRECISIONS, OperatorBatch
+from mofa_framework.errors import ConfigError
+from mofa_plugins._attention_kernels import multiplier, resolve, table
+from mofa_plugins._frameworks import attention_kernel
+from mofa_plugins.profiled_attention import attention_seconds
+
+K = {k: ATTENTION_KERNELS.index(k) for k in ATTENTION_KERNELS}
+
+
+def m(kernel, s, direction="fwd", arch="hopper", d=128, s_ref=8192.0, causal_ref=False):
+    return multiplier(np.array([K[kernel]]), arch, direction, np.array([float(d)]), np.array([float(s)]),
+                      s_ref, causal_ref)[0]
+
+
+def test_fa2_causal_at_the_profiled_sequence():
+    # FA2 forward, head dim 128, 8K: causal 333 over non-causal 370 (the table measured non-causal)
+    assert m("fa2", 8192) == pytest.approx(333 / 370)
+
+
+def test_short_sequences_run_below_the_asymptotic_rate():
+    # causal 512 tokens: 191 over the 8K non-causal point 370; half way in log2 between 2K and 4K: the mean
+    assert m("fa2", 512) == pytest.approx(191 / 370)
+    assert m("fa2", 2 ** 11.5) == pytest.approx((298 + 319) / 2 / 370)
+    assert m("fa2", 65536) == pytest.approx(335 / 370)  # held at the largest published sequence
+
+
+def test_cudnn_and_fa3_forward_and_backward():
+    assert m("cudnn", 4096) == pytest.approx(518 / 370)
+    assert m("fa3", 16384) == pytest.approx(616 / 370)
+    # backward published without the mask: cuDNN's non-causal backward (499 at 4K) times its forward's
+    # causal-over-full ratio at 4K (518/609), over FA2's non-causal backward at 8K (318)
+    assert m("cudnn", 4096, "bwd") == pytest.approx(499 * 518 / 609 / 318)
+
+
+def test_nearest_published_head_dim():
+    # head dim 96 is nearer 128 than 64 in log2 (0.415 against 0.585); 48 takes 64's bars
+    assert m("fa2", 8192, d=96) == pytest.approx(333 / 370)
+    assert m("fa2", 8192, d=48) == pytest.approx(295 / 322)  # 64: causal 295 over non-causal 322
+
+
+def test_unpublished_kernels_and_architectures_fall_back_to_fa2():
+    # triton has no curve: FA2's; an architecture without curves takes hopper's FA2 shape, every kernel
+    assert m("triton", 4096) == pytest.approx(319 / 370)
+    assert m("cudnn", 4096, arch="cdna3") == pytest.approx(319 / 370)
+    # a table of several sequences keeps its own shape: s_ref = s, only the mask and kernel move it
+    assert m("fa2", 1024, s_ref=1024.0, causal_ref=True) == pytest.approx(1.0)
+    assert m("cudnn", 1024, s_ref=1024.0, causal_ref=True) == pytest.approx(410 / 260)
+
+
+def test_auto_is_the_architectures_kernel():
+    codes = np.array([K["auto"], K["fa2"], K["triton"]])
+    assert list(resolve(codes, "hopper")) == [K["cudnn"], K["fa2"], K["triton"]]
+    assert list(resolve(codes, "blackwell"))[0] == K["cudnn"]
+    assert list(resolve(codes, "ampere"))[0] == K["fa2"]
+    assert table().auto["default"] == "fa2"
+
+
+def test_kernel_prices_the_operator(mofa_predictor):
+    h = mofa_predictor.registry.hardware_profile("h100-sxm5-80gb")
+    h = attrs.evolve(h, efficiency=attrs.evolve(h.efficiency, profiled_attention_relative_efficiency=1.0,
+                                                kernel_launch_s=0.0, host_dispatch_s=0.0))
+    rate = h.attention_profile[0].tflops * 1e12
+    ops = OperatorBatch(flops=np.full(2, 1e12), bytes=np.zeros(2), kind=np.full(2, OP_KINDS.index("attention")),
+                        precision=np.full(2, PRECISIONS.index("bf16")), gemm_m=np.full(2, 4096.0),
+                        gemm_n=np.full(2, 2048.0), gemm_k=np.full(2, 128.0),
+                        attention_kernel=np.array([K["fa2"], K["auto"]]))
+    t = attention_seconds(ops, h, np.zeros(2))
+    # causal keys 2048 → sequence 4096; FA2 forward 319/370, backward 310·(319/368)/318 (its fwd causal ratio)
+    fwd, bwd = 319 / 370, 310 * (319 / 368) / 318
+    assert t[0] == pytest.approx((1e12 / (rate * fwd) + 2.5 * 1e12 / (rate * bwd)) / 3.5)
+    cf, cb = 518 / 370, 499 * 518 / 609 / 318  # auto on hopper: cuDNN
+    assert t[1] == pytest.approx((1e12 / (rate * cf) + 2.5 * 1e12 / (rate * cb)) / 3.5)
+
+
+def test_job_property_reaches_the_prediction(mofa_predictor):
+    base = {"model": {"name": "llama3-8b"}, "hardware": {"name": "h100-sxm5-80gb", "num_gpus": 8},
+            "parallel": {"global_batch_size": 64, "sequence_length": 8192}}
+    steps = {}
+    for k in ("fa2", "cudnn", "fa3"):
+        job = mofa_predictor.job({**base, "parallel": {**base["parallel"], "attention_kernel": k}})
+        r = mofa_predictor.predict([job])[0]
+        assert r.parallel["attention_kernel"] == k
+        steps[k] = r.step_time_s
+    assert steps["fa2"] > steps["cudnn"] > steps["fa3"]  # 8K causal: FA3 616-602 > cuDNN 529-539 > FA2
+    with pytest.raises(ConfigError, match="attention_kernel"):
+        mofa_predictor.job({**base, "parallel": {**base["parallel"], "attention_kernel": "fa4"}})
+
+
+def test_cli_flag_and_bad_value():
+    args = [sys.executable, "-m", "mofa_framework.cli", "predict", "--model", "llama3-8b", "--hardware",
+            "h100-sxm5-80gb", "--gpus", "8", "--gbs", "64", "--seq", "8192", "--format", "json"]
+    out = subprocess.run([*args, "--attention-kernel", "fa3"], capture_output=True, text=True)
+    assert out.returncode == 0 and '"attention_kernel": "fa3"' in out.stdout
+    bad = subprocess.run([*args, "--attention-kernel", "fa4"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--attention-kernel" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_readers_infer_the_kernel_from_the_framework():
+    assert attention_kernel("Composer / llm-foundry (PyTorch FSDP)") == "triton"
+    assert attention_kernel("torchtitan (2024-12, torch 1963fc8)") == "fa2"
+    assert attention_kernel("Megatron-Bridge / NeMo 26.02") == "auto"
