@@ -139,6 +139,7 @@ job_case("parallel.micro_batch_size-2**40", with_value(BASE, "parallel.micro_bat
 job_case("fault.init_s-1e308", with_value(BASE, "fault.init_s", 1e308), "init_s")
 job_case("e2e:training.tokens-inf", with_value(BASE, "training.tokens", float("inf")), "tokens", command="e2e")
 job_case("parallel.precision-bogus", with_value(BASE, "parallel.precision", "fp3"), "precision")
+job_case("parallel.attention_kernel-bogus", with_value(BASE, "parallel.attention_kernel", "fa4"), "attention_kernel")
 job_case("parallel.precision-int", with_value(BASE, "parallel.precision", 16), "precision")
 job_case("parallel.sequence_parallel-string", with_value(BASE, "parallel.sequence_parallel", "yes"),
          "sequence_parallel")
@@ -208,6 +209,7 @@ for flag, field in (("--gpus", "num_gpus"), ("--tp", "tp"), ("--pp", "pp"), ("--
 flag_case("--etp-negative", ["--etp", "-1"], "etp")
 flag_case("--tp-2.0", ["--tp", "2.0"], "--tp")
 flag_case("--precision-fp3", ["--precision", "fp3"], "--precision")
+flag_case("--attention-kernel-fa4", ["--attention-kernel", "fa4"], "--attention-kernel")
 flag_case("--precision-fp8-a100", ["--precision", "fp8", "--hardware", "a100-sxm4-80gb"], "precision", "fp8")
 flag_case("--precision-fp4-h100", ["--precision", "fp4"], "precision", "fp4")
 flag_case("--moe-load-factor-dense", ["--moe-load-factor", "2"], "moe_load_factor", "MoE")
