@@ -387,6 +387,11 @@ def load_jobs(state: State, files, flags: dict) -> list:
     return with_num_layers(jobs, num_layers)
 
 
+#: the smallest step-time component the table shows: below it `_fmt_s` would print 0.0 ms (or -0.0 ms
+#: for a rounding residual such as a schedule's busy time minus the sum of its parts)
+_SHOWN_S = 0.05e-3
+
+
 def _fmt_s(x: float) -> str:
     return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.3f} s"
 
@@ -394,7 +399,7 @@ def _fmt_s(x: float) -> str:
 def _prediction_tables(r) -> list[tuple[str, list[str], list[list[str]]]]:
     """(title, headers, rows) of the breakdown, the memory per stage and the memory breakdown."""
     bd = [[k, _fmt_s(v), f"{v / r.step_time_s:.1%}", r.provenance.get(k, "")]
-          for k, v in r.breakdown.items() if abs(v) > 0]
+          for k, v in r.breakdown.items() if abs(v) >= _SHOWN_S]
     bd.append(["step", _fmt_s(r.step_time_s), "100%", ""])
     stages = [[name, f"{gib:.2f}", "worst" if abs(gib - r.peak_memory_gib) < 1e-9 else ""]
               for name, gib in r.stage_memory_gib.items()]
