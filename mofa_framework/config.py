@@ -24,7 +24,7 @@ from attrs import validators as v
 
 from .batch import ATTENTION_KERNELS, PRECISIONS, CandidateBatch, FeatureRows
 from .errors import ConfigError, UnknownRecordError
-from .limits import INT64_MAX, limit, optional, short
+from .limits import INT64_MAX, decode_text, limit, optional, short
 from .hf_config import hf_model_fields, read_hf_bytes
 from .types import ModelSpec
 
@@ -199,11 +199,9 @@ def read_toml(path: str | Path) -> dict:
 
 def parse_toml(data: bytes, where: str) -> dict:
     """TOML bytes as a dict; ConfigError starting with `where` for non-UTF-8 or malformed text."""
+    text = decode_text(data, where, "TOML files must be UTF-8: re-save it as UTF-8")
     try:
-        return tomllib.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{where}: not UTF-8 text (byte {exc.start}): TOML files must be UTF-8; "
-                          "re-save it as UTF-8") from None
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{where}: malformed TOML: {str(exc)[:200]}") from None
     except RecursionError:

@@ -24,6 +24,7 @@ import re
 from typing import Any
 
 from .errors import ConfigError
+from .limits import decode_text
 from .stack import BUILTIN_BLOCKS, BlockSpec
 
 #: families whose MLP is gated (three matrices: SwiGLU, GeGLU)
@@ -135,11 +136,7 @@ class _Cfg:
 
 def read_hf_bytes(data: bytes, where: str) -> dict:
     """The JSON object of a config.json's bytes (ConfigError for anything else)."""
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{where}: not UTF-8 text (byte {exc.start}): a HuggingFace config.json is UTF-8 JSON; "
-                          "re-download or re-save it") from None
+    text = decode_text(data, where, "a HuggingFace config.json is UTF-8 JSON: re-download or re-save it")
     try:
         cfg = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:

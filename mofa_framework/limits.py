@@ -223,4 +223,16 @@ def markdown_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-__all__ = ["LIMITS", "Bound", "between", "bounded", "check", "env_flag", "limit", "optional", "short"]
+__all__ = ["LIMITS", "Bound", "between", "bounded", "check", "decode_text", "env_flag", "limit", "optional", "short"]
+
+
+def decode_text(data: bytes, where: str, fix: str) -> str:
+    """A file's bytes as UTF-8 text (a leading byte-order mark dropped); for anything else one-line
+    ConfigError starting with `where`, naming the first bad byte and ending with `fix`. The one decoder
+    of job files, hardware profiles, measurement CSVs and HF config.json files."""
+    from .errors import ConfigError
+
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{where}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); {fix}") from None

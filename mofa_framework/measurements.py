@@ -28,6 +28,7 @@ from typing import Any
 import attrs
 
 from .config import listing, read_bytes
+from .limits import decode_text
 from .errors import ConfigError, MofaError, UnknownRecordError
 from .types import MappedRow, MeasurementReader, ModelSpec, SkippedRow
 
@@ -359,11 +360,7 @@ def readers(registry) -> dict[str, MeasurementReader]:
 def read_rows(path: str | Path) -> tuple[tuple[str, ...], list[dict[str, str]], dict[int, int]]:
     """(header, rows, irregular rows: index → cells) of a CSV; one-line ConfigError if it cannot be read."""
     raw, p = read_bytes(path, "a CSV file")
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{p}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
-                          "save the file as UTF-8") from None
+    text = decode_text(raw, p, "save the file as UTF-8")
     try:
         reader = csv.reader(io.StringIO(text, newline=""))
         header = tuple(h.strip() for h in next(reader, []))

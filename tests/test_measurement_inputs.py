@@ -264,3 +264,12 @@ def test_fuzzed_rows_raise_only_mofa_errors(mofa_predictor, tmp_path):
         assert not internal, internal[:3]
         assert all(m.measured_s > 0 for m in mapped)
     assert total >= 2000
+
+
+def test_one_utf8_decoder_names_the_first_bad_byte_and_drops_a_bom():
+    from mofa_framework.errors import ConfigError
+    from mofa_framework.limits import decode_text
+
+    assert decode_text(b"\xef\xbb\xbfa,b", "x.csv", "fix") == "a,b"
+    with pytest.raises(ConfigError, match=r"^x.csv: not UTF-8 text \(byte 0xe9 at offset 4\); save it$"):
+        decode_text("caf\xe9".encode("latin-1").rjust(5, b" "), "x.csv", "save it")
