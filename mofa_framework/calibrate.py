@@ -263,6 +263,27 @@ def identifiable(problem: _Problem, base: dict[str, float], parameters: Sequence
     return keep
 
 
+def parse_priors(items: Iterable[str]) -> dict[str, float]:
+    """``NAME=VALUE`` strings (``--prior``) → {coefficient: prior value}: the value a fit holds the
+    coefficient towards (and starts from) instead of the library default. Each must name a fittable
+    coefficient and lie within its bounds (:data:`PARAMETERS`)."""
+    out: dict[str, float] = {}
+    for item in items:
+        name, eq, text = item.partition("=")
+        name = name.strip()
+        if not eq or name not in PARAMETERS:
+            raise ConfigError(f"--prior {item!r}: give NAME=VALUE with NAME one of {', '.join(PARAMETERS)}")
+        try:
+            value = float(text)
+        except ValueError:
+            raise ConfigError(f"--prior {item!r}: VALUE {text!r} is not a number (e.g. {name}=1e-4)") from None
+        lo, hi, _ = PARAMETERS[name]
+        if not lo <= value <= hi:
+            raise ConfigError(f"--prior {item!r}: {value:g} is outside {name}'s bounds [{lo:g}, {hi:g}]")
+        out[name] = value
+    return out
+
+
 def _check_enough_rows(rows: int, fitted: Sequence[str], folds: int, hardware: str) -> None:
     """ConfigError when the rows cannot determine the coefficients: fewer rows than coefficients, more
     folds than rows, or folds whose training rows are fewer than the coefficients."""
@@ -283,7 +304,8 @@ def calibrate(paths: Iterable[str | Path], hardware: str, predictor=None, *,
               hold_out: Sequence[str] = ()) -> CalibrationResult:
     """Fit `parameters` of `hardware`'s efficiency to every row on that profile in `paths`.
 
-    ``start`` overrides the starting coefficients (default: the profile's); ``mapped`` passes
+    ``start`` overrides the prior the fit starts from and holds coefficients towards (default: the
+    library's, :class:`EfficiencySpec`; ``--prior``); ``mapped`` passes
     rows already mapped (tests, synthetic data). ``folds`` < 2 skips cross-validation.
     ``hold_out`` holds back the rows whose source (file stem) or reference contains one of the
     given strings (case-insensitive): they are not fitted, and their error before and after the

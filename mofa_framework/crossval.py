@@ -18,12 +18,12 @@ profile, GPU count, global batch, sequence length, TP and PP whose measured step
 :data:`TWIN_TOLERANCE` is the same measurement republished (NVIDIA's tables and their ``*_dense``
 twins) and is left out of the refits too. A profile none of whose fitted rows is held out is not
 refitted (its prediction is the shipped one); a profile left with no row takes the library's
-default coefficients for what it fitted (a GPU with no step-time row: its microbenchmarks and
-priors alone). Profiles without a recorded fit are used as shipped.
+default coefficients, or the recorded command's ``--prior`` values, for what it fitted (a GPU with
+no step-time row: its microbenchmarks and priors alone). Profiles without a recorded fit are used as shipped.
 
 The fit is the calibration's own (:mod:`mofa_framework.calibrate`: same weights, prior, bounds,
-robust loss, and coefficients the remaining rows cannot see reset to the library default, as
-``--hold-out`` does), started from the shipped coefficients. Rows are mapped, resolved and
+robust loss, and coefficients the remaining rows cannot see reset to the library default or the
+recorded ``--prior``, as ``--hold-out`` does), started from the shipped coefficients. Rows are mapped, resolved and
 prepared once; each fold evaluates only the batches holding its training or held-out rows.
 *In-sample* is the shipped profiles' prediction (they were fitted to these rows).
 """
@@ -110,6 +110,8 @@ class FitPlan:
     sources: tuple[str, ...] = ()
     #: the measurement files the recorded command read (names, looked up in the shipped data)
     files: tuple[str, ...] = ()
+    #: (coefficient, value) priors the recorded command gave (``--prior``) instead of the defaults
+    priors: tuple[tuple[str, float], ...] = ()
 
 
 _RECORD = re.compile(r"^# \[efficiency\] fitted by `mofa calibrate`: (.*)$", re.M)
@@ -118,7 +120,7 @@ _RECORD = re.compile(r"^# \[efficiency\] fitted by `mofa calibrate`: (.*)$", re.
 def parse_recorded(hardware: str, text: str) -> FitPlan | None:
     """The :class:`FitPlan` of a profile TOML's recorded ``mofa calibrate`` command (None: not
     fitted, or fitted to rows of other GPUs with ``--all-rows``, which a refit cannot reproduce)."""
-    from .calibrate import DEFAULT_PARAMETERS
+    from .calibrate import DEFAULT_PARAMETERS, parse_priors
     from .measurements import builtin_sets
 
     m = _RECORD.search(text)
@@ -130,18 +132,21 @@ def parse_recorded(hardware: str, text: str) -> FitPlan | None:
         argv = m.group(1).split()
     params: list[str] = []
     files: list[str] = []
+    priors: list[str] = []
     builtin = False
     sets = builtin_sets()
     it = iter(argv)
     for tok in it:
         opt, eq, val = tok.partition("=")
-        if opt in ("--param", "--builtin-set", "--source", "--hold-out", "--folds", "--seed", "--write", "--name",
+        if opt in ("--param", "--prior", "--builtin-set", "--source", "--hold-out", "--folds", "--seed", "--write", "--name",
                    "--reader", "--hardware", "--format") and not eq:
             val = next(it, "")
         if opt == "--all-rows":
             return None
         if opt == "--param":
             params.append(val)
+        elif opt == "--prior":
+            priors.append(val)
         elif opt == "--builtin":
             builtin = True
         elif opt == "--builtin-set":
@@ -152,7 +157,8 @@ def parse_recorded(hardware: str, text: str) -> FitPlan | None:
         files += sets.get("calibration", ())
     files = list(dict.fromkeys(files))
     return FitPlan(hardware=hardware, parameters=tuple(params or DEFAULT_PARAMETERS),
-                   sources=tuple(Path(f).stem for f in files), files=tuple(files))
+                   sources=tuple(Path(f).stem for f in files), files=tuple(files),
+                   priors=tuple(parse_priors(priors).items()))
 
 
 def recorded_plans(registry) -> list[FitPlan]:
@@ -320,6 +326,7 @@ class _Folds:
 
         defaults = EfficiencySpec()
         anchor = {k: float(getattr(defaults, k)) for k in plan.parameters}
+        anchor.update({k: v for k, v in plan.priors if k in anchor})
         if not train.any():
             return anchor
         problem = self.problems[plan.hardware]

@@ -5,6 +5,8 @@ carry. Small folds (eight jobs per source, one coefficient): ~1 s."""
 
 from __future__ import annotations
 
+import re
+
 import attrs
 import pytest
 
@@ -59,6 +61,25 @@ def cv(predictor):
     finally:
         calibration.PRIOR_WEIGHT = prior
     return res, fast, slow
+
+
+def test_a_recorded_prior_is_what_each_refit_is_held_towards(predictor, monkeypatch):
+    """With the prior weighted far above the rows (PRIOR_WEIGHT 100) every fold's refit lands on
+    its anchor: the plan's ``--prior`` for host_dispatch_s (150 µs), the library default for
+    gemm_efficiency (EfficiencySpec: 0.80) — not the default 0 for host_dispatch_s."""
+    import mofa_framework.calibrate as calibration
+    from mofa_framework.types import EfficiencySpec
+
+    monkeypatch.setattr(calibration, "PRIOR_WEIGHT", 100.0)
+    plan = FitPlan(hardware=A100, parameters=("gemm_efficiency", "host_dispatch_s"),
+                   priors=(("host_dispatch_s", 1.5e-4),))
+    mapped = rows(predictor, "fast", 0.62)[6:] + rows(predictor, "slow", 0.50)[6:]
+    res = cross_validate([], predictor, plans=[plan], kinds=("source",), mapped=mapped)
+    refits = [f.refits[A100] for f in res.held_out["source"].folds]
+    assert len(refits) == 2
+    for r in refits:
+        assert r["host_dispatch_s"] == pytest.approx(1.5e-4, rel=0.01)
+        assert r["gemm_efficiency"] == pytest.approx(EfficiencySpec().gemm_efficiency, rel=0.01)
 
 
 def _by_source(scheme, source):
@@ -129,6 +150,24 @@ def test_parse_recorded_command():
     assert plan.files[-1] == "extra.csv" and "megatron_selene_a100.csv" in plan.files
     assert parse_recorded("x", text.replace("--write", "--all-rows --write")) is None
     assert parse_recorded("x", "name = 'x'\n") is None
+    assert plan.priors == ()
+    # a recorded --prior (either spelling) becomes the refits' anchor for that coefficient
+    primed = parse_recorded("x", text.replace("--write", "--prior host_dispatch_s=1e-4 --prior=kernel_launch_s=2e-6 "
+                                                             "--write"))
+    assert dict(primed.priors) == {"host_dispatch_s": 1e-4, "kernel_launch_s": 2e-6}
+    assert primed.parameters == plan.parameters and primed.files == plan.files
+
+
+def test_parse_priors_names_the_bad_item():
+    from mofa_framework.calibrate import parse_priors
+    from mofa_framework.errors import ConfigError
+
+    assert parse_priors(["host_dispatch_s=1.0e-4", " microbatch_overhead_s=0.002"]) == {
+        "host_dispatch_s": 1.0e-4, "microbatch_overhead_s": 0.002}
+    for bad, says in (("host_dispatch_s", "NAME=VALUE"), ("no_such=1", "NAME=VALUE"), ("host_dispatch_s=fast", "fast"),
+                      ("host_dispatch_s=1e-3", "outside host_dispatch_s's bounds [0, 0.0002]")):
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            parse_priors([bad])
 
 
 def test_cli_cross_validate_refuses_what_it_cannot_do():

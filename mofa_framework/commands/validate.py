@@ -225,6 +225,10 @@ def validate_cmd(state, files, builtin, builtin_set, reader, fmt, sources, show_
 @click.option("--hold-out", "hold_out", multiple=True, metavar="TEXT",
               help="Do not fit rows whose source or reference contains TEXT (repeatable); report their error "
                    "before and after the fit (a held-back split).")
+@click.option("--prior", "priors", multiple=True, metavar="NAME=VALUE",
+              help="Hold coefficient NAME towards VALUE instead of the library default (repeatable): a "
+                   "prior from a published measurement of the mechanism; recorded with the command, and "
+                   "used by --cross-validate's refits.")
 @click.option("--write", "write", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the profile's TOML with the fitted [efficiency] table to this path.")
 @click.option("--all-rows", "all_rows", is_flag=True,
@@ -242,18 +246,18 @@ def validate_cmd(state, files, builtin, builtin_set, reader, fmt, sources, show_
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "markdown"]), default="table",
               show_default=True)
 @pass_state
-def calibrate_cmd(state, files, builtin, builtin_set, reader, hardware, params, folds, seed, sources, hold_out, write,
-                  all_rows, new_name, cross_validate, leave_out, fmt):
+def calibrate_cmd(state, files, builtin, builtin_set, reader, hardware, params, folds, seed, sources, hold_out, priors,
+                  write, all_rows, new_name, cross_validate, leave_out, fmt):
     """Fit a hardware profile's [efficiency] coefficients to the step times in FILES (or --builtin);
     with --cross-validate, report the error on rows the fits did not see."""
-    from ..calibrate import DEFAULT_PARAMETERS, calibrate, write_profile
+    from ..calibrate import DEFAULT_PARAMETERS, calibrate, parse_priors, write_profile
     from ..measurements import map_files
     from ..validate import select_sources
 
     if cross_validate:
         return cross_validate_cmd(state, input_files(files, builtin, builtin_set), hardware, params, leave_out,
                                   dict(write=write, name=new_name, hold_out=hold_out, all_rows=all_rows,
-                                       source=sources, reader=reader), fmt)
+                                       source=sources, reader=reader, prior=priors), fmt)
     if hardware is None:
         raise ConfigError("--hardware: give the profile to fit (`mofa list-hardware`), or --cross-validate")
     if folds < 0 or folds == 1:
@@ -262,19 +266,20 @@ def calibrate_cmd(state, files, builtin, builtin_set, reader, hardware, params, 
         raise ConfigError("--name names the profile --write writes: give --write PATH.toml too")
     if new_name is not None and not KEBAB.match(new_name):
         raise ConfigError(f"--name {new_name!r}: use lower-case letters, digits, dots and hyphens (e.g. my-h100)")
+    prior = parse_priors(priors)
     predictor = state.predictor()
     given, files = files, input_files(files, builtin, builtin_set)
     mapped, skipped, notes = map_files(files, predictor.registry, hardware if all_rows else None, reader)
     mapped, skipped = select_sources(mapped, skipped, sources)
     report_notes(notes, skipped)
     result = calibrate(files, hardware, predictor, parameters=params or DEFAULT_PARAMETERS, folds=folds, seed=seed,
-                       mapped=mapped, hold_out=hold_out)
+                       mapped=mapped, hold_out=hold_out, start=prior)
     if write:
         argv = ["mofa", "calibrate", *sys.argv[2:]] if sys.argv[1:2] == ["calibrate"] else None
         command = shlex.join(argv) if argv else shlex.join(
             ["mofa", "calibrate", "--hardware", hardware, *(f"--param={p}" for p in params), f"--folds={folds}",
              *(f"--source={s}" for s in sources), *(f"--hold-out={h}" for h in hold_out),
-             *(["--all-rows"] if all_rows else []), *(["--builtin"] if builtin else []),
+             *(f"--prior={p}" for p in priors), *(["--all-rows"] if all_rows else []), *(["--builtin"] if builtin else []),
              *([f"--builtin-set={builtin_set}"] if builtin_set else []), *([f"--reader={reader}"] if reader else []),
              *map(str, given)])
         write_profile(result, write, command, name=new_name, predictor=predictor)
