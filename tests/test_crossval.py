@@ -180,3 +180,28 @@ def test_cli_cross_validate_refuses_what_it_cannot_do():
     assert res.exit_code == 2 and "--write does not go with --cross-validate" in res.output
     res = CliRunner().invoke(c.cli, ["calibrate", "--cross-validate", "--builtin", "--param", "gemm_efficiency"])
     assert res.exit_code == 2 and "needs --hardware" in res.output and res.output.strip().count("\n") == 0
+
+
+def test_cli_cross_validate_one_profile_refits_it_as_recorded(monkeypatch):
+    """``--hardware`` alone refits that profile with its recorded coefficients and ``--prior``s (as
+    the full run does), ``--param`` with those coefficients instead."""
+    from click.testing import CliRunner
+
+    import mofa_framework.cli as c
+    import mofa_framework.crossval as crossval
+    from mofa_framework import Predictor
+
+    seen = []
+
+    def fake(files, predictor, *, plans, **kw):
+        seen.append(plans)
+        raise crossval.ConfigError("stop here")
+
+    monkeypatch.setattr(crossval, "cross_validate", fake)
+    c._builtin_commands()
+    recorded = [p for p in crossval.recorded_plans(Predictor().registry) if p.hardware == A100]
+    assert CliRunner().invoke(c.cli, ["calibrate", "--cross-validate", "--builtin", "--hardware", A100]).exit_code == 2
+    assert seen[-1] == recorded
+    CliRunner().invoke(c.cli, ["calibrate", "--cross-validate", "--builtin", "--hardware", A100, "--param",
+                               "gemm_efficiency"])
+    assert seen[-1] == [FitPlan(hardware=A100, parameters=("gemm_efficiency",))]

@@ -213,8 +213,9 @@ def validate_cmd(state, files, builtin, builtin_set, reader, fmt, sources, show_
 @click.command("calibrate")
 @click.argument("files", nargs=-1, type=click.Path(path_type=Path))
 @data_options
-@click.option("--hardware", help="Hardware profile to fit (name or alias); with --cross-validate, only this one "
-                                 "(default: every profile whose TOML records the command that fitted it).")
+@click.option("--hardware", help="Hardware profile to fit (name or alias); with --cross-validate, only this one, "
+                                 "refitted as its recorded command did, or with --param's coefficients (default: "
+                                 "every profile whose TOML records the command that fitted it).")
 @click.option("--param", "params", multiple=True, metavar="NAME",
               help=f"Coefficient to fit (repeatable; default: {', '.join(DEFAULT_PARAMETERS)}; "
                    f"one of: {', '.join(PARAMETERS)}).")
@@ -317,7 +318,7 @@ def calibrate_cmd(state, files, builtin, builtin_set, reader, hardware, params, 
 
 def cross_validate_cmd(state, files, hardware, params, leave_out, refused: dict, fmt: str) -> None:
     """``mofa calibrate --cross-validate``: in-sample and held-out error per source and per regime."""
-    from ..crossval import KIND_TITLES, KINDS, FitPlan, cross_validate
+    from ..crossval import KIND_TITLES, KINDS, FitPlan, cross_validate, recorded_plans
 
     given = [k for k, v in refused.items() if v]
     if given:
@@ -329,7 +330,9 @@ def cross_validate_cmd(state, files, hardware, params, leave_out, refused: dict,
     plans = None
     if hardware is not None:
         hw = predictor.registry.hardware_profile(hardware, field="--hardware")
-        plans = [FitPlan(hardware=hw.name, parameters=tuple(params or DEFAULT_PARAMETERS))]
+        # without --param: the profile's recorded fit (its coefficients and --prior), as the full run refits it
+        recorded = [p for p in recorded_plans(predictor.registry) if p.hardware == hw.name and not params]
+        plans = recorded or [FitPlan(hardware=hw.name, parameters=tuple(params or DEFAULT_PARAMETERS))]
     progress = (lambda line: click.echo(line, err=True)) if fmt != "json" else None
     cv = cross_validate(files, predictor, plans=plans, kinds=leave_out or KINDS, progress=progress)
     if fmt == "json":
