@@ -219,6 +219,15 @@ def test_calibrate_refuses_more_coefficients_than_rows_and_more_folds_than_rows(
     assert code == 2 and one_line(out) and "--folds 1000: only 28 rows" in out
 
 
+@pytest.mark.parametrize("prior, says", [("host_dispatch_s=1", "outside host_dispatch_s's bounds"),
+                                         ("host_dispatch_s", "NAME=VALUE"), ("speed=2", "NAME=VALUE"),
+                                         ("host_dispatch_s=soon", "is not a number")])
+def test_calibrate_refuses_a_bad_prior(cli, prior, says):
+    code, out, _ = run(cli, "calibrate", "--hardware", "a100", DATA / "megatron_selene_a100.csv",
+                       "--param", "host_dispatch_s", "--prior", prior, "--folds", "0")
+    assert code == 2 and one_line(out) and says in out and "--prior" in out
+
+
 # ---------------------------------------------------------------------- fuzz
 
 MUTATIONS = ("", "0", "-1", "nan", "inf", "1e400", "NaN", "eight", "1,024", "2.5", "9" * 40, "\x00", "é", " ",
