@@ -59,6 +59,19 @@ def test_unpublished_kernels_and_architectures_fall_back_to_fa2():
     assert m("cudnn", 1024, s_ref=1024.0, causal_ref=True) == pytest.approx(410 / 260)
 
 
+def test_triton_on_ampere_from_the_fa2_paper():
+    # FA2 paper Fig. 4 (A100, fwd+bwd): causal head dim 64 at 2K, Triton 79 and FA2 140, over the
+    # non-causal FA2 bar at the profile's 8K (175); the same bars price the backward
+    assert m("triton", 2048, arch="ampere", d=64) == pytest.approx(79 / 175)
+    assert m("fa2", 2048, arch="ampere", d=64) == pytest.approx(140 / 175)
+    assert m("triton", 2048, "bwd", arch="ampere", d=64) == pytest.approx(79 / 175)
+    # head dim 128 against its own non-causal 8K bar (201): Triton 2.3x slower than FA2 at 4K
+    assert m("triton", 4096, arch="ampere") == pytest.approx(74 / 201)
+    assert m("fa2", 4096, arch="ampere") / m("triton", 4096, arch="ampere") == pytest.approx(173 / 74)
+    # Hopper has no Triton curve: still FA2's
+    assert m("triton", 4096) == m("fa2", 4096)
+
+
 def test_auto_is_the_architectures_kernel():
     codes = np.array([K["auto"], K["fa2"], K["triton"]])
     assert list(resolve(codes, "hopper")) == [K["cudnn"], K["fa2"], K["triton"]]
