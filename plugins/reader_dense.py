@@ -13,7 +13,8 @@ and the ``*_dense.csv`` twins of NVIDIA's tables. What it knows, by the ``framew
 - the ZeroBubble fork: its schedules (1F1B, interleaved, ZB-1p / ZB-2p / ZB-V) with the end stages
   one layer lighter;
 - torchtitan: FSDP2 under a pipeline keeps parameters gathered (ZeRO-2); an FSDP rank with no
-  stated micro-batch runs its whole batch at once;
+  stated micro-batch runs its whole batch at once; its "selective layer" AC is full recompute of every
+  other block (``selective_ac_option = "2"``), its "selective op" the per-op policy;
 - PyTorch-FSDP frameworks (llm-foundry / Composer, torchtitan) run eager element-wise kernels
   (``eager_kernels``) unless the row says ``torch.compile`` ran; a ``mixed_precision=PURE`` row
   reduce-scatters its gradients in bf16;
@@ -229,10 +230,20 @@ def _fsdp_options(notes: str) -> dict:
     return {}
 
 
-def _recompute(rec: str, fw: str = "") -> dict | None:
+#: torchtitan's ``activation_checkpoint.selective_ac_option`` default when a row says "selective layer"
+#: without the number: ``"2"``, checkpoint every other transformer block (``config_manager.py``)
+TORCHTITAN_AC_EVERY = 2
+
+
+def _recompute(rec: str, fw: str = "", num_layers: int = 0) -> dict | None:
     rec = rec.lower()
     if rec.startswith("full"):
         return {"granularity": "full"}
+    if rec.startswith("selective") and "torchtitan" in fw.lower() and re.search(r"\blayer\b", rec):
+        # torchtitan's selective *layer* AC wraps every n-th block in a full checkpoint (n = the
+        # option's integer, default 2): full recompute of L/n of the layers, not Megatron's selective
+        n = int(m.group(1)) if (m := re.search(r"every\s*(\d+)", rec)) else TORCHTITAN_AC_EVERY
+        return {"granularity": "full", "num_layers": max(-(-num_layers // n), 1)} if num_layers else None
     if rec.startswith("selective"):
         # torchtitan's selective AC: per-op unless it says per layer (its Llama 3 configs set
         # selective_ac_option = "op": every other matmul's output saved, the rest re-run)
@@ -318,7 +329,7 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         # splits the layers, resolved by `validate.resolve_unstated` to the fastest
         variants = vpp_variants(spec.num_layers, pp, 2 if says_interleaved else 1)
         ignore = UNEVEN_STAGES_IGNORED
-    if (rec := _recompute(ctx.text(r, "recompute"), fw)) is not None:
+    if (rec := _recompute(ctx.text(r, "recompute"), fw, spec.num_layers if pp == 1 else 0)) is not None:
         job["features"]["recompute"] = rec
     assumed = ""
     megascale = "megascale" in fw.lower() and "baseline" not in fw.lower()

@@ -597,6 +597,23 @@ def test_fsdp_rows_without_a_micro_batch_run_the_ranks_batch_at_once(mofa_predic
     assert m.job["features"]["distributed_optimizer"] == {"shard_gradients": True} and "fsdp" not in m.job["features"]
 
 
+def test_torchtitan_selective_layer_ac_is_full_recompute_of_every_other_block(mofa_predictor):
+    """torchtitan's "selective layer" AC (``selective_ac_option = "2"``, its config_manager default)
+    wraps every 2nd block in a full checkpoint: 40 layers of Llama 2 13B → 20 fully recomputed; its
+    "selective op" is the per-op policy; a Megatron row's "selective" stays Megatron's."""
+
+    kw = dict(model_name="Llama 2 13B", n_layers="40", hidden="5120", n_heads="40", n_kv_heads="40",
+              ffn_hidden="13824", vocab="32000", gpu_type="A100 80GB", n_gpus="64", tp="1", pp="1",
+              global_batch="128", micro_batch="2", seq_len="4096", distributed_optimizer="FSDP2 ZeRO-3",
+              derived_iter_time_s="1")
+    job = lambda rec, fw="torchtitan (PyTorch FSDP2/DTensor)": _dense_job(  # noqa: E731
+        _dense_row(framework=fw, recompute=rec, **kw), mofa_predictor.registry, "test").job["features"]["recompute"]
+    assert job("selective (layer)") == {"granularity": "full", "num_layers": 20}
+    assert job("selective (layer, every 4th)") == {"granularity": "full", "num_layers": 10}
+    assert job("selective (op)") == {"granularity": "op"}
+    assert job("selective", fw="Megatron-LM") == {"granularity": "selective"}
+
+
 def test_megatron_core_era_dense_rows_get_the_recipe_their_nvidia_schema_twins_get(mofa_predictor):
     """A dense row from a Megatron-Core-era stack (NeMo, Megatron-Bridge, the Megatron-Core README)
     gets what the NVIDIA schema's mapper applies to the same runs; a 2021 Megatron-LM row does not."""
