@@ -115,7 +115,9 @@ SOURCES: dict[str, dict] = {
     "h100-sxm-96gb-grandteton": dict(sibling="h100-sxm5-80gb", attention="h100", coll_sibling="h100-sxm5-80gb",
                                      stream_sibling="h100-sxm5-80gb", sm=132,
                                      why="the same GH100 SXM part at 500 W instead of 700 W (sustained clocks are "
-                                         "lower: the calibrated profiled_gemm_relative_efficiency says by how much)"),
+                                         "lower; not modelled: no published measurement of the cap's effect, and "
+                                         "the only step times on this part, torchtitan's benchmarks, are held out "
+                                         "of every fit, so [efficiency] is H100 SXM5's, copied)"),
     "h800-sxm5-80gb": dict(sibling="h100-sxm5-80gb", attention="h100", stream_sibling="h100-sxm5-80gb", sm=132,
                            why="H800 SXM5 has H100 SXM5's compute and HBM3; only NVLink (400 GB/s) differs, so "
                                "its collectives keep the formula"),
