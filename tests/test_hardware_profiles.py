@@ -109,3 +109,36 @@ def test_datasheet_values_of_the_new_parts(mofa_predictor):
     assert hw["l40s-48gb"].memory.hbm_bandwidth_gbps == 864.0
     # GH200: NVLink-C2C 900 GB/s bidirectional to the Grace CPU is the host link
     assert hw["gh200-96gb"].interconnect.h2d_bandwidth_gbps == 450.0
+
+
+#: parts whose only published step times are held out (llm-foundry's A100 40GB, torchtitan's Grand
+#: Teton H100): never fitted, their [efficiency] is the fitted sibling's (ground_profiles copies it)
+HELD_OUT_PARTS = {
+    "a100-sxm4-40gb": ("a100-sxm4-80gb", ["A100 40GB", "A100-40GB"]),
+    "h100-sxm-96gb-grandteton": ("h100-sxm5-80gb", [
+        "H100 (Grand Teton: 96GB HBM2e, 500W power limit, NVLink intra-host, 400Gb/s/GPU RDMA)",
+        "H100 SXM 95GB HBM2e lower-TDP (per doc footnote)"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HELD_OUT_PARTS))
+def test_held_out_parts_copy_their_siblings_coefficients_and_resolve(name, mofa_predictor):
+    reg = mofa_predictor.registry
+    sibling, aliases = HELD_OUT_PARTS[name]
+    assert attrs.asdict(reg.hardware[name].efficiency) == attrs.asdict(reg.hardware[sibling].efficiency)
+    for alias in aliases:
+        assert reg.hardware_profile(alias).name == name, alias
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.stem)
+def test_no_profile_is_fitted_on_a_held_out_source(path):
+    """The sources added after the fits (``--builtin-set newer``) and the older copies of the same
+    benchmark tables (torchtitan's docs: ``torchtitan.csv``, ``torchtitan_dense.csv``) stay out of
+    every recorded fit (the ``# N rows (source: n, ...)`` line a refit writes)."""
+    from mofa_framework.measurements import builtin_sets
+
+    held_out = {Path(f).stem for f in builtin_sets()["newer"]} | {"torchtitan", "torchtitan_dense"}
+    assert {"llm_foundry", "torchtitan_benchmarks"} <= held_out
+    for line in re.findall(r"^# \d+ rows \((.*?)\)", path.read_text(), flags=re.M):
+        used = {s.split(":")[0].strip() for s in line.split(",") if int(s.split(":")[1]) > 0}
+        assert not used & held_out, f"{path.stem} fitted on {used & held_out}"
