@@ -488,8 +488,8 @@ def render(data: Path) -> tuple[str, str]:
            "### Held-out sources: never used in any fit", "",
            "`mofa validate --builtin-set newer`: llm-foundry (PyTorch FSDP, MPT) and torchtitan's benchmarks "
            "(FSDP2, Llama 3). No profile was fitted on them; they stand in for runs of frameworks other than "
-           "Megatron's. The torchtitan rows on `h100-sxm-96gb-grandteton` are not held out from that profile: "
-           "it was fitted on `torchtitan_dense.csv`, the same benchmark's tables.", "",
+           "Megatron's. The profiles of the GPUs only they ran on (`a100-sxm4-40gb`, "
+           "`h100-sxm-96gb-grandteton`) are not fitted either: they copy their fitted sibling's coefficients.", "",
            *held_out_table(data), "",
            "### Rows not predicted", "", *skipped_table(main), "",
            "### Peak memory per file (every shipped file with a memory column)", "",
