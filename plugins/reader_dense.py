@@ -17,7 +17,8 @@ and the ``*_dense.csv`` twins of NVIDIA's tables. What it knows, by the ``framew
   other block (``selective_ac_option = "2"``), its "selective op" the per-op policy;
 - PyTorch-FSDP frameworks (llm-foundry / Composer, torchtitan) run eager element-wise kernels
   (``eager_kernels``) unless the row says ``torch.compile`` ran; a ``mixed_precision=PURE`` row
-  reduce-scatters its gradients in bf16;
+  reduce-scatters its gradients in bf16; FSDP's ``SHARD_GRAD_OP`` is ``fsdp`` without resharding
+  after forward;
 - Megatron-Core-era frameworks (NeMo, Megatron-Bridge) and MegaScale: their recipe's overlaps;
 - the FLOPs convention a ``flops_convention`` text names (Narayanan's eq. 3, model FLOPs with
   attention, 6ND — or any registered convention by name), to turn a TFLOPS or MFU into a time;
@@ -348,6 +349,10 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         for other in ("distributed_optimizer", "fsdp", "dp_overlap"):
             job["features"].pop(other, None)
         job["features"]["deepspeed_zero"] = {"stage": ds_stage}
+    elif zero2 and "shard_grad_op" in dopt.replace(" ", "_"):
+        # PyTorch FSDP's SHARD_GRAD_OP: each unit gathered in forward and kept to its backward (no
+        # second gather), gradients reduce-scattered per unit and micro-batch: fsdp without reshard
+        job["features"]["fsdp"] = dict(_fsdp_options(notes), reshard_after_forward=False)
     elif zero2:
         job["features"]["distributed_optimizer"] = {"shard_gradients": True}
     elif full_shard:

@@ -614,6 +614,21 @@ def test_torchtitan_selective_layer_ac_is_full_recompute_of_every_other_block(mo
     assert job("selective", fw="Megatron-LM") == {"granularity": "selective"}
 
 
+def test_fsdp_shard_grad_op_is_fsdp_without_reshard(mofa_predictor):
+    """PyTorch FSDP's SHARD_GRAD_OP (llm-foundry's "FSDP ZeRO-2 (SHARD_GRAD_OP)") unshards before the
+    forward and reshards only after the backward (PyTorch's ShardingStrategy doc): ``fsdp`` with
+    ``reshard_after_forward = false``, gradients reduce-scattered in fp32 unless the row says PURE."""
+
+    kw = dict(model_name="MPT 1B", n_layers="24", hidden="2048", n_heads="16", n_kv_heads="16",
+              ffn_hidden="8192", vocab="50368", gpu_type="H100 80GB", n_gpus="128", tp="1", pp="1",
+              global_batch="1536", micro_batch="12", seq_len="2048", derived_iter_time_s="1",
+              framework="Composer / llm-foundry (PyTorch FSDP)", distributed_optimizer="FSDP ZeRO-2 (SHARD_GRAD_OP)")
+    feats = _dense_job(_dense_row(notes="fsdp_mixed_precision=DEFAULT", **kw), mofa_predictor.registry, "t").job["features"]
+    assert feats["fsdp"] == {"reshard_after_forward": False} and "distributed_optimizer" not in feats
+    feats = _dense_job(_dense_row(notes="mixed_precision=PURE", **kw), mofa_predictor.registry, "t").job["features"]
+    assert feats["fsdp"] == {"grad_reduce_dtype": "bf16", "reshard_after_forward": False}
+
+
 def test_megatron_core_era_dense_rows_get_the_recipe_their_nvidia_schema_twins_get(mofa_predictor):
     """A dense row from a Megatron-Core-era stack (NeMo, Megatron-Bridge, the Megatron-Core README)
     gets what the NVIDIA schema's mapper applies to the same runs; a 2021 Megatron-LM row does not."""
