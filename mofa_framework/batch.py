@@ -25,6 +25,16 @@ def _f64_or_scalar(x):
     return float(x) if np.ndim(x) == 0 else frozen_f64(x)
 
 
+def taken(a: np.ndarray, idx) -> np.ndarray:
+    """``a[idx]`` read-only: a fresh array nobody else holds, which the frozen converters then
+    keep as it is instead of copying it again."""
+    if a is None:
+        return None
+    out = a.take(np.flatnonzero(idx) if np.asarray(idx).dtype == bool else idx, axis=0)
+    out.setflags(write=False)
+    return out
+
+
 def _frozen_options(d) -> dict:
     return {k: (v if isinstance(v, np.ndarray) and not v.flags.writeable else np.asarray(v).copy()) for k, v in d.items()}
 
@@ -46,7 +56,7 @@ class FeatureRows:
         return self.options[option] == self.choices[option].index(value)
 
     def take(self, idx) -> FeatureRows:
-        return FeatureRows(enabled=self.enabled[idx], options={k: v[idx] for k, v in self.options.items()},
+        return FeatureRows(enabled=taken(self.enabled, idx), options={k: taken(v, idx) for k, v in self.options.items()},
                            choices=self.choices)
 
 
@@ -112,7 +122,7 @@ class CandidateBatch:
 
     def take(self, idx) -> CandidateBatch:
         idx = np.asarray(idx)
-        kw = {f.name: getattr(self, f.name)[idx] for f in attrs.fields(type(self)) if f.name != "features"}
+        kw = {f.name: taken(getattr(self, f.name), idx) for f in attrs.fields(type(self)) if f.name != "features"}
         return CandidateBatch(**kw, features={k: r.take(idx) for k, r in self.features.items()})
 
     @classmethod

@@ -346,12 +346,50 @@ def price_collectives(ctx: Context, colls: list[Coll]) -> list[FloatArray]:
     if rows is not None:  # the inputs repeat per structure: price the structures' rows, then repeat
         first, inverse = rows
         cols = {k: v[first] for k, v in cols.items()}
-    batch = CollectiveBatch(**cols)
-    out = invariants.provider_result(ctx.pm, "mofa_collective_latency", len(batch), colls=batch, hardware=ctx.hardware)
+    out = _memo_prices(ctx, cols)
     if rows is not None:
         out = np.asarray(out, dtype=np.float64)[inverse]
     out = np.where(size > 1, out, 0.0)
     return list(out.reshape(len(colls), n))
+
+
+#: at most this many rows are looked up in the price memo one by one (a structure's collectives)
+_MEMO_ROWS = 256
+#: (hardware, collective providers) -> (the hardware, the providers, {row's inputs: seconds})
+_COLLECTIVE_MEMO: dict[tuple, tuple] = {}
+
+
+def _memo_prices(ctx: Context, cols: Mapping[str, np.ndarray]) -> FloatArray:
+    """The collective provider's seconds for the rows `cols`, each distinct row asked once per
+    process: the tuner prices the same structures' collectives chunk after chunk, and a provider
+    prices rows independently (kind, bytes, group size, nodes → seconds), so a row seen before
+    takes its earlier answer, bit for bit. Large batches (rows that vary per candidate) go to the
+    provider directly."""
+    n = len(cols["kind"])
+    if n > _MEMO_ROWS:
+        return invariants.provider_result(ctx.pm, "mofa_collective_latency", n, colls=CollectiveBatch(**cols),
+                                          hardware=ctx.hardware)
+    impls = tuple(ctx.pm.hook.mofa_collective_latency.get_hookimpls())
+    key = (id(ctx.hardware), tuple(map(id, impls)))
+    hit = _COLLECTIVE_MEMO.get(key)
+    if hit is None:
+        if len(_COLLECTIVE_MEMO) > 64:
+            _COLLECTIVE_MEMO.clear()
+        hit = _COLLECTIVE_MEMO[key] = (ctx.hardware, impls, {})  # holding them keeps their ids theirs
+    table = hit[2]
+    if len(table) > 1_000_000:
+        table.clear()
+    keys = list(zip(*(cols[k].tolist() for k in ("kind", "bytes", "group_size", "nodes"))))
+    got = [table.get(k) for k in keys]
+    miss = [i for i, v in enumerate(got) if v is None]
+    if miss:
+        idx = np.array(miss)
+        new = invariants.provider_result(ctx.pm, "mofa_collective_latency", len(idx),
+                                         colls=CollectiveBatch(**{k: v[idx] for k, v in cols.items()}),
+                                         hardware=ctx.hardware)
+        for i, v in zip(miss, new.tolist()):
+            got[i] = table[keys[i]] = v
+    return np.array(got, dtype=np.float64)
 
 
 def _per_structure_rows(ctx: Context, cols: Mapping[str, np.ndarray], k: int, n: int):
@@ -525,7 +563,7 @@ def kinds_on_stages(model: ModelSpec, batch: CandidateBatch, total: np.ndarray) 
     mid_k = np.take_along_axis(mids, worst[None, None, :], axis=1)[:, 0, :]
     mid_k = np.where(p > 2, mid_k, np.where(p > 1, 0.0, first_k))
     last_k = np.where(p > 1, last_k, first_k)
-    return np.stack([first_k, mid_k, last_k], axis=1)[..., inverse.ravel()]
+    return np.stack([first_k, mid_k, last_k], axis=1).take(inverse.ravel(), axis=-1)
 
 
 def layers_per_stage_valid(model: ModelSpec, batch: CandidateBatch) -> BoolArray:
@@ -599,17 +637,23 @@ class Prediction:
         return self.peak_memory_bytes / GIB
 
 
-def _merge(mask: np.ndarray, new, old):
-    """Rows where `mask` is off keep `old`, bit for bit; recurse through attrs and dicts."""
+def _merge(mask: np.ndarray, new, old, full: bool = False):
+    """Rows where `mask` is off keep `old`, bit for bit; recurse through attrs and dicts. `full`
+    says that `mask` is on in every row: an array that ``np.where`` would return unchanged (same
+    shape and dtype) is kept as it is instead of copied."""
     if new is old or old is None or new is None:
         return new  # untouched (transforms evolve what they change and keep the rest)
     if isinstance(old, np.ndarray) or isinstance(new, np.ndarray):
         new = np.asarray(new, dtype=np.float64) if np.asarray(new).dtype.kind == "f" else np.asarray(new)
+        if (full and isinstance(old, np.ndarray) and new.dtype == np.result_type(new, old)
+                and np.broadcast_shapes(mask.shape, new.shape, old.shape) == new.shape):
+            return new
         return np.where(mask, new, old)
     if isinstance(old, Mapping):
-        return {k: _merge(mask, new[k], old[k]) for k in old}
+        return {k: _merge(mask, new[k], old[k], full) for k in old}
     if attrs.has(type(old)):
-        return type(old)(**{a: _merge(mask, getattr(new, k), getattr(old, k)) for k, a in _init_fields(type(old))})
+        return type(old)(**{a: _merge(mask, getattr(new, k), getattr(old, k), full)
+                            for k, a in _init_fields(type(old))})
     return new
 
 
@@ -637,7 +681,7 @@ def _apply_phase(state: CostState, registry, phase: Phase, trail: dict) -> CostS
                               f"{type(exc).__name__}: {exc}") from exc
         mask = rows.enabled if field != "mem" else rows.enabled[None, :]
         try:
-            merged = _merge(mask, getattr(new, field), getattr(state, field))
+            merged = _merge(mask, getattr(new, field), getattr(state, field), bool(rows.enabled.all()))
         except Exception as exc:  # noqa: BLE001 - a malformed answer (a missing field, a wrong shape)
             plugin = registry.provided_by.get(("features", feat.name), feat.name)
             raise PluginResultError(f"plugin {plugin!r}: feature {feat.name!r}'s {phase.value} transform returned a "
@@ -652,7 +696,7 @@ def _apply_phase(state: CostState, registry, phase: Phase, trail: dict) -> CostS
 def _expand(obj, inverse: np.ndarray):
     """Rows of per-structure results, repeated to the batch's rows (last axis)."""
     if isinstance(obj, np.ndarray):
-        return obj[..., inverse]
+        return obj.take(inverse, axis=-1)  # as obj[..., inverse], several times faster
     if isinstance(obj, Mapping):
         return {k: _expand(v, inverse) for k, v in obj.items()}
     if attrs.has(type(obj)):
@@ -698,8 +742,8 @@ def price_structures(batch: CandidateBatch, model: ModelSpec, hardware: Hardware
 def _expand_layout(lay: StageLayout, inverse: np.ndarray) -> StageLayout:
     """A per-structure layout repeated to the batch's rows (a one-kind stack's counts are its
     totals: expanded once)."""
-    total = lay.total[:, inverse]
-    return StageLayout(counts={k: total if c is lay.total else c[:, inverse] for k, c in lay.counts.items()},
+    total = lay.total.take(inverse, axis=1)
+    return StageLayout(counts={k: total if c is lay.total else c.take(inverse, axis=1) for k, c in lay.counts.items()},
                        total=total)
 
 
@@ -832,11 +876,50 @@ class Pipelined:
 
 def pipeline_phase(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile, pm,
                    structure: tuple[np.ndarray, np.ndarray] | None = None, trail: dict | None = None,
-                   shared: tuple[Mapping, np.ndarray] | None = None) -> Pipelined:
-    """The layer phase, the stages, the pipeline phase and each row's schedule (see :func:`evaluate`)."""
+                   shared: tuple[Mapping, np.ndarray] | None = None,
+                   layer_key: tuple[np.ndarray, np.ndarray] | None = None, lean: bool = False) -> Pipelined:
+    """The layer phase, the stages, the pipeline phase and each row's schedule (see :func:`evaluate`).
+
+    `layer_key` = ``(first_rows, inverse)`` says that rows share their structure and the setting of
+    every feature acting in the layer phase with row ``first_rows[inverse[i]]``: everything up to
+    the pipeline-phase features (layer costs, stage sums, the schedule's inputs) is computed once
+    per key and repeated; results are identical either way. With `lean` the per-component stage
+    times are left out (as in :func:`expand_pipelined`).
+    """
     registry = pm.registry
     trail = {} if trail is None else trail
-    state, priced = layer_phase(batch, model, hardware, pm, structure, trail, shared=shared)
+    if layer_key is None:
+        state, priced = layer_phase(batch, model, hardware, pm, structure, trail, shared=shared)
+        staged = _staged(state, priced)
+    else:
+        first, inv = layer_key
+        sub = batch.take(first)
+        sub_structure = None
+        if structure is not None:
+            _, s_first, s_inv = np.unique(structure[1][first], return_index=True, return_inverse=True)
+            sub_structure = (s_first, np.asarray(s_inv).reshape(-1))
+        sub_shared = None if shared is None else (shared[0], np.asarray(shared[1])[first])
+        st, priced = layer_phase(sub, model, hardware, pm, sub_structure, trail, shared=sub_shared)
+        comp, hidden, stage_parts, pipe, crit = _staged(st, priced)
+        ctx = Context(model=model, hardware=hardware, geometry=Geometry.of(batch), pm=pm, structure=structure)
+        state = CostState(batch=batch, ctx=ctx, layers=_expand(st.layers, inv), layout=_expand_layout(st.layout, inv),
+                          pipe=_expand(pipe, inv))
+        parts = (lambda d: {}) if lean else (lambda d: _expand(d, inv))  # noqa: E731
+        priced = {"opt": _expand(priced["opt"], inv)} if lean else _expand(priced, inv)
+        staged = parts(comp), parts(hidden), parts(stage_parts), state.pipe, crit[inv]
+        state = attrs.evolve(state, pipe=None)
+    comp, hidden, stage_parts, pipe, crit = staged
+    state = attrs.evolve(state, pipe=pipe)
+    state = _apply_phase(state, registry, Phase.pipeline, trail)
+    times, inflight = run_schedules(state, registry)
+    return Pipelined(state=state, priced=priced, comp=comp, times=times, inflight=inflight, crit=crit,
+                     stage_parts=stage_parts, hidden=hidden)
+
+
+def _staged(state: CostState, priced: Mapping) -> tuple[dict, dict, dict, PipelineInputs, np.ndarray]:
+    """After the layer phase: (per-component stage times, what overlaps hid, the per-pass parts,
+    the schedule's inputs, the critical stage of each row)."""
+    batch = state.batch
     comp = _stage_components(state, priced)
     hidden = {k.removeprefix("hidden_"): comp.pop(k) for k in [k for k in comp if k.startswith("hidden_")]}
     stage_parts = dict(comp)  # per pass, before fwd and bwd merge: what the trace lays out
@@ -862,11 +945,7 @@ def pipeline_phase(batch: CandidateBatch, model: ModelSpec, hardware: HardwarePr
     tau = priced["tau"]
     pipe = PipelineInputs(p=p, v=v, m=m, F=pick(F) / v, B=pick(B) / v, W=pick(W) / v, sum_F=total_of(F),
                           sum_B=total_of(B), sum_W=total_of(W), p2p_s=tau, steady_p2p_s=2.0 * tau)
-    state = attrs.evolve(state, pipe=pipe)
-    state = _apply_phase(state, registry, Phase.pipeline, trail)
-    times, inflight = run_schedules(state, registry)
-    return Pipelined(state=state, priced=priced, comp=comp, times=times, inflight=inflight, crit=crit,
-                     stage_parts=stage_parts, hidden=hidden)
+    return comp, hidden, stage_parts, pipe, crit
 
 
 def evaluate(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile, pm,

@@ -110,6 +110,10 @@ def _table(records: dict, rtype: type) -> Mapping:
     return LazyTable(records, rtype) if any(isinstance(r, LazyRecord) for r in records.values()) else records
 
 
+#: (phase, ids of the feature records) -> (the records, their order in the phase)
+_PHASE_ORDER: dict[tuple, tuple[tuple, list]] = {}
+
+
 @attrs.frozen(kw_only=True)
 class Registry:
     """Records by kind and name, plus which plugin provided each and what went wrong."""
@@ -244,7 +248,15 @@ class Registry:
         return list(self.schedules).index(name)
 
     def features_in_phase(self, phase: Phase) -> list[Feature]:
-        """Features acting in `phase`, ordered by their after/before constraints (stable by name)."""
+        """Features acting in `phase`, ordered by their after/before constraints (stable by name);
+        computed once per set of feature records (the engine asks once per phase per batch)."""
+        key = (phase, tuple(map(id, self.features.values())))
+        hit = _PHASE_ORDER.get(key)
+        if hit is None:  # the cache holds the records themselves: their ids stay theirs
+            hit = _PHASE_ORDER[key] = (tuple(self.features.values()), self._features_in_phase(phase))
+        return list(hit[1])
+
+    def _features_in_phase(self, phase: Phase) -> list[Feature]:
         feats = [f for f in self.features.values() if f.acts_in(phase) is not None]
         names = {f.name for f in feats}
         deps: dict[str, set[str]] = {f.name: {a for a in f.after if a in names} for f in feats}

@@ -43,7 +43,7 @@ import attrs
 import numpy as np
 
 from . import engine
-from .batch import ATTENTION_KERNELS, PRECISIONS, CandidateBatch, FeatureRows
+from .batch import ATTENTION_KERNELS, PRECISIONS, CandidateBatch, FeatureRows, taken
 from .engine import Prediction
 from .errors import ConfigError
 from .invariants import feasible_result
@@ -453,7 +453,8 @@ class _Choices:
             if not (col >= 0).any():
                 continue
             enabled, opts, cats = self.tables[j]
-            out[name] = FeatureRows(enabled=enabled[col], options={k: v[col] for k, v in opts.items()}, choices=cats)
+            out[name] = FeatureRows(enabled=taken(enabled, col), options={k: taken(v, col) for k, v in opts.items()},
+                                    choices=cats)
         return out
 
 
@@ -472,6 +473,8 @@ class _Group:
     same_as_parent: list[bool]
     leaves_below: list[np.ndarray]
     n_on: np.ndarray  #: features on per leaf (ties go to fewer)
+    #: the node of the level above of each node of the last level (its layer-feature setting)
+    layer_parent: np.ndarray
 
     @property
     def fanout(self) -> list[np.ndarray]:
@@ -506,6 +509,7 @@ class _Group:
             parent = np.zeros(len(choice[k]), np.int64)
             parent[ids[k]] = ids[k - 1]
             children.append(_csr(parent, len(choice[k - 1])))
+        layer_parent = parent
         children.append(_csr(ids[-1], len(choice[-1])))
         same = [False] + [positions[k] == positions[k - 1] and LEVELS[k][0] == LEVELS[k - 1][0]
                           for k in range(1, len(LEVELS))]
@@ -514,7 +518,7 @@ class _Group:
             n_on += np.array([o is not None for o in req.space.features[n]])[grid[:, j]]
         return cls(leaf_choice=spread(grid, list(range(len(names)))), level_choice=choice, children=children,
                    same_as_parent=same, leaves_below=[np.bincount(i, minlength=len(c)) for i, c in zip(ids, choice)],
-                   n_on=n_on)
+                   n_on=n_on, layer_parent=layer_parent)
 
 
 def _children(csr, parents: np.ndarray, owners: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -784,7 +788,7 @@ class _Search:
     def _leaves(self, grp: np.ndarray, ps: np.ndarray, pf: np.ndarray, parent_choice: np.ndarray) -> None:
         req, registry = self.req, self.registry
         pl = engine.pipeline_phase(self._batch(ps, parent_choice), req.model, req.hardware, self.predictor.pm,
-                                   **self._engine_args(ps))
+                                   layer_key=self._layer_key(grp, ps, pf), lean=True, **self._engine_args(ps))
         g_idx, s_idx, c_idx, choice, parent = self._child_rows(len(LEVELS), grp, ps, pf, np.zeros(len(ps)))
         batch = self._batch(s_idx, choice)
         ok = np.ones(len(batch), bool)
@@ -834,6 +838,19 @@ class _Search:
             step[rows], peak[rows] = out.step_time_s, out.peak_memory_bytes
         return engine.Outcome(batch=batch, step_time_s=step, peak_memory_bytes=peak,
                               fits_in_memory=peak <= self.req.hardware.hbm_bytes)
+
+    def _layer_key(self, grp: np.ndarray, ps: np.ndarray, pf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(first row, inverse) of level-3 nodes (rows sorted by structure) by their layer-phase key:
+        structure and setting of every layer feature (their parent in the level above); rows that
+        differ only in pipeline-phase features share the layer phase (the engine's `layer_key`)."""
+        parent = np.empty(len(pf), np.int64)
+        for gi in np.unique(grp):
+            sel = grp == gi
+            parent[sel] = self.groups[gi].layer_parent[pf[sel]]
+        width = max(len(g.level_choice[-2]) for g in self.groups)
+        code = (ps * len(self.groups) + grp) * width + parent
+        _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+        return first, np.asarray(inverse, np.int64).reshape(-1)
 
     def _choices_of(self, grp: np.ndarray, pf: np.ndarray) -> np.ndarray:
         out = np.empty((len(grp), len(self.all_names)), np.int64)
