@@ -637,24 +637,43 @@ class Prediction:
         return self.peak_memory_bytes / GIB
 
 
-def _merge(mask: np.ndarray, new, old, full: bool = False):
+def _merge(mask: np.ndarray, new, old, full: bool = False, made: list | None = None):
     """Rows where `mask` is off keep `old`, bit for bit; recurse through attrs and dicts. `full`
     says that `mask` is on in every row: an array that ``np.where`` would return unchanged (same
-    shape and dtype) is kept as it is instead of copied."""
-    if new is old or old is None or new is None:
+    shape and dtype) is kept as it is instead of copied. Every array of the result that is not
+    `old`'s goes to `made` (None for a part `old` lacked: check all of it), for the invariants."""
+    if new is old or new is None:
         return new  # untouched (transforms evolve what they change and keep the rest)
+    if old is None:
+        if made is not None:
+            made.append(None)
+        return new
     if isinstance(old, np.ndarray) or isinstance(new, np.ndarray):
-        new = np.asarray(new, dtype=np.float64) if np.asarray(new).dtype.kind == "f" else np.asarray(new)
-        if (full and isinstance(old, np.ndarray) and new.dtype == np.result_type(new, old)
+        new = np.asarray(new)
+        if new.dtype.kind == "f" and new.dtype != np.float64:
+            new = new.astype(np.float64)
+        if not (full and isinstance(old, np.ndarray) and new.dtype == np.result_type(new, old)
                 and np.broadcast_shapes(mask.shape, new.shape, old.shape) == new.shape):
-            return new
-        return np.where(mask, new, old)
+            new = np.where(mask, new, old)
+        if made is not None:
+            made.append(new)
+        return new
     if isinstance(old, Mapping):
-        return {k: _merge(mask, new[k], old[k], full) for k in old}
+        return {k: _merge(mask, new[k], old[k], full, made) for k in old}
     if attrs.has(type(old)):
-        return type(old)(**{a: _merge(mask, getattr(new, k), getattr(old, k), full)
+        return type(old)(**{a: _merge(mask, getattr(new, k), getattr(old, k), full, made)
                             for k, a in _init_fields(type(old))})
     return new
+
+
+def _all_sane(arrays: list) -> bool:
+    """Whether every float array of `arrays` is finite and ≥ 0 (None: not known, so no)."""
+    for a in arrays:
+        if a is None:
+            return False
+        if a.dtype.kind == "f" and a.size and not (a.min() >= 0 and a.max() < np.inf):  # NaN fails min() >= 0
+            return False
+    return True
 
 
 @functools.cache
@@ -681,13 +700,15 @@ def _apply_phase(state: CostState, registry, phase: Phase, trail: dict) -> CostS
                               f"{type(exc).__name__}: {exc}") from exc
         mask = rows.enabled if field != "mem" else rows.enabled[None, :]
         try:
-            merged = _merge(mask, getattr(new, field), getattr(state, field), bool(rows.enabled.all()))
+            made: list = []
+            merged = _merge(mask, getattr(new, field), getattr(state, field), bool(rows.enabled.all()), made)
         except Exception as exc:  # noqa: BLE001 - a malformed answer (a missing field, a wrong shape)
             plugin = registry.provided_by.get(("features", feat.name), feat.name)
             raise PluginResultError(f"plugin {plugin!r}: feature {feat.name!r}'s {phase.value} transform returned a "
                                     f"malformed state: {type(exc).__name__}: {exc}") from exc
-        invariants.check_transform(feat.name, registry.provided_by.get(("features", feat.name), feat.name),
-                                   phase.value, merged, getattr(state, field))
+        if not _all_sane(made):  # the arrays the transform changed; the check names the culprits
+            invariants.check_transform(feat.name, registry.provided_by.get(("features", feat.name), feat.name),
+                                       phase.value, merged, getattr(state, field))
         state = attrs.evolve(state, **{field: merged})
         trail.setdefault(phase.value, []).append(feat.name)
     return state
