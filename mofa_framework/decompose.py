@@ -465,9 +465,32 @@ def ffn_operators(model: ModelSpec, g: Geometry, block: BlockSpec) -> list[Op]:
     return []
 
 
+#: geometries of at most this many rows (a batch's structures) have their layers' operators memoised
+_MEMO_ROWS = 256
+#: (id of the model, kind, the geometry's bytes) -> (the model, its operators)
+_LAYER_OPS: dict[tuple, tuple] = {}
+
+
 def layer_operators(model: ModelSpec, g: Geometry, kind: str) -> list[Op]:
     """Operators of one layer of `kind` (a key of ``model.block_kinds``; "dense"/"moe" always):
-    the mixer's pre-norm and operators, the residual adds and the ffn's norm, the ffn."""
+    the mixer's pre-norm and operators, the residual adds and the ffn's norm, the ffn.
+
+    Per-structure geometries (few rows) are decomposed once per process: features ask for the
+    same structures' operators chunk after chunk of a search (the operators are values, never
+    written in place)."""
+    if len(g.b) > _MEMO_ROWS:
+        return _layer_operators(model, g, kind)
+    key = (id(model), kind, tuple((a.dtype.str, a.shape, a.tobytes()) for a in map(np.asarray, attrs.astuple(
+        g, recurse=False))))
+    hit = _LAYER_OPS.get(key)
+    if hit is None:
+        if len(_LAYER_OPS) > 4096:
+            _LAYER_OPS.clear()
+        hit = _LAYER_OPS[key] = (model, _layer_operators(model, g, kind))  # holding the model keeps its id its own
+    return list(hit[1])
+
+
+def _layer_operators(model: ModelSpec, g: Geometry, kind: str) -> list[Op]:
     block = model.block(kind)
     ops = [input_norm(model, g), *mixer_operators(model, g, block)] if block.mixer != "none" else []
     return [*ops, residual_operator(model, g, block), *ffn_operators(model, g, block)]
