@@ -429,6 +429,14 @@ LEVELS = (
 )
 
 
+def _columns(table: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Columns `idx` of a (fields, rows) table, read-only: its rows are contiguous arrays the
+    frozen converters keep as they are."""
+    out = table.take(idx, axis=1)
+    out.setflags(write=False)
+    return out
+
+
 class _Choices:
     """Every searched feature's choices as arrays, so that rows from any group of structures can
     share one batch: a row's features are a vector of choice indices (−1 = not set, off)."""
@@ -444,6 +452,8 @@ class _Choices:
                        else float(f.default) for f in fields}
             # one more slot, last, for "not set": index −1 reads it
             self.tables.append((np.r_[enabled, False], {k: np.r_[v, default[k]] for k, v in opts.items()}, cats))
+        # the options of each feature as one (options, choices + 1) table: gathered in one take
+        self.stacked = [(list(opts), np.stack(list(opts.values())) if opts else None) for _, opts, _ in self.tables]
 
     def rows(self, choice: np.ndarray) -> dict[str, FeatureRows]:
         """FeatureRows of rows whose choice vectors are `choice` (rows × features)."""
@@ -452,9 +462,12 @@ class _Choices:
             col = choice[:, j]
             if not (col >= 0).any():
                 continue
-            enabled, opts, cats = self.tables[j]
-            out[name] = FeatureRows(enabled=taken(enabled, col), options={k: taken(v, col) for k, v in opts.items()},
-                                    choices=cats)
+            enabled, _, cats = self.tables[j]
+            keys, table = self.stacked[j]
+            opts = {}
+            if table is not None:
+                opts = dict(zip(keys, _columns(table, col)))
+            out[name] = FeatureRows(enabled=taken(enabled, col), options=opts, choices=cats)
         return out
 
 
@@ -652,6 +665,12 @@ class _Search:
         self.registry = predictor.registry
         self.all_names = all_names
         self.choices = _Choices(req, self.registry, all_names)
+        # the structures' fields as one table per dtype: a batch's rows gathered in one take each
+        fields = [f.name for f in attrs.fields(CandidateBatch) if f.name != "features"]
+        by_dtype: dict[str, list[str]] = {}
+        for name in fields:
+            by_dtype.setdefault(getattr(structs, name).dtype.str, []).append(name)
+        self.struct_cols = [(names, np.stack([getattr(structs, n) for n in names])) for names in by_dtype.values()]
         self.top = _TopK(req.top_k)
         self.pareto: list[tuple] = []
         self.removed: dict[str, int] = {}
@@ -678,7 +697,12 @@ class _Search:
         return t + abs(t) * _REL_EPS if np.isfinite(t) else t
 
     def _batch(self, s_idx: np.ndarray, choice: np.ndarray) -> CandidateBatch:
-        return attrs.evolve(self.structs.take(s_idx), features=self.choices.rows(choice))
+        """The batch of rows (structure, choice vector): as ``structs.take(s_idx)`` with the
+        choices' features, each dtype's fields gathered in one take."""
+        kw = {}
+        for names, table in self.struct_cols:
+            kw.update(zip(names, _columns(table, s_idx)))
+        return CandidateBatch(**kw, features=self.choices.rows(choice))
 
     def _engine_args(self, s_idx: np.ndarray) -> dict:
         """Rows sorted by structure: priced once per structure for the whole search."""
@@ -832,7 +856,7 @@ class _Search:
         share their parents' pipeline `pl`, one group of exclusive features at a time."""
         step, peak = np.empty(len(batch)), np.empty(len(batch))
         for rows in self._groups(choice):
-            sub = batch.take(rows) if len(rows) < len(batch) else batch
+            sub = self._batch(s_idx[rows], choice[rows]) if len(rows) < len(batch) else batch
             out = engine.finish(engine.expand_pipelined(pl, parent[rows], sub, _runs(s_idx[rows]), lean=True),
                                 lean=True)
             step[rows], peak[rows] = out.step_time_s, out.peak_memory_bytes
