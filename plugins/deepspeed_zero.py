@@ -118,6 +118,10 @@ class DeepSpeedZeroOptions(ContentionOptions):
     modules_per_layer: int = option(4, validator=_positive,
                                     doc="stage 3: parameter all-gathers per layer, one per module (Megatron-DeepSpeed's "
                                         "QKV, attention output, MLP in, MLP out; 7 for HuggingFace Llama)")
+    contiguous_gradients: bool = option(
+        True, doc="stage 3: reduce-scatter the gradients out of a contiguous bucket (DeepSpeed's default since "
+                  "v0.4.5, Aug 2021); false: all-reduce them bucket by bucket, each rank keeping its slice "
+                  "(the stage-3 default before: twice the volume)")
     grad_accum_dtype: str = option("model", choices=GRAD_ACCUM,
                                    doc="gradient dtype: the model's (fp16/bf16), or fp32 (the BF16 optimizer, "
                                        "stage 1 only)")
@@ -147,9 +151,11 @@ def grad_bytes(rows) -> np.ndarray:
 
 
 def _reduce_kind(rows, stage) -> np.ndarray:
-    """All-reduce (multi-rank buckets, or the BF16 optimizer's fp32 all-reduce) or reduce-scatter."""
+    """All-reduce (multi-rank buckets, or the BF16 optimizer's fp32 all-reduce; at stage 3 without
+    ``contiguous_gradients``) or reduce-scatter."""
     allreduce = (opt(rows, "use_multi_rank_bucket_allreduce", 1.0) > 0.5) | (grad_bytes(rows) == 4.0)
-    return np.where((stage < 3) & allreduce, ALL_REDUCE, REDUCE_SCATTER)
+    allreduce3 = opt(rows, "contiguous_gradients", 1.0) < 0.5
+    return np.where(np.where(stage < 3, allreduce, allreduce3), ALL_REDUCE, REDUCE_SCATTER)
 
 
 # ---------------------------------------------------------------------- pricing
@@ -220,6 +226,28 @@ def retained_elements(rows, params):
     return np.minimum(opt(rows, "max_reuse_distance", 1e9) / 2.0, params)
 
 
+def recomputed_share(state) -> np.ndarray:
+    """r: share of the layers whose forward full recompute re-runs inside the backward (the
+    ``recompute`` feature's full granularity; 0 without it: selective recompute re-runs only the
+    attention core, which has no parameters to gather)."""
+    from mofa_plugins.recompute import full_fraction
+
+    rec = state.batch.feature("recompute")
+    if not rec.enabled.any():
+        return np.zeros(len(state.batch))
+    return np.where(rec.enabled & rec.choice("granularity", "full"), full_fraction(state, rec), 0.0)
+
+
+def kept_after_recompute(rows, layer_params, modules) -> np.ndarray:
+    """Share of a layer's modules still gathered when the backward reaches them after the recompute:
+    module j of k (P_ℓ/k elements each) is used again after the recompute and backward of the k−1−j
+    modules behind it, 2(k−1−j)·P_ℓ/k elements, and kept if that is within ``max_reuse_distance`` D:
+    ⌈D·k / (2P_ℓ)⌉ of the k modules (the last one always, as long as D > 0)."""
+    d = opt(rows, "max_reuse_distance", 1e9)
+    n = np.ceil(d * modules / np.maximum(2.0 * layer_params, 1.0))
+    return np.clip(n, 0.0, modules) / modules
+
+
 # ---------------------------------------------------------------------- transforms
 
 
@@ -240,13 +268,20 @@ def layer(state, rows):
                   group_size=size, stride=stride)
         rest_ag = rest_ag + np.where(params > 0, state.ctx.collective_s(ag, per_structure=True), 0.0)
     keep = 1.0 - retained_elements(rows, dense + expert) / np.maximum(dense + expert, 1.0)
-    prefetch = opt(rows, "prefetch_bucket_size", 5e7) > 0
+    prefetch_on = opt(rows, "prefetch_bucket_size", 5e7) > 0
     modules = opt(rows, "modules_per_layer", 4.0)
+    r = recomputed_share(state)
     out = {}
     for kind, c in state.layers.items():
         f_comp, b_comp = c.fwd_compute_s, c.bwd_input_s + c.bwd_weight_s + c.recompute_s
         gather_f = layer_gather_s(state, kind, prefix="zero3", pieces=modules) + rest_ag / layers
-        gather_b = gather_f * keep
+        # the recomputed forward gathers like the first (what the turn retained, R, aside); the
+        # backward behind it gathers again the modules released since
+        p_layer = sum(layer_shards(state, kind))
+        gather_b = gather_f * (keep + r * (1.0 - kept_after_recompute(rows, p_layer, modules)))
+        # DeepSpeed prefetches only while the gathered parameters are under max_live_parameters: a
+        # module that alone reaches the cap is fetched when its layer asks for it, unhidden
+        prefetch = prefetch_on & (p_layer / modules < opt(rows, "max_live_parameters", 1e9))
         body, tail = (red - red_last) / layers, red_last / layers
         hide_b = np.where(on, gather_b + body, gather_b)
         exp_f3 = np.where(prefetch, np.maximum(alpha * f_comp, beta * gather_f) - f_comp, gather_f)

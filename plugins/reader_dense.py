@@ -254,6 +254,17 @@ def _recompute(rec: str, fw: str = "", num_layers: int = 0) -> dict | None:
     return None
 
 
+def deepspeed_2021(stage: int, source: str) -> dict:
+    """DeepSpeed's stage-3 behaviour of a 2021 run (v0.3.13, March 2021, to v0.4.4): gradients all-reduced
+    bucket by bucket (``contiguous_gradients`` defaulted to false at stage 3 until v0.4.5), and every
+    submodule's parameter fetch synchronised the whole device (``torch.cuda.synchronize()`` in
+    ``fetch_sub_module``), so the gradient reduction on its side stream hid behind nothing
+    (``overlap_comm`` off in effect; the parameter prefetch still overlaps the running module)."""
+    if stage != 3 or re.search(r"\b2021\b", source) is None:
+        return {}
+    return {"contiguous_gradients": False, "overlap_comm": "off"}
+
+
 def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     ref = short_reference(ctx.text(r, "source"))
     rid = ctx.text(r, "row_id") or str(ctx.index + 1)
@@ -348,7 +359,7 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         # replaces Megatron's distributed optimizer and DDP overlap
         for other in ("distributed_optimizer", "fsdp", "dp_overlap"):
             job["features"].pop(other, None)
-        job["features"]["deepspeed_zero"] = {"stage": ds_stage}
+        job["features"]["deepspeed_zero"] = {"stage": ds_stage, **deepspeed_2021(ds_stage, ctx.text(r, "source"))}
     elif zero2 and "shard_grad_op" in dopt.replace(" ", "_"):
         # PyTorch FSDP's SHARD_GRAD_OP: each unit gathered in forward and kept to its backward (no
         # second gather), gradients reduce-scattered per unit and micro-batch: fsdp without reshard

@@ -96,10 +96,13 @@ def test_selene_mape_via_cli(cli):
     assert len(ptdp) == 28
     assert np.abs(ptdp).mean() <= SELENE_MAPE <= 0.05, ptdp
     assert np.abs(ptdp).max() <= SELENE_MAX, ptdp
-    # Narayanan's DeepSpeed ZeRO-3 comparison runs: DeepSpeed's own pattern, predicted 30–59 % too fast
-    # (1,536 GPUs took as long as 768: the runs stopped scaling; docs/validation.md)
+    # Narayanan's DeepSpeed ZeRO-3 comparison runs: DeepSpeed 2021's own pattern (per-micro-batch gathers in
+    # forward, recompute and backward; gradients all-reduced, their reduction unhidden), predicted 14–41 % too
+    # fast (1,536 GPUs took as long as 768; docs/validation.md)
     zero3 = [r for r in out["rows"] if "DeepSpeed ZeRO-3" in r["reference"]]
-    assert len(zero3) == ZERO3_ROWS and all(-0.65 < r["error"] < -0.25 for r in zero3)
+    errors = np.array([r["error"] for r in zero3])
+    assert len(zero3) == ZERO3_ROWS and np.all((-0.42 < errors) & (errors < -0.12)), errors
+    assert np.abs(errors).mean() < 0.25, errors  # achieved 24.1 % (48.8 % before the 2021 pattern)
 
 
 def test_selene_predicted_by_a_fit_that_never_saw_it():
@@ -447,7 +450,8 @@ def test_torchtitan_fsdp2_rows_are_fsdp_and_deepspeed_zero3_rows_are_deepspeeds(
     zero3 = [m for m in mapped if "DeepSpeed ZeRO-3" in m.reference]
     assert len(zero3) == ZERO3_ROWS and all(m.source == "megatron_selene_a100" for m in zero3)
     for m in zero3:
-        assert m.job["features"] == {"recompute": {"granularity": "full"}, "deepspeed_zero": {"stage": 3}}
+        assert m.job["features"] == {"recompute": {"granularity": "full"}, "deepspeed_zero": {
+            "stage": 3, "contiguous_gradients": False, "overlap_comm": "off"}}  # DeepSpeed 2021's stage 3
         assert m.job["parallel"]["precision"] == "fp16" and m.job["parallel"]["flash_attention"] is False
     assert _dense_job(_dense_row(framework="Megatron-DeepSpeed", distributed_optimizer="ZeRO stage 1",
                                  derived_iter_time_s="5"), reg, "t").job["features"]["deepspeed_zero"] == {"stage": 1}

@@ -169,6 +169,57 @@ def test_stage3_prefetch_and_overlap_hide_behind_the_layer(mofa_predictor):
     close(d.dp_exposed_bwd_s[0], max(a * bc, b * gather_b) - bc + rs / L)
 
 
+def test_stage3_without_contiguous_gradients_all_reduces_them(mofa_predictor):
+    """DeepSpeed before v0.4.5 (stage 3's contiguous_gradients defaulted to false): the gradients are
+    all-reduced, 2(n−1)/n·2Ψ instead of the reduce-scatter's (n−1)/n·2Ψ (one bucket here)."""
+    base = {"stage": 3, "max_reuse_distance": 0, "modules_per_layer": 1, **PAPER}
+    r = predict(mofa_predictor, [{"deepspeed_zero": base},
+                                 {"deepspeed_zero": {**base, "contiguous_gradients": False}}])
+    ctx, P = r.state.ctx, r.state.mem.dense_params[0, 0]
+    d = r.state.layers["dense"]
+    close(L * (d.dp_bwd_s[1] - d.dp_bwd_s[0]), price(ctx, ALL_REDUCE, 2 * P) - price(ctx, REDUCE_SCATTER, 2 * P))
+
+
+def test_stage3_full_recompute_gathers_again(mofa_predictor):
+    """Full recompute re-runs each layer's forward inside the backward: DeepSpeed's hooks gather its
+    parameters for the recompute, and again for the backward unless kept within max_reuse_distance.
+    D = 0: nothing kept, AG forward + AG recompute + AG backward + RS = 4Ψ per micro-batch."""
+    base = {"stage": 3, "max_reuse_distance": 0, "modules_per_layer": 1, **PAPER}
+    r = predict(mofa_predictor, [{"deepspeed_zero": base},
+                                 {"deepspeed_zero": base, "recompute": {"granularity": "full"}},
+                                 {"deepspeed_zero": base, "recompute": {"granularity": "selective"}}])
+    d = r.state.layers["dense"]
+    gather = d.dp_fwd_s[0]
+    close(d.dp_bwd_s[1] - d.dp_bwd_s[0], gather)  # one more gather per layer
+    close(d.dp_bwd_s[2], d.dp_bwd_s[0])  # the attention core has no parameters to gather
+
+
+def test_modules_kept_from_the_recompute_for_the_backward():
+    """Module j of k is reused 2(k−1−j)·P_ℓ/k elements after its recompute. GPT-3 175B's layer,
+    P_ℓ = 12h² + 13h = 1.812e9 (h = 12288), k = 4: distances 0, 0.906e9, 1.81e9, 2.72e9; with DeepSpeed's
+    default D = 1e9 the last two modules are kept (½); D = 0: none; D = 3e9: all four."""
+    from mofa_framework.batch import FeatureRows
+    from mofa_plugins.deepspeed_zero import kept_after_recompute
+
+    p = 12 * 12288**2 + 13 * 12288
+    for d, want in ((1e9, 0.5), (0.0, 0.0), (3e9, 1.0), (0.95e9, 0.5), (0.9e9, 0.25)):
+        rows = FeatureRows(enabled=np.array([True]), options={"max_reuse_distance": np.array([d])})
+        close(kept_after_recompute(rows, np.array([float(p)]), np.array([4.0])), [want])
+
+
+def test_stage3_prefetch_stops_at_max_live_parameters(mofa_predictor):
+    """DeepSpeed prefetches only while the gathered parameters are under max_live_parameters: a
+    module as large as the cap is gathered when asked, every gather exposed."""
+    base = {"stage": 3, "max_reuse_distance": 0, "modules_per_layer": 1, **PAPER}
+    r = predict(mofa_predictor, [{"deepspeed_zero": {**base, "max_live_parameters": 1e12}},
+                                 {"deepspeed_zero": {**base, "max_live_parameters": layer_psi(mofa_predictor)}}])
+    d = r.state.layers["dense"]
+    eff = r.hardware.efficiency
+    f = d.fwd_compute_s[0]
+    close(d.dp_exposed_fwd_s[0], max(eff.contention_compute * f, eff.contention_comm * d.dp_fwd_s[0]) - f)
+    close(d.dp_exposed_fwd_s[1], d.dp_fwd_s[1])
+
+
 # ------------------------------------------------------------------ contracts
 
 
