@@ -31,6 +31,7 @@ reduce-scatter's volume — the paper's)::
     stage 1:  per step    RED(P·g) + AG(P·2)            (paper, RS: 2Ψ)
     stage 2:  per micro-batch RED(P·g); per step AG(P·2)
     stage 3:  per micro-batch AG(P·2) forward + AG(P·2) backward + RS(P·g)   (paper: 3Ψ)
+              (+ AG(P·2) per recomputed forward; AR(P·g) without contiguous_gradients)
 
 every collective priced by the collective provider at DeepSpeed's bucket granularity: ⌊E/B⌋
 buckets of B elements and the remainder, one collective each (``reduce_bucket_size`` for
@@ -49,7 +50,15 @@ micro-batch's backward for stage 2. Stage 3 prefetches the next layer's paramete
 (``prefetch_bucket_size`` > 0) and, with ``overlap_comm``, reduce-scatters behind the backward,
 per layer as ``fsdp`` does — but gathers each layer module by module, ``modules_per_layer``
 all-gathers of P_ℓ·2/k bytes (DeepSpeed fetches per submodule; each costs a collective's latency): ``E_ℓ = max(α·c_ℓ, β·comm_ℓ) − c_ℓ``, the last gradient bucket exposed.
-The parameters retained across the turn (R above) are not gathered again in backward. The
+The parameters retained across the turn (R above) are not gathered again in backward. Full
+recompute re-runs each layer's forward inside the backward and gathers its parameters again; the
+backward behind it gathers once more the modules released since: module j of k is reused after the
+2(k−1−j)·P_ℓ/k elements the recompute and backward of the modules behind it touch, and kept if that
+is within ``max_reuse_distance`` D (⌈D·k/2P_ℓ⌉ of the k modules). Backward gathers per layer:
+``AG_ℓ·(keep + r·(1 − kept))``, r the share of layers full recompute re-runs. Prefetch runs only
+while the gathered parameters are under ``max_live_parameters``: a module of P_ℓ/k at or above it is
+gathered when asked, exposed. ``contiguous_gradients = false`` (stage 3's default before DeepSpeed
+v0.4.5) all-reduces the gradient buckets instead of reduce-scattering them. The
 stage-1/2 parameter all-gather follows the optimizer step and is exposed. α, β: the contention
 coefficients. Per-micro-batch stage-2/3 traffic goes into the layers' ``dp_layer_comm`` (spread
 evenly over the stage's layers), per-step traffic into ``dp_comm``.
@@ -366,7 +375,8 @@ def megatron_args(options) -> list[str]:
            f'{str(o.use_multi_rank_bucket_allreduce).lower()}')
     if o.stage == 3:
         cfg += (f', "stage3_prefetch_bucket_size": {o.prefetch_bucket_size:.0e}, "stage3_max_live_parameters": '
-                f'{o.max_live_parameters:.0e}, "stage3_max_reuse_distance": {o.max_reuse_distance:.0e}')
+                f'{o.max_live_parameters:.0e}, "stage3_max_reuse_distance": {o.max_reuse_distance:.0e}, '
+                f'"contiguous_gradients": {str(o.contiguous_gradients).lower()}')
     return [f"# DeepSpeed ZeRO stage {o.stage} (no Megatron-LM equivalent): DeepSpeed config "
             f'"zero_optimization": {{{cfg}}}' + (', "data_types": {"grad_accum_dtype": "fp32"}'
                                                    if o.grad_accum_dtype == "fp32" else "")

@@ -8,8 +8,8 @@ set). The files: Narayanan 2021 / Korthikanti 2022 on Selene, ZeroBubble, llm-fo
 and the ``*_dense.csv`` twins of NVIDIA's tables. What it knows, by the ``framework`` column:
 
 - Megatron-LM 2021–22 and Megatron-DeepSpeed ran unfused attention; a run that names DeepSpeed's
-  ZeRO stage runs the ``deepspeed_zero`` plugin at that stage; DeepSpeed's pipeline engine cannot
-  interleave;
+  ZeRO stage runs the ``deepspeed_zero`` plugin at that stage (a 2021 ZeRO-3 run with DeepSpeed
+  2021's stage-3 defaults, :func:`deepspeed_2021`); DeepSpeed's pipeline engine cannot interleave;
 - the ZeroBubble fork: its schedules (1F1B, interleaved, ZB-1p / ZB-2p / ZB-V) with the end stages
   one layer lighter;
 - torchtitan: FSDP2 under a pipeline keeps parameters gathered (ZeRO-2); an FSDP rank with no
@@ -379,8 +379,8 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         job["features"]["dp_overlap"] = {}  # torch DDP buckets overlap the all-reduce with backward
     if model_section.get("num_layers") and spec.num_layers != ctx.count(r, "n_layers", spec.num_layers):
         assumed = "; ".join(filter(None, (assumed, f"reduced-layer proxy: {spec.num_layers} layers")))
-    # Narayanan et al. 2021 Table 2: DeepSpeed's 2021 ZeRO-3 stopped scaling (1,536 GPUs as slow as 768,
-    # 30-59 % slower than its own communication pattern allows): predicted, never fitted to
+    # Narayanan et al. 2021 Table 2: DeepSpeed's 2021 ZeRO-3 stopped scaling (1,536 GPUs as slow as 768;
+    # 14-40 % slower than DeepSpeed 2021's pattern at the profile's ring bandwidth): predicted, never fitted to
     stalled = ds_stage == 3 and re.search(r"\b2021\b", ctx.text(r, "source")) is not None
     if stalled:
         assumed = "; ".join(filter(None, (assumed, "DeepSpeed's 2021 ZeRO-3 runs stopped scaling: not for fitting")))

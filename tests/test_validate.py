@@ -24,7 +24,8 @@ CALIBRATION_SET = ("megatron_selene_a100.csv", "zero_bubble.csv", "vtrain_single
 # (docs/validation.md has the figures; benchmarks/validation_report.py regenerates them).
 # achieved 7.06 % over 1,881 rows: 6.66 % over the 1,850 predicted before the Megatron-Core MoE model zoo's 25
 # TFLOPS-only rows got a step time from Megatron's FLOPs count (their MAPE 25.9 %) and Narayanan's 6 DeepSpeed
-# ZeRO-3 rows were predicted with the deepspeed_zero plugin (30–59 % too fast; docs/validation.md)
+# ZeRO-3 rows were predicted with the deepspeed_zero plugin (then 30–59 % too fast, 14–40 % since DeepSpeed 2021's
+# stage 3 is modelled; docs/validation.md)
 OVERALL_MAPE = 0.0710
 OVERALL_MAX = 0.61  # achieved 60.3 % (the Megatron-Core model-zoo FSDP row; see docs/validation.md)
 # Megatron PTD-P rows (Narayanan 2021 Table 1 + Korthikanti 2022); the issue's target is 5 %,

@@ -261,3 +261,5 @@ def test_megatron_lm_has_no_equivalent_so_a_note_gives_the_deepspeed_config(mofa
     (note,) = feat.megatron_args(feat.options_type(stage=3))
     assert note.startswith("#") and '"stage": 3' in note and '"overlap_comm": true' in note
     assert "--zero-stage 3" in note
+    (old,) = feat.megatron_args(feat.options_type(stage=3, contiguous_gradients=False))
+    assert '"contiguous_gradients": false' in old
