@@ -256,13 +256,17 @@ def _recompute(rec: str, fw: str = "", num_layers: int = 0) -> dict | None:
 
 def deepspeed_2021(stage: int, source: str) -> dict:
     """DeepSpeed's stage-3 behaviour of a 2021 run (v0.3.13, March 2021, to v0.4.4): gradients all-reduced
-    bucket by bucket (``contiguous_gradients`` defaulted to false at stage 3 until v0.4.5), and every
+    bucket by bucket (``contiguous_gradients`` defaulted to false at stage 3 until v0.4.5); every
     submodule's parameter fetch synchronised the whole device (``torch.cuda.synchronize()`` in
     ``fetch_sub_module``), so the gradient reduction on its side stream hid behind nothing
-    (``overlap_comm`` off in effect; the parameter prefetch still overlaps the running module)."""
+    (``overlap_comm`` off in effect); and the parameter gathers did not overlap compute either: each
+    parameter's all-gather synchronised the device first ("the async version is not async at all",
+    DeepSpeed PR #1188, Oct 2021) and an off-by-one in the sub-module trace skipped the prefetches
+    (DeepSpeed issue #1069, "significant zero-3 slowdown compared to zero-2", fixed mid-2021):
+    ``prefetch_bucket_size = 0``."""
     if stage != 3 or re.search(r"\b2021\b", source) is None:
         return {}
-    return {"contiguous_gradients": False, "overlap_comm": "off"}
+    return {"contiguous_gradients": False, "overlap_comm": "off", "prefetch_bucket_size": 0}
 
 
 def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
@@ -380,7 +384,7 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     if model_section.get("num_layers") and spec.num_layers != ctx.count(r, "n_layers", spec.num_layers):
         assumed = "; ".join(filter(None, (assumed, f"reduced-layer proxy: {spec.num_layers} layers")))
     # Narayanan et al. 2021 Table 2: DeepSpeed's 2021 ZeRO-3 stopped scaling (1,536 GPUs as slow as 768;
-    # 14-40 % slower than DeepSpeed 2021's pattern at the profile's ring bandwidth): predicted, never fitted to
+    # 11-22 % slower than DeepSpeed 2021's pattern at the profile's ring bandwidth): predicted, never fitted to
     stalled = ds_stage == 3 and re.search(r"\b2021\b", ctx.text(r, "source")) is not None
     if stalled:
         assumed = "; ".join(filter(None, (assumed, "DeepSpeed's 2021 ZeRO-3 runs stopped scaling: not for fitting")))
