@@ -1,0 +1,90 @@
+"""Per-row step-time error on published runs kept outside ``../shared/data`` (an external check,
+never a fit target): ``tests/data/external_runs.csv`` (plain schema; Llama 3 405B, MT-NLG 530B,
+BLOOM 176B, the Megatron-Core README's weak-scaling table) predicted with the shipped profiles.
+
+    .venv/bin/python benchmarks/external_runs_report.py [--write | --check]
+
+Prints a Markdown table (measured and predicted step time, signed error, and the layout
+columns the misses are read against: GPUs, TP/PP/DP, micro-batches per DP rank, precision,
+framework), then MAPE / p90 / max. ``--write`` replaces the table between the
+``external-runs`` markers of ``docs/validation.md``; ``--check`` exits 1 when it is stale.
+Models the zoo lacks (BLOOM, the README's GPT sizes) are read from
+``tests/data/external_models`` through ``MOFA_MODEL_PATH``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+CSV = ROOT / "tests" / "data" / "external_runs.csv"
+MODELS = ROOT / "tests" / "data" / "external_models"
+DOC = ROOT / "docs" / "validation.md"
+BEGIN, END = "<!-- external-runs:begin -->", "<!-- external-runs:end -->"
+
+
+def predict_rows(csv_path: Path = CSV):
+    """The validation result of the external file (every row must map; the caller checks)."""
+    os.environ["MOFA_MODEL_PATH"] = os.pathsep.join(filter(None, [str(MODELS), os.environ.get("MOFA_MODEL_PATH")]))
+    from mofa_framework.validate import validate
+
+    return validate([csv_path])
+
+
+def _layout(job: dict) -> tuple[int, int, int, int, int]:
+    par, n = job["parallel"], job["hardware"]["num_gpus"]
+    tp, pp, cp = par.get("tp", 1), par.get("pp", 1), par.get("cp", 1)
+    dp = n // (tp * pp * cp)
+    micro = par["global_batch_size"] // (dp * par.get("micro_batch_size", 1))
+    return tp, pp, cp, dp, micro
+
+
+def markdown(result, mapped: dict) -> str:
+    lines = ["| row | framework | GPUs | TP/PP/CP/DP | micro-batches | precision | measured s | predicted s | error |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in result.rows:
+        job, framework = mapped[r.row_id].job, mapped[r.row_id].framework
+        tp, pp, cp, dp, micro = _layout(job)
+        err = r.predicted_s / r.measured_s - 1
+        lines.append(f"| {r.row_id} | {framework} | {job['hardware']['num_gpus']:,} | {tp}/{pp}/{cp}/{dp} | {micro} "
+                     f"| {job['parallel'].get('precision', 'bf16')} | {r.measured_s:.2f} | {r.predicted_s:.2f} "
+                     f"| {100 * err:+.1f} % |")
+    errs = np.array([abs(r.predicted_s / r.measured_s - 1) for r in result.rows])
+    lines.append("")
+    lines.append(f"{len(errs)} rows, none skipped: MAPE {100 * errs.mean():.1f} %, "
+                 f"p90 {100 * np.quantile(errs, 0.9):.1f} %, max {100 * errs.max():.1f} %.")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true", help=f"replace the table between the markers of {DOC.name}")
+    ap.add_argument("--check", action="store_true", help="exit 1 if that section is out of date")
+    args = ap.parse_args(argv)
+    from mofa_framework.measurements import map_files
+    from mofa_framework.api import Predictor
+
+    result = predict_rows()
+    if result.skipped:
+        raise SystemExit(f"rows not predicted: {[(s.row_id, s.reason) for s in result.skipped]}")
+    mapped, _, _ = map_files([CSV], Predictor().registry, None, None)
+    md = markdown(result, {m.row_id: m for m in mapped})
+    if not (args.write or args.check):
+        print(md)
+        return 0
+    text = DOC.read_text()
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    new = f"{head}{BEGIN}\n{md}\n{END}{tail}"
+    if args.check:
+        return 0 if new == text else 1
+    DOC.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
