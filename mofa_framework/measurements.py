@@ -242,7 +242,7 @@ def hardware_for(registry, name: str):
 #: the plain schema's columns (docs/validation.md, "Your own measurements"): required ...
 PLAIN_REQUIRED = ("model", "hardware", "num_gpus", "global_batch_size", "sequence_length")
 #: ... and optional: layout and features named as in a job file, and one target
-PLAIN_LAYOUT = ("tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size")
+PLAIN_LAYOUT = ("tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size", "first_stage_layers", "last_stage_layers")
 PLAIN_OPTIONAL = (*PLAIN_LAYOUT, "precision", "sequence_parallel", "flash_attention", "schedule", "features",
                   "num_layers", "step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "flops_convention",
                   "measured_memory_gib", "row_id", "reference", "notes", "framework")
@@ -310,7 +310,10 @@ def map_plain_row(row: Mapping[str, str], ctx: ReadContext) -> MappedRow | Skipp
     if isinstance(timed, str):
         return skip(timed)
     par: dict[str, Any] = {"global_batch_size": gbs, "sequence_length": seq}
+    auto_vpp = cell_text(row, "vpp").lower() == "auto"
     for col in PLAIN_LAYOUT:
+        if col == "vpp" and auto_vpp:
+            continue
         if (x := cell_count(row, col, minimum=0 if col == "etp" else 1)) is not None:
             par[col] = x
     for col in ("sequence_parallel", "flash_attention"):
@@ -325,9 +328,18 @@ def map_plain_row(row: Mapping[str, str], ctx: ReadContext) -> MappedRow | Skipp
         job["pipeline"] = {"schedule": sched}
     measured, target = timed
     return MappedRow(source=ctx.source, reference=ref, row_id=rid, job=job, measured_s=measured, target=target,
-                     group=(ctx.source, name, hw.name, n, seq),
+                     group=(ctx.source, name, hw.name, n, seq), variants=_auto_vpp(auto_vpp, par, model),
                      measured_memory_gib=cell_float(row, "measured_memory_gib"), notes=cell_text(row, "notes")[:200],
                      framework=cell_text(row, "framework")[:60])
+
+
+def _auto_vpp(auto: bool, par: dict, model: ModelSpec | None) -> tuple[dict, ...]:
+    """``vpp = auto`` (the source interleaves, or may, but does not say how deep): every factor up
+    to one layer per chunk is a candidate; ``validate.resolve_unstated`` keeps the fastest feasible."""
+    pp = par.get("pp", 1)
+    if not auto or model is None or pp == 1:
+        return ()
+    return tuple({"vpp": v} for v in range(1, model.num_layers // pp + 1))
 
 
 PLAIN_READER = MeasurementReader(

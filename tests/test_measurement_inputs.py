@@ -282,3 +282,27 @@ def test_one_utf8_decoder_names_the_first_bad_byte_and_drops_a_bom():
     assert decode_text(b"\xef\xbb\xbfa,b", "x.csv", "fix") == "a,b"
     with pytest.raises(ConfigError, match=r"^x.csv: not UTF-8 text \(byte 0xe9 at offset 4\); save it$"):
         decode_text("caf\xe9".encode("latin-1").rjust(5, b" "), "x.csv", "save it")
+
+
+def test_plain_schema_uneven_end_stages_and_an_unstated_interleaving(mofa_predictor, tmp_path):
+    """``first_stage_layers`` / ``last_stage_layers`` are the job file's [parallel] keys (Llama 3
+    405B: 126 layers on 16 stages, the end stages one layer short, arXiv 2407.21783 sec. 3.3.2:
+    7 + 14·8 + 7 = 126); ``vpp = auto`` makes every factor up to one layer per chunk a candidate
+    and validation keeps the fastest feasible one, saying so. Without it, vpp is 1."""
+    from mofa_framework.validate import resolve_unstated
+
+    head = ("model,hardware,num_gpus,tp,pp,vpp,first_stage_layers,last_stage_layers,global_batch_size,"
+            "sequence_length,step_time_s\n")
+    path = write(tmp_path, "l3.csv", head + "llama3.1-405b,h100,8192,8,16,auto,7,7,2048,8192,12.5\n"
+                                             "llama3.1-405b,h100,8192,8,16,,7,7,2048,8192,12.5\n")
+    mapped, skipped = map_rows([path], mofa_predictor.registry)
+    assert not skipped
+    auto, plain = mapped
+    assert auto.job["parallel"]["first_stage_layers"] == 7 == auto.job["parallel"]["last_stage_layers"]
+    assert "vpp" not in auto.job["parallel"] and [v["vpp"] for v in auto.variants] == list(range(1, 126 // 16 + 1))
+    assert not plain.variants
+    (resolved,) = resolve_unstated([auto], mofa_predictor)
+    # 8 layers per middle stage and 7 at the ends: 1, 2 and 4 chunks are feasible (3, 5, 6, 7
+    # split neither 8 nor the ends' layouts); the kept one is named in the row's assumptions
+    assert resolved.job["parallel"]["vpp"] in (1, 2, 4) and not resolved.variants
+    assert "interleaving not stated" in resolved.assumptions
