@@ -73,18 +73,9 @@ def main(argv=None) -> int:
         raise SystemExit(f"rows not predicted: {[(s.row_id, s.reason) for s in result.skipped]}")
     mapped, _, _ = map_files([CSV], Predictor().registry, None, None)
     md = markdown(result, {m.row_id: m for m in mapped})
-    if not (args.write or args.check):
-        print(md)
-        return 0
-    text = DOC.read_text()
-    head, _, rest = text.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    new = f"{head}{BEGIN}\n{md}\n{END}{tail}"
-    if args.check:
-        return 0 if new == text else 1
-    DOC.write_text(new)
-    return 0
+    from korthikanti_report import print_or_write
 
+    return print_or_write(md, DOC, (BEGIN, END), args.write, args.check)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -114,16 +114,23 @@ def main(argv=None) -> int:
     from mofa_framework import Predictor
 
     md = markdown(compare(Predictor(), korthikanti_pairs(args.csv)))
-    if not (args.write or args.check):
+    return print_or_write(md, DOC, (BEGIN, END), args.write, args.check)
+
+
+def print_or_write(md: str, doc: Path, markers: tuple[str, str], write: bool, check: bool) -> int:
+    """Print `md`; or (``write``) put it between the two markers of `doc`; or (``check``) return 1
+    when that section differs from `md`."""
+    if not (write or check):
         print(md)
         return 0
-    text = DOC.read_text()
-    head, _, rest = text.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    new = f"{head}{BEGIN}\n{md}\n{END}{tail}"
-    if args.check:
+    begin, end = markers
+    text = doc.read_text()
+    head, _, rest = text.partition(begin)
+    _, _, tail = rest.partition(end)
+    new = f"{head}{begin}\n{md}\n{end}{tail}"
+    if check:
         return 0 if new == text else 1
-    DOC.write_text(new)
+    doc.write_text(new)
     return 0
 
 
