@@ -41,7 +41,18 @@ def loss_features(framework: str, notes: str = "") -> dict:
 #: - torchtitan calls ``F.scaled_dot_product_attention``, whose flash backend is FlashAttention-2.
 FRAMEWORK_KERNELS = (("llm-foundry", "triton"), ("torchtitan", "fa2"))
 
+#: NeMo Framework Launcher 24.01 to 24.07 (``launcher_scripts/conf/config.yaml``, ``env_vars``) sets
+#: ``NVTE_FUSED_ATTN: 0  # Disable cudnn FA until we've tested it more``: Transformer Engine's
+#: DotProductAttention then runs flash-attn 2 instead of cuDNN's fused attention, which it prefers on
+#: Hopper (``attention.py``, v1.4: "Select FusedAttention on sm90"); 24.09 dropped the setting
+NEMO_LAUNCHER_FA2 = re.compile(r"\bnemo\b.*?\b24\.0[1-7]\b", re.I)
 
-def attention_kernel(framework: str) -> str:
+
+def attention_kernel(framework: str, release: str = "") -> str:
+    """The kernel a row's framework (and release) ran: :data:`FRAMEWORK_KERNELS`, then NeMo's 2024
+    launcher releases that turned cuDNN's attention off, else "auto"."""
     fw = framework.lower()
-    return next((k for pattern, k in FRAMEWORK_KERNELS if pattern in fw), "auto")
+    kernel = next((k for pattern, k in FRAMEWORK_KERNELS if pattern in fw), None)
+    if kernel is None and NEMO_LAUNCHER_FA2.search(f"{framework} {release}"):
+        kernel = "fa2"
+    return kernel or "auto"

@@ -29,7 +29,7 @@ from mofa_framework.measurements import ReadContext
 from mofa_framework.types import MappedRow, MeasurementReader, SkippedRow
 
 from ._bridge_presets import BRIDGE_RECIPES
-from ._frameworks import loss_features, memory_counter
+from ._frameworks import attention_kernel, loss_features, memory_counter
 from ._megatron import (
     UNEVEN_STAGES_IGNORED,
     UNSTATED_VPP_MIN_RATIO,
@@ -206,7 +206,8 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         etp = 1
     prec, lowp, lowp_options = precision(ctx.text(r, "precision"))
     par = {"tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "ep": ep, "etp": etp, "micro_batch_size": mbs,
-           "global_batch_size": gbs, "sequence_length": seq, "precision": prec}
+           "global_batch_size": gbs, "sequence_length": seq, "precision": prec,
+           "attention_kernel": attention_kernel(fw, ctx.text(r, "release"))}
     ignore: frozenset[str] = frozenset()
     L = model.num_layers
     if pp > 1 and L % (pp * vpp):

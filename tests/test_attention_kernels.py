@@ -124,3 +124,28 @@ def test_readers_infer_the_kernel_from_the_framework():
     assert attention_kernel("Composer / llm-foundry (PyTorch FSDP)") == "triton"
     assert attention_kernel("torchtitan (2024-12, torch 1963fc8)") == "fa2"
     assert attention_kernel("Megatron-Bridge / NeMo 26.02") == "auto"
+
+
+@pytest.mark.parametrize("framework, release, kernel", [
+    ("NeMo", "NeMo 24.03.01.framework", "fa2"),          # the long-context runs' container
+    ("NeMo (1.0/Megatron)", "NeMo 24.07", "fa2"),        # the NVIDIA schema: release in its own column
+    ("NeMo 24.07 (Megatron-Core)", "", "fa2"),           # the dense schema: release in the framework text
+    ("NeMo", "NeMo 24.01", "fa2"),
+    ("NeMo", "NeMo 24.09", "auto"),                      # the launcher's 24.09 dropped NVTE_FUSED_ATTN=0
+    ("NeMo 2.0", "NeMo 25.04.rc2", "auto"),
+    ("Megatron-Bridge", "25.09", "auto"),
+])
+def test_nemo_launcher_2024_releases_ran_flash_attention_2(framework, release, kernel):
+    """NeMo Framework Launcher 24.01–24.07's ``launcher_scripts/conf/config.yaml`` sets
+    ``NVTE_FUSED_ATTN: 0`` ("Disable cudnn FA until we've tested it more"), so Transformer Engine ran
+    flash-attn 2 on H100 instead of the cuDNN attention it otherwise prefers there."""
+    assert attention_kernel(framework, release) == kernel
+
+
+def test_nvidia_reader_reads_the_kernel_from_the_release(mofa_predictor):
+    from mofa_framework.measurements import builtin_data_dir, map_files
+
+    mapped, _, _ = map_files([builtin_data_dir() / "nemo_long_context.csv"], mofa_predictor.registry)
+    kernel = {m.row_id: m.job["parallel"]["attention_kernel"] for m in mapped}
+    assert kernel["NEMO-LONGSEQ-016"] == kernel["NEMO-LONGSEQ-032"] == "fa2"   # NeMo 24.03 on H100
+    assert kernel["NEMO-LONGSEQ-001"] == kernel["NEMO-LONGSEQ-015"] == "auto"  # NeMo 25.04 on B200
