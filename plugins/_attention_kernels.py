@@ -11,7 +11,8 @@ where c is the published curve on the profile's architecture (interpolated in lo
 published range; the nearest published head dimension in log2) and (s_ref, causal_ref) where the
 profile's table measured FlashAttention-2 (its sequence when it measured one, else s itself: a table
 of several sequences carries its own shape). A pass published without a causal mask takes the
-forward's causal-over-full ratio at that sequence. A kernel the architecture lacks is priced as
+forward's causal-over-full ratio at that sequence; one published with the mask only and asked without
+it, the prior architecture's FlashAttention-2 forward full-over-causal ratio. A kernel the architecture lacks is priced as
 FlashAttention-2 (ratio 1); an architecture without any curve takes ``prior_architecture``'s
 FlashAttention-2 shape (the prior: ratio 1 for every kernel, the shape of the nearest published GPU).
 """
@@ -113,8 +114,10 @@ def curve(t: KernelTable, arch: str, kernel: str, direction: str, causal: bool, 
     c = _curves(t)
     if (arch, kernel, direction, causal) in c:
         return _interp(c[arch, kernel, direction, causal], d, s)
+    if not causal:
+        return _full_from_causal(t, c, arch, kernel, direction, d, s)
     full = c.get((arch, kernel, direction, False))
-    if not causal or full is None:
+    if full is None:
         return None
     # a pass published without the mask: the forward's causal-over-full ratio (the kernel's, else FA2's)
     for k in (kernel, "fa2"):
@@ -122,6 +125,17 @@ def curve(t: KernelTable, arch: str, kernel: str, direction: str, causal: bool, 
         if fc and ff:
             return _interp(full, d, s) * _interp(fc, d, s) / _interp(ff, d, s)
     return None
+
+
+def _full_from_causal(t: KernelTable, c: dict, arch: str, kernel: str, direction: str, d, s) -> np.ndarray | None:
+    """A pass published with the causal mask only, asked without it: its causal curve times the prior
+    architecture's FlashAttention-2 full-over-causal forward ratio at (d, s) (cuDNN's Blackwell
+    benchmark publishes causal runs only; the profiles' FlashAttention-2 point is unmasked)."""
+    mine = c.get((arch, kernel, direction, True))
+    fc, ff = c.get((t.prior_architecture, "fa2", "fwd", True)), c.get((t.prior_architecture, "fa2", "fwd", False))
+    if mine is None or not (fc and ff):
+        return None
+    return _interp(mine, d, s) * _interp(ff, d, s) / _interp(fc, d, s)
 
 
 def shape_architecture(t: KernelTable, arch: str) -> str | None:

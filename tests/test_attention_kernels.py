@@ -72,10 +72,21 @@ def test_triton_on_ampere_from_the_fa2_paper():
     assert m("triton", 4096) == m("fa2", 4096)
 
 
+def test_blackwell_curves_are_causal_only():
+    # cudnn-frontend's B200 benchmark (causal only): cuDNN forward 1171.3 at 8K over FA2's causal 399.9 moved
+    # to the unmasked 8K reference by hopper's FA2 forward full-over-causal ratio (370/333)
+    assert m("cudnn", 8192, arch="blackwell") == pytest.approx(1171.3 / (399.9 * 370 / 333))
+    assert m("cudnn", 4096, "bwd", arch="blackwell") == pytest.approx(701.3 / (318.0 * 370 / 333))
+    # Blackwell Ultra (GB300): its own curves, cuDNN forward 1495.7 against FA2 439.9 at 8K
+    assert m("cudnn", 8192, arch="blackwell-ultra") == pytest.approx(1495.7 / (439.9 * 370 / 333))
+    assert m("fa2", 8192, arch="blackwell") == pytest.approx(333 / 370)
+
+
 def test_auto_is_the_architectures_kernel():
     codes = np.array([K["auto"], K["fa2"], K["triton"]])
     assert list(resolve(codes, "hopper")) == [K["cudnn"], K["fa2"], K["triton"]]
     assert list(resolve(codes, "blackwell"))[0] == K["cudnn"]
+    assert list(resolve(codes, "blackwell-ultra"))[0] == K["cudnn"]
     assert list(resolve(codes, "ampere"))[0] == K["fa2"]
     assert table().auto["default"] == "fa2"
 
