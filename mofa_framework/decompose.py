@@ -271,7 +271,12 @@ def routed_pairs(model: ModelSpec, g: Geometry):
 
 
 def moe_mlp_operators(model: ModelSpec, g: Geometry) -> list[Op]:
+    """Router, permutation, the local experts' grouped GEMMs and the shared expert; with LatentMoE
+    (``moe_latent_size`` ℓ) the experts read and write ℓ-wide tokens, a down projection ``h → ℓ``
+    runs before dispatch and an up projection ``ℓ → h`` after the combine, on the tokens this GPU
+    routes (Megatron-Core's ``fc1_latent_proj`` / ``fc2_latent_proj``)."""
     h, E, k, fe = model.hidden_size, model.num_experts, model.experts_per_token, model.moe_ffn_hidden_size
+    w = model.expert_width  # what dispatch moves and the experts read (h without a latent)
     tok = g.tokens / g.sp_div  # tokens this GPU routes (sequence-parallel shard)
     load = moe_load(model, g)
     routed = routed_pairs(model, g)  # on the busiest EP rank (balanced routing: load = 1)
@@ -283,12 +288,15 @@ def moe_mlp_operators(model: ModelSpec, g: Geometry) -> list[Op]:
         _gemm("router", tok, E, h, g.dt, "router"),
         # scores (fp32) read and written by softmax/top-k/aux-loss kernels
         _elementwise("router_topk", 4.0 * 4.0 * tok * E, "router", kernels=ROUTER_KERNELS),
-        # permute: read tok·h, write tok·k·h; un-permute: read tok·k·h (+ probabilities), write tok·h.
-        # With EP the received tokens are sorted by local expert once more each way.
-        _elementwise("permute", (4.0 + 4.0 * ep_on * load) * tok * k * h * g.dt, "expert",
-                     kernels=PERMUTE_KERNELS + 2.0 * ep_on),
     ]
-    for name, nn, kk in (("expert_fc1", width * fe / g.etp, h), ("expert_fc2", h, fe / g.etp)):
+    if model.moe_latent_size:
+        ops.append(_gemm("latent_down_proj", tok, w, h, g.dt, "expert"))
+    ops.append(
+        # permute: read tok·w, write tok·k·w; un-permute: read tok·k·w (+ probabilities), write tok·w.
+        # With EP the received tokens are sorted by local expert once more each way.
+        _elementwise("permute", (4.0 + 4.0 * ep_on * load) * tok * k * w * g.dt, "expert",
+                     kernels=PERMUTE_KERNELS + 2.0 * ep_on))
+    for name, nn, kk in (("expert_fc1", width * fe / g.etp, w), ("expert_fc2", w, fe / g.etp)):
         op = _gemm(name, per_expert, nn, kk, g.dt, "expert")
         # a grouped GEMM over the local experts: FLOPs add up, each expert's weights are read,
         # and each expert's GEMM runs at the efficiency of its own (smaller) size
@@ -296,6 +304,8 @@ def moe_mlp_operators(model: ModelSpec, g: Geometry) -> list[Op]:
                                 count=np.broadcast_to(local_experts, np.shape(op.flops)).astype(np.float64)))
     act = (3.0 if model.activation is Activation.swiglu else 2.0) * routed * fe / g.etp * g.dt
     ops.append(_elementwise("expert_act", act, "expert"))
+    if model.moe_latent_size:
+        ops.append(_gemm("latent_up_proj", tok, h, w, g.dt, "expert"))
     if model.shared_expert_ffn:
         ops += _mlp("shared_expert", model, g.tokens, model.shared_expert_ffn, g.t, g.dt, "mlp")
     return ops
@@ -568,11 +578,13 @@ def layer_collectives(model: ModelSpec, g: Geometry, kind: str) -> list[Coll]:
         ep_on = np.where(g.e > 1, 2.0, 0.0)  # dispatch + combine
         # the busiest EP rank receives (dispatch) and returns (combine) `load` times the mean
         load = moe_load(model, g)
-        out.append(Coll(name="ep_a2a", parallel="ep", kind=ALL_TO_ALL, bytes=tok * k * h * dt * load,
+        # LatentMoE dispatches the ℓ-wide latent tokens
+        w = model.expert_width
+        out.append(Coll(name="ep_a2a", parallel="ep", kind=ALL_TO_ALL, bytes=tok * k * w * dt * load,
                         group_size=g.e, stride=g.etp, count=ep_on))
         etp_on = np.where(g.etp > 1, 1.0, 0.0)
         for label, ck in (("etp_ag", ALL_GATHER), ("etp_rs", REDUCE_SCATTER)):
-            out.append(Coll(name=label, parallel="ep", kind=ck, bytes=tok * k * g.etp * h * dt * load,
+            out.append(Coll(name=label, parallel="ep", kind=ck, bytes=tok * k * g.etp * w * dt * load,
                             group_size=g.etp, stride=one, count=etp_on))
     return out
 
@@ -712,7 +724,8 @@ def ffn_saved_bytes(model: ModelSpec, g: Geometry, block: BlockSpec):
         fe = model.moe_ffn_hidden_size
         routed = routed_pairs(model, g)
         swiglu = model.activation is Activation.swiglu
-        expert = dt * routed * h + dt * routed * (3.0 if swiglu else 2.0) * fe / g.etp
+        expert = dt * routed * model.expert_width + dt * routed * (3.0 if swiglu else 2.0) * fe / g.etp
+        expert = expert + latent_saved_bytes(model, g)
         router = 4.0 * T / g.sp_div * model.num_experts  # fp32 routing probabilities
         shared = 0.0
         if model.shared_expert_ffn:
@@ -723,6 +736,13 @@ def ffn_saved_bytes(model: ModelSpec, g: Geometry, block: BlockSpec):
         f = model.ffn_hidden_size
         return dt * T * (3.0 if model.activation is Activation.swiglu else 2.0) * f / t
     return 0.0
+
+
+def latent_saved_bytes(model: ModelSpec, g: Geometry):
+    """LatentMoE's own saved tensor: the combined ℓ-wide expert output, the up projection's input,
+    ``dt·T/sp·ℓ`` (the down projection's input is the block's normed input, its output the
+    dispatched tokens already counted); 0 without a latent."""
+    return g.dt * g.tokens / g.sp_div * model.moe_latent_size
 
 
 # ------------------------------------------------------------------ parameters
@@ -794,7 +814,9 @@ def _layer_params(model: ModelSpec, kind: str) -> dict[str, float]:
     shard, rep = mixer_params(model, block)
     shard, rep = float(shard), float(rep + block.sublayers * model.hidden_size)  # + the block's norms
     if block.ffn == "moe":
-        expert = model.num_experts * mlp_params(model, model.moe_ffn_hidden_size)
+        mats = 3 if model.activation is Activation.swiglu else 2
+        expert = float(model.num_experts * mats * model.expert_width * model.moe_ffn_hidden_size)
+        rep += 2.0 * model.hidden_size * model.moe_latent_size  # LatentMoE's down and up projections
         if model.shared_expert_ffn_hidden_size:
             shard += mlp_params(model, model.shared_expert_ffn_hidden_size)
         else:
@@ -806,8 +828,21 @@ def _layer_params(model: ModelSpec, kind: str) -> dict[str, float]:
     return {"sharded": shard, "replicated": rep, "expert": 0.0}
 
 
+def mtp_module_params(model: ModelSpec) -> dict[str, float]:
+    """Parameters of one MTP module's weights (DeepSeek-V3 §2.2; Megatron-Core's
+    ``MultiTokenPredictionLayer``): its layers, the projection of [embedding; hidden] ``2h·h``
+    (TP-sharded) and its three norms ``3h`` (the embedding and output layer are the model's)."""
+    h = model.hidden_size
+    out = {"sharded": 2.0 * h * h, "replicated": 3.0 * h, "expert": 0.0}
+    for kind, n in model.mtp_kind_counts.items():
+        for key, value in layer_params(model, kind).items():
+            out[key] += n * value
+    return out
+
+
 def total_params(model: ModelSpec) -> dict[str, float]:
-    """Whole-model parameter counts: total and active per token (MTP modules not included)."""
+    """Whole-model parameter counts: total and active per token (MTP modules not included:
+    :func:`mtp_module_params` × ``model.mtp_param_copies``)."""
     emb = model.vocab_size * model.hidden_size * (1 if model.tied_embeddings else 2)
     total = active = emb
     for kind, count in model.kind_counts.items():
@@ -835,9 +870,10 @@ def model_flops_per_sequence(model: ModelSpec, seq: FloatArray) -> FloatArray:
     s = np.asarray(seq, dtype=np.float64)
     g = Geometry.unit(s)
     total = np.zeros_like(s)
-    # each MTP module is one more layer of the stack's last kind, plus a head
+    # each MTP module adds its layers, plus a head
+    mtp = model.mtp_kind_counts
     for kind, layers in model.kind_counts.items():
-        count = layers + (model.num_mtp_layers if kind == model.mtp_kind else 0)
+        count = layers + model.num_mtp_layers * mtp.get(kind, 0)
         for op in layer_operators(model, g, kind):
             if np.all(np.asarray(op.kind) == GEMM) or op.name in SCAN_OPS:
                 total += count * np.asarray(op.flops)
@@ -905,7 +941,8 @@ def module_saved_bytes(model: ModelSpec, g: Geometry, kind: str, module: str) ->
     else:
         shared = dt * T * _mlp_factor(model) * model.num_shared_experts * fe / t
     if module == "moe":
-        expert = dt * routed * h + dt * routed * _mlp_factor(model) * fe / g.etp
+        expert = dt * routed * model.expert_width + dt * routed * _mlp_factor(model) * fe / g.etp
+        expert = expert + latent_saved_bytes(model, g)
         return expert + 4.0 * T / spd * model.num_experts + shared
     if module == "moe_act":
         return z + dt * routed * fe / g.etp

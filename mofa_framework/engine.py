@@ -36,6 +36,7 @@ from .decompose import (
     layer_collectives,
     layer_operators,
     layer_params,
+    mtp_module_params,
     model_flops_per_sequence,
     recurrent_state_bytes,
     saved_activation_bytes,
@@ -837,9 +838,10 @@ def _stage_components(state: CostState, priced: Mapping) -> dict[str, np.ndarray
     comp = {k: _on_stages(lay, L, get) for k, get in getters.items()}
     # the embedding sits on the first stage; the head (and DeepSeek's MTP modules, each a
     # layer plus a head) on the last — on the only stage when pp == 1
-    mtp_layer = L[model.mtp_kind]
+    mtp_layers = model.mtp_kind_counts  # each module's layers, run num_mtp_layers times
     ends = {"first": {"compute_fwd": emb_f, "compute_bwd_input": emb_b},
-            "last": {k: mtp * get(mtp_layer) for k, get in getters.items()}}
+            "last": {k: sum((mtp * n * get(L[kind]) for kind, n in mtp_layers.items()), 0.0)
+                     for k, get in getters.items()}}
     last = ends["last"]
     last["compute_fwd"] = last["compute_fwd"] + (1 + mtp) * head_f
     last["compute_bwd_input"] = last["compute_bwd_input"] + (1 + mtp) * head_bi
@@ -1124,7 +1126,8 @@ def recompute_flops_per_step(state: CostState, lay: StageLayout) -> FloatArray:
     L = state.layers
     per_mb = sum((np.asarray(L[k].recompute_flops, dtype=np.float64) * stage_layer_totals(batch, lay.of(k)) for k in L),
                  np.zeros(len(batch)))
-    per_mb = per_mb + model.num_mtp_layers * np.asarray(L[model.mtp_kind].recompute_flops, dtype=np.float64)
+    for kind, n in model.mtp_kind_counts.items():
+        per_mb = per_mb + model.num_mtp_layers * n * np.asarray(L[kind].recompute_flops, dtype=np.float64)
     return per_mb * batch.num_microbatches * g.t * g.c * g.dp
 
 
@@ -1212,10 +1215,10 @@ def _params_on_stages(model: ModelSpec, batch: CandidateBatch, lay: StageLayout)
     head = np.where(p > 1, emb, 0.0 if model.tied_embeddings else emb)
     dense[2] += head
     mtp_dense = mtp_expert = 0.0
-    if model.num_mtp_layers:  # each MTP module: a layer of the stack's last kind plus its projection
-        mp = layer_params(model, model.mtp_kind)
-        mtp_dense = model.num_mtp_layers * (mp["sharded"] / g_t + mp["replicated"] + 2 * model.hidden_size ** 2 / g_t)
-        mtp_expert = model.num_mtp_layers * mp["expert"] / ep
+    if model.num_mtp_layers:  # the MTP modules' weights (one set when they share them), on the last stage
+        mp, copies = mtp_module_params(model), model.mtp_param_copies
+        mtp_dense = copies * (mp["sharded"] / g_t + mp["replicated"])
+        mtp_expert = copies * mp["expert"] / ep
         dense[2] += mtp_dense
         expert[2] += mtp_expert
     single = p == 1  # the only stage holds the head and the MTP modules too
@@ -1251,6 +1254,19 @@ def _optimizer_costs(ctx: Context, batch: CandidateBatch, lay: StageLayout) -> O
                           dense_grad_bytes=dp_dense * gb, expert_grad_bytes=dp_expert * gb)
 
 
+def _with_mtp_activations(act_stage, model: ModelSpec, L, pp):
+    """The MTP modules' saved activations (each module's layers, num_mtp_layers times) added on the
+    stage that runs them: the last, the only one when pp == 1."""
+    if not model.num_mtp_layers:
+        return act_stage
+    mtp = sum(model.num_mtp_layers * n * np.asarray(L[k].act_saved_bytes, dtype=np.float64)
+              for k, n in model.mtp_kind_counts.items())
+    out = act_stage.copy()
+    out[2] = out[2] + mtp
+    out[0] = np.where(pp == 1, out[0] + mtp, out[0])
+    return out
+
+
 def _memory_costs(state: CostState, lay: StageLayout, inflight: Inflight) -> MemoryCosts:
     ctx, batch = state.ctx, state.batch
     model, g = ctx.model, ctx.geometry
@@ -1262,6 +1278,7 @@ def _memory_costs(state: CostState, lay: StageLayout, inflight: Inflight) -> Mem
     optim = params * OPTIMIZER_STATE_BYTES * copies
     L = state.layers
     act_stage = _on_stages(lay, L, lambda c: c.act_saved_bytes)
+    act_stage = _with_mtp_activations(act_stage, model, L, batch.pp)
     # transient working set of the layer being recomputed: only layer types the stage holds
     work = None
     for kind, count in lay.counts.items():

@@ -189,7 +189,7 @@ def _core_attention_flops(model, g: Geometry) -> np.ndarray:
         block = model.block_kinds[kind]
         if not block.is_attention:
             continue
-        count = layers + (model.num_mtp_layers if kind == model.mtp_kind else 0)
+        count = layers + model.num_mtp_layers * model.mtp_kind_counts.get(kind, 0)
         ops = attention_mixer_operators(model, g, block)
         out = out + count * sum((np.asarray(o.flops, dtype=np.float64) for o in ops if o.name == "core_attention"),
                                 np.zeros(len(g.s)))

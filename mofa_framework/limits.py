@@ -114,6 +114,7 @@ LIMITS: dict[str, Bound] = {
     "model.qk_rope_head_dim": _count(0, MAX_WIDTH, "MLA"),
     "model.v_head_dim": _count(0, MAX_WIDTH, "MLA"),
     "model.num_mtp_layers": _count(0, MAX_LAYERS, "multi-token-prediction modules"),
+    "model.moe_latent_size": _count(0, MAX_WIDTH, "LatentMoE expert width; 0 = hidden_size"),
     "model.sliding_window": _count(0, 2**32, "tokens, 0 = full attention"),
     "model.attention_chunk_size": _count(0, 2**32, "tokens per chunk of chunked attention, 0 = none"),
     "model.shared_expert_ffn_hidden_size": _count(0, MAX_WIDTH, "0 = num_shared_experts × moe_ffn_hidden_size"),

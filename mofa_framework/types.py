@@ -134,6 +134,17 @@ class ModelSpec:
     qk_rope_head_dim: int = attrs.field(default=0, validator=limit("model.qk_rope_head_dim"))
     v_head_dim: int = attrs.field(default=0, validator=limit("model.v_head_dim"))
     num_mtp_layers: int = attrs.field(default=0, validator=limit("model.num_mtp_layers"))
+    #: the layers of one MTP module, in the layer_pattern symbols (Megatron's
+    #: --mtp-hybrid-override-pattern, e.g. "*E": an attention layer then an MoE layer); empty = one
+    #: layer of the stack's last kind (DeepSeek-V3). Each of its kinds must be a kind of the stack
+    mtp_layer_pattern: str = attrs.field(default="", validator=[v.instance_of(str), v.max_len(256)])
+    #: the MTP modules share one set of weights, run num_mtp_layers times (Megatron's
+    #: --mtp-use-repeated-layer): compute and activations per module, parameters once
+    mtp_shared_weights: bool = attrs.field(default=False, validator=v.instance_of(bool))
+    #: LatentMoE (Nemotron 3 Super/Ultra; Megatron's --moe-latent-size): the routed experts read and
+    #: write this width; a down projection (hidden → latent) before dispatch and an up projection
+    #: (latent → hidden) after the combine wrap them. 0 = the hidden size (a plain MoE)
+    moe_latent_size: int = attrs.field(default=0, validator=limit("model.moe_latent_size"))
     sliding_window: int = attrs.field(default=0, validator=limit("model.sliding_window"))
     #: share of the layers whose attention is windowed (GPT-OSS alternates sliding-window and
     #: full-attention layers: 0.5); the others attend to the whole causal prefix
@@ -288,6 +299,31 @@ class ModelSpec:
         last = self.num_layers - 1
         return kind_key(self._unit[last % len(self._unit)]) if self.layer_pattern else self._legacy_kind(last)
 
+    @functools.cached_property
+    def mtp_kind_counts(self) -> dict[str, int]:
+        """Layers of each kind in one multi-token-prediction module: ``mtp_layer_pattern``'s, else
+        one layer of the stack's last kind (empty without MTP)."""
+        if not self.num_mtp_layers:
+            return {}
+        if not self.mtp_layer_pattern:
+            return {self.mtp_kind: 1}
+        counts: dict[str, int] = {}
+        for b in pattern_blocks(self.mtp_layer_pattern, self.blocks):
+            k = kind_key(attrs.evolve(b, attention="model") if b.attention == "full" and not self.sliding_window
+                         else b)
+            counts[k] = counts.get(k, 0) + 1
+        return counts
+
+    @property
+    def mtp_param_copies(self) -> int:
+        """Sets of MTP weights the model holds: one when the modules share them, else one each."""
+        return min(1, self.num_mtp_layers) if self.mtp_shared_weights else self.num_mtp_layers
+
+    @property
+    def expert_width(self) -> int:
+        """The width the routed experts read and write: ``moe_latent_size``, else the hidden size."""
+        return self.moe_latent_size or self.hidden_size
+
     def _legacy_kind(self, i: int) -> str:
         first = self.first_k_dense_layers
         return "moe" if self.is_moe and i >= first and (i - first) % self.moe_layer_frequency == 0 else "dense"
@@ -340,8 +376,27 @@ class ModelSpec:
         return self.mamba_dt_rank or -(-self.hidden_size // 16)
 
 
+def _check_latent_and_mtp(m: ModelSpec) -> None:
+    """LatentMoE needs experts and a latent no wider than the model; MTP modules' layers must be
+    kinds the stack has (the engine prices each kind of the stack once)."""
+    if m.moe_latent_size and not m.num_experts:
+        raise ValueError(f"moe_latent_size ({m.moe_latent_size}) applies to MoE models only: leave it out or set "
+                         f"num_experts")
+    if m.moe_latent_size > m.hidden_size:
+        raise ValueError(f"moe_latent_size ({m.moe_latent_size}) must not exceed hidden_size ({m.hidden_size})")
+    if (m.mtp_layer_pattern or m.mtp_shared_weights) and not m.num_mtp_layers:
+        raise ValueError("mtp_layer_pattern / mtp_shared_weights describe MTP modules but num_mtp_layers is 0: "
+                         "set num_mtp_layers or leave them out")
+    if m.mtp_layer_pattern:
+        extra = sorted(set(m.mtp_kind_counts) - set(m.block_kinds))
+        if extra:
+            raise ValueError(f"mtp_layer_pattern {m.mtp_layer_pattern!r} has layer kind(s) {', '.join(extra)} the "
+                             f"stack does not have (it has {', '.join(m.block_kinds)}): use the stack's symbols")
+
+
 def _check_stack(m: ModelSpec) -> None:
     """The layer stack's own rules (ModelSpec's post-init)."""
+    _check_latent_and_mtp(m)
     if m.blocks and not m.layer_pattern:
         raise ValueError("blocks defines layer symbols but layer_pattern is empty: give the pattern that uses them")
     if m.layer_pattern and (m.first_k_dense_layers or m.moe_layer_frequency != 1):

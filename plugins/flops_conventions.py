@@ -132,7 +132,8 @@ def _gdn_count(model: ModelSpec) -> float:
 def _layer_count(model: ModelSpec, block, s: int) -> float:
     """Forward FLOPs per token of one layer, Megatron-LM's hybrid terms: its mixer (attention: the
     projections, an output gate's columns and the causal scores; Mamba-2; gated DeltaNet) plus its
-    MLP (``2·h·f·(3|2)``) or MoE (top-k routed and shared experts)."""
+    MLP (``2·h·f·(3|2)``) or MoE (top-k routed and shared experts; LatentMoE's experts at the
+    latent width ℓ, ``2·ℓ·f_e·(3|2)·k``, plus its down and up projections ``2·2·h·ℓ``)."""
     h, mats = model.hidden_size, _mlp_mats(model)
     if block.mixer == "attention":
         if block.attention not in ("model", "full") or model.sliding_window or model.is_mla:
@@ -143,20 +144,24 @@ def _layer_count(model: ModelSpec, block, s: int) -> float:
         mixer = {"none": 0.0, "mamba2": _mamba2_count(model), "gated_deltanet": _gdn_count(model)}.get(block.mixer)
         if mixer is None:
             raise ValueError(f"Megatron-Core counts no {block.mixer} layer")
-    ffn = {"none": 0, "dense": model.ffn_hidden_size,
-           "moe": model.moe_ffn_hidden_size * model.experts_per_token + model.shared_expert_ffn}[block.ffn]
-    return mixer + 2.0 * h * mats * ffn
+    ffn = {"none": 0, "dense": model.ffn_hidden_size, "moe": model.shared_expert_ffn}[block.ffn]
+    routed = 0.0
+    if block.ffn == "moe":  # routed experts at their width (LatentMoE: ℓ, plus the h↔ℓ projections)
+        routed = 2.0 * model.expert_width * mats * model.moe_ffn_hidden_size * model.experts_per_token
+        routed += 4.0 * h * model.moe_latent_size
+    return mixer + 2.0 * h * mats * ffn + routed
 
 
 def megatron_core_layer_flops(model: ModelSpec, global_batch_size: int, sequence_length: int) -> float:
     """Megatron-LM's ``num_floating_point_operations`` for a stack with Mamba-2 or gated DeltaNet
     layers (its ``hybrid_flops``; the transformer path's linear-attention term is the same per
-    layer): ``3·B·s·[Σ_layers (mixer + ffn) + 2·h·V·(1 + n_mtp)]``, each MTP module one more layer
-    of the stack's last kind (the pattern's MTP layers; no norms or projection, as the hybrid
-    count has none)."""
+    layer): ``3·B·s·[Σ_layers (mixer + ffn) + 2·h·V·(1 + n_mtp)]``, each MTP module its layers
+    (``mtp_layer_pattern``, else one of the stack's last kind; no norms or projection, as the
+    hybrid count has none), run n_mtp times whether or not the modules share weights."""
     s, blocks = sequence_length, model.block_kinds
     layers = sum(n * _layer_count(model, blocks[k], s) for k, n in model.kind_counts.items())
-    layers += model.num_mtp_layers * _layer_count(model, blocks[model.mtp_kind], s)
+    layers += model.num_mtp_layers * sum(n * _layer_count(model, blocks[k], s)
+                                         for k, n in model.mtp_kind_counts.items())
     logits = 2.0 * model.hidden_size * model.vocab_size * (1 + model.num_mtp_layers)
     return 3.0 * global_batch_size * s * (layers + logits)
 

@@ -52,15 +52,6 @@ NOTE_MODULES = {"norm": "layernorm", "layernorm": "layernorm", "act": "moe_act",
 #: models these tables name whose architecture is published but not expressible in MoFa's layer
 #: stack (model_zoo/README.md, "Not covered"): each row of one is listed with what is missing
 NOT_EXPRESSIBLE = {
-    "nemotron3super": "Nemotron 3 Super's LatentMoE (routed experts on a 1024-wide latent, with "
-                      "down/up projections) and its MTP modules (an attention + MoE pair, one shared "
-                      "layer run twice) are not in MoFa's layer-stack schema",
-    "nemotron3ultra": "Nemotron 3 Ultra's LatentMoE (routed experts on a 2048-wide latent, with "
-                      "down/up projections) and its MTP modules (an attention + MoE pair, one shared "
-                      "layer run twice) are not in MoFa's layer-stack schema",
-    "nemotron35lightning": "Nemotron 3.5 Lightning is Nemotron 3 Nano's stack plus MTP modules of an "
-                           "attention + MoE pair (one shared layer run twice), which MoFa's layer-stack "
-                           "schema does not express",
     "deepseekv4flash": "DeepSeek-V4 Flash's per-layer mix of MLA and compressed sparse attention (a top-k "
                        "token indexer), 4-stream hyper-connections and hash-routed MoE layers are not in MoFa's "
                        "layer-stack schema",
