@@ -157,7 +157,7 @@ def hf_model_fields(cfg: dict, where: str, fallback_name: str = "hf-model") -> d
     mt = (c.str("model_type") or outer.str("model_type") or "").lower()
     out: dict[str, Any] = {}
     attn, ffn_cfg = c.obj("attn_config"), c.obj("ffn_config")  # DBRX, MPT
-    out["num_layers"] = _required(c, "num_hidden_layers", "n_layer", "n_layers", "num_layers")
+    out["num_layers"] = _num_layers(c, mt)
     h = out["hidden_size"] = _required(c, "hidden_size", "n_embd", "n_embed", "d_model")
     heads = out["num_attention_heads"] = _required(c, "num_attention_heads", "n_head", "n_heads", "num_heads")
     kv = c.int("num_key_value_heads", "num_kv_heads", "n_head_kv", "num_query_groups")
@@ -195,6 +195,31 @@ def hf_model_fields(cfg: dict, where: str, fallback_name: str = "hf-model") -> d
     if not out["name"][0].isalnum():
         out["name"] = "hf-" + out["name"]
     return out
+
+
+#: Nemotron-H's layers_block_type / mtp_layers_block_type names, as Megatron-Core's hybrid symbols
+NEMOTRON_H_BLOCKS = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+
+
+def _nemotron_h_pattern(c: _Cfg, key: str) -> str | None:
+    """A Nemotron-H ``layers_block_type``-style list (Nemotron 3 Ultra's config has no
+    hybrid_override_pattern and a null num_hidden_layers) as the hybrid pattern, or None."""
+    types = c.list(key, str, empty_is_none=True)
+    if types is None:
+        return None
+    unknown = sorted({t for t in types if t not in NEMOTRON_H_BLOCKS})
+    if unknown:
+        raise c._bad(key, unknown[0], f"layer types from {', '.join(NEMOTRON_H_BLOCKS)}")
+    return "".join(NEMOTRON_H_BLOCKS[t] for t in types)
+
+
+def _num_layers(c: _Cfg, mt: str) -> int:
+    keys = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+    if mt == "nemotron_h" and c.first(*keys)[0] is None:
+        pattern = c.str("hybrid_override_pattern") or _nemotron_h_pattern(c, "layers_block_type")
+        if pattern:
+            return len(pattern)
+    return _required(c, *keys)
 
 
 def _required(c: _Cfg, *keys: str) -> int:
@@ -254,6 +279,13 @@ def _mla_and_mtp(c: _Cfg, out: dict) -> None:
     mtp = c.int("num_nextn_predict_layers")
     if mtp:
         out["num_mtp_layers"] = mtp
+        # Nemotron 3's MTP modules are an attention + MoE pair (mtp_hybrid_override_pattern "*E")
+        pattern = c.str("mtp_hybrid_override_pattern") or _nemotron_h_pattern(c, "mtp_layers_block_type")
+        if pattern:
+            out["mtp_layer_pattern"] = pattern
+    latent = c.int("moe_latent_size")
+    if latent:
+        out["moe_latent_size"] = latent
 
 
 def _recurrent(c: _Cfg, mt: str, out: dict) -> None:
@@ -281,6 +313,8 @@ def _stack(c: _Cfg, mt: str, out: dict) -> None:
     """The layer stack: a pattern when the layers differ beyond first_k_dense_layers' dense-then-MoE."""
     n = out["num_layers"]
     pattern = c.str("hybrid_override_pattern")
+    if pattern is None and mt == "nemotron_h":
+        pattern = _nemotron_h_pattern(c, "layers_block_type")
     if pattern is not None:  # Nemotron-H: Megatron-Core's hybrid symbols, one per layer
         bad = sorted(set(pattern) - set("M*-E"))
         if len(pattern) != n or bad:

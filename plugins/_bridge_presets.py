@@ -45,6 +45,9 @@ _GRAPHS_ROUTER = {"scope": "per_module", "attn": False, "mlp": False, "moe_route
 _QWEN3_PRESETS = (f"{_MB}@0fa501acee1ebfe3d1ab8088b638e2089d800df6 scripts/performance/configs/qwen3/workload_base_configs.py"
                   " and @01b2977e518f0a58ec870daba2fb2c04d76a91b2 scripts/performance/configs/qwen/qwen3_workload_base_configs.py")
 _GPT_OSS_PRESET = f"{_MB}@07eea52d4523a69fc8975cef34938d61ae13f9e2 scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py"
+_NEMOTRON_3 = ("nemotron-3-nano", "nemotron-3-super")
+_NEMOTRON_3_PRESET = (f"{_MB}@bf07e5678 (= @a98a0c5d0 for these entries) "
+                      "scripts/performance/configs/nemotronh/nemotron_3_workload_base_configs.py")
 #: Megatron-Bridge performance presets the tables do not state (read at the commits cited)
 BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
     # token dispatcher: the DeepSeek-V3 recipe selects the flex dispatcher (HybridEP) on every GPU
@@ -124,4 +127,30 @@ BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
                  features={"cuda_graphs": _GRAPHS_ATTN_ROUTER}, source=f"{_GPT_OSS_PRESET} (GB300 BF16)"),
     BridgeRecipe(models=("gpt-oss-120b",), gpus=("b300",), layout={"tp": 1, "pp": 1, "mbs": 4},
                  features={"cuda_graphs": _GRAPHS_ATTN_ROUTER}, source=f"{_GPT_OSS_PRESET} (B300 BF16 / FP8_MX)"),
+    # Nemotron 3 Nano and Super (scripts/performance/configs/nemotronh/nemotron_3_workload_base_configs.py,
+    # the version whose layouts the 26.04-26.08 tables show: Super GB200 TP 2, B300 EP 8, B200 EP 64):
+    # every run the HybridEP flex dispatcher and TE per-module CUDA graphs of attn, moe_router and
+    # moe_preprocess (and mamba, a scope MoFa's cuda_graphs does not model), B200 without graphs
+    BridgeRecipe(models=_NEMOTRON_3, gpus=(), features=_FLEX, source=_NEMOTRON_3_PRESET),
+    BridgeRecipe(models=_NEMOTRON_3, gpus=("gb300", "gb200", "b300"), features={"cuda_graphs": _GRAPHS_ATTN_ROUTER},
+                 source=_NEMOTRON_3_PRESET),
+    BridgeRecipe(models=("nemotron-3-super",), gpus=("b200",), precision=("NVFP4",), layout={"tp": 2},
+                 features={"cuda_graphs": _GRAPHS_ATTN_ROUTER}, source=f"{_NEMOTRON_3_PRESET} (B200 NVFP4)"),
+    # recompute modules: Super on B300 (BF16, NVFP4) and B200 (MXFP8) moe_act + layernorm, B200 BF16 also
+    # moe and core_attn; Nano on H100 (FP8_CS) moe, layernorm, core_attn, moe_act (attn graphs off there)
+    BridgeRecipe(models=("nemotron-3-super",), gpus=("b300",), precision=("BF16", "NVFP4"),
+                 features={"recompute": {"granularity": "selective", "moe_act": True, "layernorm": True}},
+                 source=f"{_NEMOTRON_3_PRESET} (B300 BF16 / NVFP4)"),
+    BridgeRecipe(models=("nemotron-3-super",), gpus=("b200",), precision=("MX",),
+                 features={"recompute": {"granularity": "selective", "moe_act": True, "layernorm": True}},
+                 source=f"{_NEMOTRON_3_PRESET} (B200 FP8_MX)"),
+    BridgeRecipe(models=("nemotron-3-super",), gpus=("b200",), precision=("BF16",),
+                 features={"recompute": {"granularity": "selective", "moe_act": True, "moe": True,
+                                         "layernorm": True, "core_attn": True}},
+                 source=f"{_NEMOTRON_3_PRESET} (B200 BF16)"),
+    BridgeRecipe(models=("nemotron-3-nano",), gpus=("h100",), precision=("FP8",), layout={"mbs": 1, "gbs": 1024},
+                 features={"recompute": {"granularity": "selective", "moe": True, "layernorm": True,
+                                         "core_attn": True, "moe_act": True}},
+                 source=f"{_NEMOTRON_3_PRESET} (H100 FP8_CS)"),
 )
+

@@ -29,7 +29,7 @@ def gemm_input_bytes(model, g, kind) -> np.ndarray:
     out = dt * T * h / spd * float(block.sublayers) + _out_proj_input(model, g, block)
     if block.ffn == "moe":
         routed = routed_pairs(model, g)
-        out = out + dt * routed * h + dt * routed * model.moe_ffn_hidden_size / g.etp
+        out = out + dt * routed * model.expert_width + dt * routed * model.moe_ffn_hidden_size / g.etp
         if model.shared_expert_ffn:
             out = out + dt * T * model.shared_expert_ffn / t
     elif block.ffn == "dense":

@@ -87,7 +87,7 @@ def remote_domains(num_experts: int, k: int, domains, groups: int = 0, group_top
 
 def _a2a_seconds(ctx, moe_model, g) -> tuple[np.ndarray, np.ndarray]:
     """One dispatch (or combine) all-to-all: (alltoall dispatcher, flex dispatcher) seconds."""
-    h, k = moe_model.hidden_size, moe_model.experts_per_token
+    h, k = moe_model.expert_width, moe_model.experts_per_token  # LatentMoE dispatches ℓ-wide tokens
     tok = g.tokens / g.sp_div
     load = moe_load(moe_model, g)  # the busiest EP rank receives `load` times the mean
     copies = tok * k * h * g.dt * load  # S: the k copies the alltoall dispatcher sends

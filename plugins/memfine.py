@@ -45,7 +45,7 @@ def expert_activation_bytes(model, g) -> np.ndarray:
     """S_exp: the routed experts' saved tensors per MoE layer and micro-batch."""
     routed = routed_pairs(model, g)
     width = 3.0 if model.activation is Activation.swiglu else 2.0
-    return g.dt * routed * model.hidden_size + g.dt * routed * width * model.moe_ffn_hidden_size / g.etp
+    return g.dt * routed * model.expert_width + g.dt * routed * width * model.moe_ffn_hidden_size / g.etp
 
 
 def stored_expert_bytes(model, g, c) -> np.ndarray:
@@ -54,7 +54,7 @@ def stored_expert_bytes(model, g, c) -> np.ndarray:
     experts' input and FC2 input among them: ``S_exp' = S_exp − (1 − scale)·dt·R·(h + f_e/etp)``.
     Dropping the bf16 S_exp after such a cut would count the cut twice (negative activations)."""
     routed = routed_pairs(model, g)
-    cut = (1.0 - c.act_gemm_input_scale) * g.dt * routed * (model.hidden_size + model.moe_ffn_hidden_size / g.etp)
+    cut = (1.0 - c.act_gemm_input_scale) * g.dt * routed * (model.expert_width + model.moe_ffn_hidden_size / g.etp)
     return np.maximum(expert_activation_bytes(model, g) - cut, 0.0)
 
 

@@ -163,7 +163,7 @@ def module_gemm_inputs(model, g, kind: str, module: str) -> np.ndarray:
         return z
     routed = routed_pairs(model, g)
     if module == "moe":
-        return dt * routed * (h + fe / g.etp) + shared
+        return dt * routed * (model.expert_width + fe / g.etp) + shared
     return z + (dt * routed * fe / g.etp if module == "moe_act" else shared)
 
 
