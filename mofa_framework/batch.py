@@ -145,7 +145,7 @@ class CandidateBatch:
 
 # ------------------------------------------------------------------ operators and collectives
 
-OP_KINDS = ("gemm", "attention", "elementwise")
+OP_KINDS = ("gemm", "attention", "elementwise", "scan")
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 
 
@@ -156,7 +156,10 @@ class OperatorBatch:
     One row per (operator, candidate): FLOPs and bytes moved on one GPU, the kind (index into
     :data:`OP_KINDS`), the numeric format (index into :data:`~mofa_framework.batch.PRECISIONS`)
     and, for GEMMs, the per-GPU shape M×N×K; for fused attention, queries × keys per query ×
-    head dimension (0 for other operators).
+    head dimension (0 for other operators). A ``scan`` (Mamba-2's chunked SSD) is priced as the
+    FlashAttention-2 kernel that takes as long: its ``flops`` are that causal attention's work at
+    ``gemm_n`` keys per query and head dimension ``gemm_k`` (``decompose.ssd_priced_flops``), not
+    the FLOPs the model counts for it.
     """
 
     flops: FloatArray = attrs.field(converter=frozen_f64)

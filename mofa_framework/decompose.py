@@ -24,7 +24,7 @@ from .stack import BlockSpec
 from .types import Activation, ModelSpec
 from .units import FloatArray
 
-GEMM, ATTENTION, ELEMENTWISE = 0, 1, 2
+GEMM, ATTENTION, ELEMENTWISE, SCAN = 0, 1, 2, 3
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, P2P = 0, 1, 2, 3, 4
 
 #: fused attention backward ≈ 2.5 × forward (it recomputes the scores)
@@ -63,6 +63,10 @@ class Op:
     count: FloatArray | float = 1.0
     #: kernel launches the op takes per pass (each pays the profile's ``kernel_launch_s``)
     kernels: FloatArray | float = 1.0
+    #: the work its time is priced at, when it differs from the FLOPs it counts (``flops``, what
+    #: model and hardware FLOPs add up): Mamba-2's SSD scan is priced as the fused attention that
+    #: takes as long (:func:`ssd_priced_flops`). None: ``flops``
+    priced_flops: FloatArray | None = None
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -343,6 +347,26 @@ def _scan(name, flops, io_bytes, head_dim) -> Op:
               bwd_input=SCAN_BWD_FACTOR, bwd_weight=0.0, group="ssm")
 
 
+#: the sequence length at which Mamba-2's SSD kernels and FlashAttention-2 take equal time for the
+#: same heads and head dimension (Dao & Gu 2024, arXiv 2405.21060, §9.3, Fig. 10: SSD is faster
+#: than FlashAttention-2 from sequence length 2K on, and its time barely grows with the state size)
+SSD_ATTENTION_CROSSOVER_SEQ = 2048.0
+
+
+def ssd_priced_flops(model: ModelSpec, T, t):
+    """The work Mamba-2's SSD scan is priced at, per micro-batch and GPU: the causal fused attention
+    that takes as long (the published crossover, :data:`SSD_ATTENTION_CROSSOVER_SEQ` = L*), i.e.
+    ``T·H/t · 2·P·L*`` — per query and head 2·P FLOPs for each of QKᵀ and PV over L*/2 keys on
+    average — at the SSD's head dimension P, priced from the hardware's FlashAttention-2
+    measurements (the kernel the crossover was measured against). The scan's own FLOPs
+    (:func:`ssd_flops_per_token`: 53 k per token and head for Nemotron-H's P = 64, N = 128,
+    Q = 128) are a fifth of that: its five Triton kernels (chunk cumsum, C·Bᵀ, chunk states, state
+    passing, chunk scan) run small per-chunk matmuls with fp32 intermediates, far below
+    attention's rate, which the crossover measures as a whole."""
+    _, H, P, _, _ = mamba2_dims(model)
+    return np.asarray(T, dtype=np.float64) * H / t * 2.0 * P * SSD_ATTENTION_CROSSOVER_SEQ
+
+
 def mamba2_dims(model: ModelSpec) -> tuple[int, int, int, int, int]:
     """(d_inner, heads H, head dim P, groups G, state N) of a Mamba-2 mixer."""
     return model.mamba_inner_size, model.mamba_heads, model.mamba_head_dim, model.mamba_num_groups, \
@@ -357,6 +381,16 @@ def ssd_flops_per_token(model: ModelSpec) -> float:
     _, H, P, G, N = mamba2_dims(model)
     Q = model.mamba_chunk_size
     return 2.0 * (Q * G * N + Q * H * P + 2.0 * H * P * N)
+
+
+def _ssd_scan(model: ModelSpec, T, t, io) -> Op:
+    """The SSD scan: its FLOPs counted (:func:`ssd_flops_per_token`), its time that of causal
+    FlashAttention-2 at L* keys (:func:`ssd_priced_flops`, ``n`` = L*/2 keys per query on
+    average, ``k`` = P), or of its bytes if those take longer."""
+    op = _scan("ssd_scan", T * ssd_flops_per_token(model) / t, io, model.mamba_head_dim)
+    shape = np.shape(op.flops)
+    return attrs.evolve(op, kind=SCAN, n=np.full(shape, SSD_ATTENTION_CROSSOVER_SEQ / 2.0),
+                        priced_flops=np.broadcast_to(ssd_priced_flops(model, T, t), shape).astype(np.float64))
 
 
 def mamba2_operators(model: ModelSpec, g: Geometry) -> list[Op]:
@@ -374,7 +408,7 @@ def mamba2_operators(model: ModelSpec, g: Geometry) -> list[Op]:
     return [
         _gemm("mamba_in_proj", T, (di + xbc + H) / t, h, dt, "qkv"),
         _conv1d("mamba_conv1d", T, xbc / t, model.mamba_conv_kernel, dt),
-        _scan("ssd_scan", T * ssd_flops_per_token(model) / t, io, P),
+        _ssd_scan(model, T, t, io),
         _elementwise("mamba_gated_norm", 3.0 * T * di / t * dt, "ssm"),  # reads y and z, writes
         _gemm("mamba_out_proj", T, h, di / t, dt, "proj"),
     ]

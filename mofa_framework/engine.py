@@ -320,7 +320,8 @@ def price_operators(ctx: Context, ops: list[Op]) -> list[FloatArray]:
     n = len(ctx.geometry.b)
     cat = lambda xs: _stacked(xs, n)  # noqa: E731
     batch = OperatorBatch(
-        flops=cat([o.flops for o in ops]), bytes=cat([o.bytes for o in ops]),
+        flops=cat([o.flops if o.priced_flops is None else o.priced_flops for o in ops]),
+        bytes=cat([o.bytes for o in ops]),
         kind=_stacked([o.kind for o in ops], n, np.int64),
         precision=_stacked([ctx.geometry.precision] * len(ops), n, np.int64),
         gemm_m=cat([o.m for o in ops]), gemm_n=cat([o.n for o in ops]), gemm_k=cat([o.k for o in ops]),

@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from mofa_framework import hookimpl
-from mofa_framework.batch import OP_KINDS, PRECISIONS
+from mofa_framework.batch import ATTENTION_KERNELS, OP_KINDS, PRECISIONS
 from mofa_framework.decompose import ATTENTION_BWD_FACTOR
 
 from ._attention_kernels import multiplier, resolve
@@ -102,7 +102,40 @@ def kernel_multiplier(ops, rows, points, hardware, direction: str, d, s) -> np.n
     return multiplier(codes, hardware.compute.architecture, direction, d, s, s_ref, all(p.causal for p in points))
 
 
+def scan_seconds(ops, hardware, default: np.ndarray) -> np.ndarray:
+    """Scans (Mamba-2's SSD, ``OP_KINDS`` "scan") at the profiled FlashAttention-2 rate of their
+    attention-equivalent work (``ops.flops`` at ``2·gemm_n`` keys, head dimension ``gemm_k``): the
+    published crossover is against FlashAttention-2, so neither the job's attention kernel nor
+    ``profiled_attention_relative_efficiency`` applies; never faster than their bytes."""
+    table = hardware.attention_profile
+    rows = (ops.kind == OP_KINDS.index("scan")) & (ops.flops > 0) & (ops.gemm_k > 0) & (ops.gemm_n > 0)
+    if not table or not rows.any():
+        return default
+    eff = hardware.efficiency
+    pts = [p for p in table if p.dtype == "bf16"] or list(table)
+    causal = [p for p in pts if p.causal] or pts
+    d, s = ops.gemm_k[rows], 2.0 * ops.gemm_n[rows]
+    fa2 = np.full(len(d), ATTENTION_KERNELS.index("fa2"))
+    rate = {}
+    for direction in ("fwd", "bwd"):
+        these = [p for p in causal if p.direction == direction]
+        if these:
+            seqs = {p.seq_len for p in these}
+            s_ref = float(next(iter(seqs))) if len(seqs) == 1 else s
+            rate[direction] = (pass_tflops(these, d, s, eff.attention_half_head_dim) * 1e12
+                               * multiplier(fa2, hardware.compute.architecture, direction, d, s, s_ref,
+                                            all(p.causal for p in these)))
+    fwd, bwd = rate.get("fwd", rate.get("bwd")), rate.get("bwd", rate.get("fwd"))
+    flops = ops.flops[rows]
+    t = (flops / fwd + ATTENTION_BWD_FACTOR * flops / bwd) / (1.0 + ATTENTION_BWD_FACTOR)
+    t = np.maximum(t, ops.bytes[rows] / (eff.memory_efficiency * hardware.hbm_bandwidth_bytes_per_s))
+    kernels = np.broadcast_to(ops.kernels, ops.flops.shape)[rows]
+    out = np.array(default, dtype=np.float64, copy=True)
+    out[rows] = np.maximum(t + eff.kernel_launch_s * kernels, eff.host_dispatch_s * kernels)
+    return out
+
+
 @hookimpl(wrapper=True)
 def mofa_operator_latency(ops, hardware):
     default = yield
-    return attention_seconds(ops, hardware, default)
+    return scan_seconds(ops, hardware, attention_seconds(ops, hardware, default))

@@ -32,7 +32,8 @@ def operator_seconds(ops, hardware) -> np.ndarray:
     bf16 = hardware.peak_flops_per_s("bf16")
     bw = eff.memory_efficiency * hardware.hbm_bandwidth_bytes_per_s
     gemm = ops.kind == OP_KINDS.index("gemm")
-    attention = ops.kind == OP_KINDS.index("attention")
+    # a scan (Mamba-2's SSD) is priced as the fused attention that takes as long
+    attention = (ops.kind == OP_KINDS.index("attention")) | (ops.kind == OP_KINDS.index("scan"))
     peak = np.where(gemm, peaks[ops.precision], bf16)
     half = eff.gemm_half_efficiency_s * peak
     one = ops.flops / np.maximum(ops.count, 1.0)  # FLOPs of one GEMM of a group
