@@ -132,6 +132,10 @@ BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
     # every run the HybridEP flex dispatcher and TE per-module CUDA graphs of attn, moe_router and
     # moe_preprocess (and mamba, a scope MoFa's cuda_graphs does not model), B200 without graphs
     BridgeRecipe(models=_NEMOTRON_3, gpus=(), features=_FLEX, source=_NEMOTRON_3_PRESET),
+    # nemotron_3_llm_pretrain.py's set_nemotron_3_{nano,super}_common_configs: grad_reduce_in_fp32 = False
+    # (bf16 main-grad buffers and gradient reduction)
+    BridgeRecipe(models=_NEMOTRON_3, gpus=(), features={"distributed_optimizer": {"grad_reduce_dtype": "bf16"}},
+                 source=f"{_MB}@bf07e5678 scripts/performance/configs/nemotronh/nemotron_3_llm_pretrain.py"),
     BridgeRecipe(models=_NEMOTRON_3, gpus=("gb300", "gb200", "b300"), features={"cuda_graphs": _GRAPHS_ATTN_ROUTER},
                  source=_NEMOTRON_3_PRESET),
     BridgeRecipe(models=("nemotron-3-super",), gpus=("b200",), precision=("NVFP4",), layout={"tp": 2},
@@ -153,4 +157,3 @@ BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
                                          "core_attn": True, "moe_act": True}},
                  source=f"{_NEMOTRON_3_PRESET} (H100 FP8_CS)"),
 )
-
