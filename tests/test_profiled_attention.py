@@ -66,3 +66,22 @@ def test_other_operators_and_profiles_without_a_table_fall_through(hw):
     assert attention_seconds(attn([128], [4096], kind=OP_KINDS.index("gemm")),
                              attrs.evolve(hw, attention_profile=(point(400.0),)), default)[0] == 3.0
     assert attention_seconds(attn([128], [4096]), attrs.evolve(hw, attention_profile=()), default) is default
+
+
+def test_ssd_scan_takes_the_fa2_tables_time_without_the_frameworks_attention_multipliers(hw):
+    """A scan (Mamba-2's SSD, priced at its attention-equivalent work at 2·n = 2048 keys, head dim 64)
+    runs at the FlashAttention-2 table's rate: 400 TFLOPS at d 128 → 300 at d 64 (the head-dimension
+    law), whatever profiled_attention_relative_efficiency says (3 here) — and never faster than its
+    bytes at the profile's memory bandwidth."""
+    from mofa_plugins.profiled_attention import scan_seconds
+
+    scan = OP_KINDS.index("scan")
+    h = attrs.evolve(hw, attention_profile=(point(400.0),),
+                     efficiency=attrs.evolve(hw.efficiency, profiled_attention_relative_efficiency=3.0))
+    t = scan_seconds(attn([64], [1024], kind=scan), h, np.zeros(1))[0]
+    assert t == pytest.approx(F / 300e12, rel=1e-12)
+    heavy = attrs.evolve(attn([64], [1024], kind=scan), bytes=np.array([1e13]))
+    bw = h.efficiency.memory_efficiency * h.hbm_bandwidth_bytes_per_s
+    assert scan_seconds(heavy, h, np.zeros(1))[0] == pytest.approx(1e13 / bw, rel=1e-12)
+    # an attention operator is untouched by the scan pricing
+    assert scan_seconds(attn([64], [1024]), h, np.array([7.0]))[0] == 7.0
