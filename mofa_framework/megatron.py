@@ -385,6 +385,11 @@ def _model_fields(a: MegatronArgs, notes: list[str]) -> dict:
     mtp = a.number("--mtp-num-layers", 0)
     if mtp:
         fields["num_mtp_layers"] = mtp
+        if a.has("--mtp-use-repeated-layer"):  # one set of MTP weights run mtp-num-layers times
+            fields["mtp_shared_weights"] = True
+    latent = a.number("--moe-latent-size", 0)
+    if latent and "num_experts" in fields:
+        fields["moe_latent_size"] = latent
     return fields
 
 

@@ -484,3 +484,15 @@ def test_the_import_docs_name_every_feature_that_reads_megatron_flags(registry):
     text = (Path(__file__).resolve().parents[1] / "docs" / "megatron-import.md").read_text()
     readers = [f.name for f in registry.features.values() if f.from_megatron is not None]
     assert len(readers) >= 10 and all(f"| `{name}` |" in text for name in readers)
+
+
+def test_latent_moe_and_repeated_mtp_flags(registry):
+    """--moe-latent-size and --mtp-use-repeated-layer (Nemotron 3 Super's MoE and MTP flags) reach the
+    model: experts on the latent, the MTP modules sharing one set of weights."""
+    words = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --ffn-hidden-size 2048 --seq-length 4096 "
+             "--max-position-embeddings 4096 --micro-batch-size 1 --global-batch-size 8 --bf16 --num-experts 8 "
+             "--moe-router-topk 2 --moe-ffn-hidden-size 512 --moe-latent-size 256 --mtp-num-layers 2 "
+             "--mtp-use-repeated-layer --vocab-size 32000").split()
+    r = from_args(words, registry, hardware=H100, num_gpus=8)
+    model = r.job["model"]
+    assert model["moe_latent_size"] == 256 and model["num_mtp_layers"] == 2 and model["mtp_shared_weights"] is True
