@@ -103,10 +103,12 @@ def test_gpt_block_inline_models_are_layernorm_with_learned_positions(mofa_predi
     assert m.job["model"]["position_embedding"] == "learned"
 
 
-def test_torchtitan_same_job_eager_over_compiled_matches_the_measured_ratio(mofa_predictor):
+def test_torchtitan_same_job_eager_minus_compiled_matches_the_measured_difference(mofa_predictor):
     """torchtitan's benchmark (held out, never fitted) ran Llama 3.1 8B FSDP on 8 and on 128 H100s with
-    and without torch.compile and nothing else changed: 2.843 / 2.457 s = 1.157 and 2.923 / 2.515 s
-    = 1.162. The predicted ratio (eager bytes only) must come within 5 % of it."""
+    and without torch.compile and nothing else changed: 2.843 - 2.457 = 0.386 s and 2.923 - 2.515 =
+    0.408 s. What `eager_kernels` adds (its HBM passes) must come within 15 % of that difference.
+    The difference, not the ratio: the ratio also carries the base error of the compiled step (these
+    H100 FSDP rows are predicted ~20 % too fast, docs/validation.md), which is not this plugin's."""
     mapped, _, _ = map_files([builtin_data_dir() / "torchtitan_benchmarks.csv"], mofa_predictor.registry)
     by_id = {m.row_id: m for m in mapped}
     for eager_id, compiled_id in (("TT-001", "TT-002"), ("TT-008", "TT-009")):
@@ -114,5 +116,5 @@ def test_torchtitan_same_job_eager_over_compiled_matches_the_measured_ratio(mofa
         assert "eager_kernels" in e.job["features"] and "eager_kernels" not in c.job["features"]
         job, batch = _batch(mofa_predictor, [e.job, c.job])
         t = mofa_predictor.evaluate(batch, job.model, job.hardware).step_time_s
-        measured = e.measured_s / c.measured_s
-        assert np.isclose(t[0] / t[1], measured, rtol=0.05), (t[0] / t[1], measured)
+        measured = e.measured_s - c.measured_s
+        assert np.isclose(t[0] - t[1], measured, rtol=0.15), (t[0] - t[1], measured)
