@@ -297,7 +297,7 @@ def gemm_format(hardware, precision: str, features, registry) -> str:
 
 def band_candidates(cands, req, registry, table: ResidualTable | None = None) -> tuple:
     """The tuner's top configurations with their bands and flags; ``within_band_of_best`` marks
-    those whose step time and rank 1's lie inside each other's band."""
+    those rank 1 cannot be told apart from (:func:`indistinguishable`)."""
     from .crossval import model_family
 
     out = []
@@ -309,10 +309,18 @@ def band_candidates(cands, req, registry, table: ResidualTable | None = None) ->
         out.append(attrs.evolve(c, step_time_s_low=b.low_s, step_time_s_high=b.high_s, extrapolation=b.flags))
     if out:
         top = out[0]
-        inside = lambda t, c: c.step_time_s_low <= t <= c.step_time_s_high  # noqa: E731
-        out = [attrs.evolve(c, within_band_of_best=inside(c.step_time_s, top) and inside(top.step_time_s, c))
-               for c in out]
+        out = [attrs.evolve(c, within_band_of_best=indistinguishable(c, top)) for c in out]
     return tuple(out)
+
+
+def indistinguishable(a, b) -> bool:
+    """True when two predictions differ by less than half the width of either's band, in log terms:
+    |ln(a/b)| ≤ ln(high/low)/2 for both bands. A band is where the *measured* time is expected and
+    may not contain its own prediction (a regime whose runs all ran slower than predicted), so the
+    test is on the spread, not on containment: equal predictions are always indistinguishable."""
+    gap = abs(np.log(a.step_time_s / b.step_time_s))
+    half = lambda c: 0.5 * np.log(c.step_time_s_high / c.step_time_s_low)  # noqa: E731
+    return bool(gap <= half(a) and gap <= half(b))
 
 
 def row_regime(table: ResidualTable, i: int) -> Regime:

@@ -301,9 +301,23 @@ def test_tune_marks_winners_inside_each_others_band():
     assert res.exit_code == 0, res.output
     best = json.loads(res.output)["best"]
     assert best[0]["within_band_of_best"] and all(b["step_time_s_low"] < b["step_time_s_high"] for b in best)
+    half = lambda b: 0.5 * math.log(b["step_time_s_high"] / b["step_time_s_low"])  # noqa: E731
     for b in best[1:]:
-        both = (best[0]["step_time_s_low"] <= b["step_time_s"] <= best[0]["step_time_s_high"]
-                and b["step_time_s_low"] <= best[0]["step_time_s"] <= b["step_time_s_high"])
-        assert b["within_band_of_best"] == both
+        gap = abs(math.log(b["step_time_s"] / best[0]["step_time_s"]))
+        assert b["within_band_of_best"] == (gap <= half(b) and gap <= half(best[0]))
     res = CliRunner().invoke(c.cli, args)
     assert res.exit_code == 0 and "band" in res.output
+
+
+def test_indistinguishable_by_spread_not_by_containment():
+    """Hand-picked bands: a regime that ran 5–50 % slower than predicted gives 1.05–1.5 s around a
+    1.0 s prediction, which excludes it. ln(1.5/1.05)/2 = 0.178: a rival at 1.15 s (ln 1.15 = 0.140)
+    is indistinguishable, one at 1.25 s (0.223) is not; equal predictions always are."""
+    from types import SimpleNamespace as C
+
+    from mofa_framework.uncertainty import indistinguishable
+
+    top = C(step_time_s=1.0, step_time_s_low=1.05, step_time_s_high=1.5)
+    near = C(step_time_s=1.15, step_time_s_low=1.2075, step_time_s_high=1.725)
+    far = C(step_time_s=1.25, step_time_s_low=1.3125, step_time_s_high=1.875)
+    assert indistinguishable(top, top) and indistinguishable(near, top) and not indistinguishable(far, top)
