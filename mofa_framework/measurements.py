@@ -314,7 +314,13 @@ def map_plain_row(row: Mapping[str, str], ctx: ReadContext) -> MappedRow | Skipp
     for col in PLAIN_LAYOUT:
         if col == "vpp" and auto_vpp:
             continue
-        if (x := cell_count(row, col, minimum=0 if col == "etp" else 1)) is not None:
+        try:
+            x = cell_count(row, col, minimum=0 if col == "etp" else 1)
+        except CellError as exc:
+            if col != "vpp":
+                raise
+            raise CellError(col, exc.value, "not a count", "write a whole number, or auto to try every factor") from None
+        if x is not None:
             par[col] = x
     for col in ("sequence_parallel", "flash_attention"):
         if (f := cell_flag(row, col)) is not None:

@@ -142,14 +142,15 @@ def expand_pattern(pattern: str) -> str:
     return "".join(stack[0])
 
 
-def pattern_blocks(pattern: str, blocks) -> list[BlockSpec]:
-    """The block of each symbol of the expanded pattern (one repeat unit of the stack)."""
+def pattern_blocks(pattern: str, blocks, field: str = "layer_pattern") -> list[BlockSpec]:
+    """The block of each symbol of the expanded pattern (one repeat unit of the stack); errors name
+    `field`, the key the pattern came from."""
     symbols = expand_pattern(pattern)
     if not symbols:
-        raise ValueError("layer_pattern is empty: give one symbol per layer, e.g. 'M-M*-' or '(LG)21'")
+        raise ValueError(f"{field} is empty: give one symbol per layer, e.g. 'M-M*-' or '(LG)21'")
     table = {**BUILTIN_BLOCKS, **blocks}
     unknown = sorted(set(symbols) - set(table))
     if unknown:
-        raise ValueError(f"layer_pattern uses undefined symbol(s) {', '.join(map(repr, unknown))}: define them under "
+        raise ValueError(f"{field} uses undefined symbol(s) {', '.join(map(repr, unknown))}: define them under "
                          f"blocks, or use the built-in {', '.join(map(repr, BUILTIN_BLOCKS))}")
     return [table[s] for s in symbols]

@@ -308,7 +308,7 @@ class ModelSpec:
         if not self.mtp_layer_pattern:
             return {self.mtp_kind: 1}
         counts: dict[str, int] = {}
-        for b in pattern_blocks(self.mtp_layer_pattern, self.blocks):
+        for b in pattern_blocks(self.mtp_layer_pattern, self.blocks, "mtp_layer_pattern"):
             k = kind_key(attrs.evolve(b, attention="model") if b.attention == "full" and not self.sliding_window
                          else b)
             counts[k] = counts.get(k, 0) + 1

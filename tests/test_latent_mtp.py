@@ -102,6 +102,8 @@ def test_latent_moe_checks():
         attrs.evolve(SUPER, mtp_layer_pattern="-")
     with pytest.raises(ValueError, match="num_mtp_layers is 0"):
         attrs.evolve(SUPER, num_mtp_layers=0)
+    with pytest.raises(ValueError, match="^mtp_layer_pattern uses undefined symbol"):  # names its own key
+        attrs.evolve(SUPER, mtp_layer_pattern="*Q")
 
 
 def test_mtp_modules_are_priced_as_their_pattern_run_num_mtp_layers_times():

@@ -306,3 +306,11 @@ def test_plain_schema_uneven_end_stages_and_an_unstated_interleaving(mofa_predic
     # split neither 8 nor the ends' layouts); the kept one is named in the row's assumptions
     assert resolved.job["parallel"]["vpp"] in (1, 2, 4) and not resolved.variants
     assert "interleaving not stated" in resolved.assumptions
+
+
+def test_plain_schema_vpp_that_is_neither_a_count_nor_auto_names_both(mofa_predictor, tmp_path):
+    path = write(tmp_path, "v.csv", "model,hardware,num_gpus,tp,pp,vpp,global_batch_size,sequence_length,step_time_s\n"
+                                    "llama3-8b,h100,8,1,2,abc,16,4096,1.0\n")
+    mapped, skipped = map_rows([path], mofa_predictor.registry)
+    assert not mapped and len(skipped) == 1
+    assert "vpp = 'abc': not a count; write a whole number, or auto" in skipped[0].reason
