@@ -41,7 +41,8 @@ def pipeline(state, rows):
     p = state.pipe
     work = p.F + p.B + p.W
     pair = p.steady_p2p_s  # 2τ unless another feature changed it
-    exposed = contended_total(work, pair, alpha, beta) - work
+    # Never more than the serial transfer: T − work can exceed it by one rounding when T = work + pair.
+    exposed = np.minimum(contended_total(work, pair, alpha, beta) - work, pair)
     applies = (p.p > 1) & (pair > 0)
     return attrs.evolve(state, pipe=attrs.evolve(p, steady_p2p_s=np.where(applies, exposed, p.steady_p2p_s)))
 
