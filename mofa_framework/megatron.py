@@ -47,7 +47,7 @@ IGNORED_FLAGS = frozenset("""
 --use-persistent-ckpt-worker --finetune --pretrained-checkpoint --use-checkpoint-args --auto-detect-ckpt-format
 --no-load-optim --no-load-rng --no-save-optim --no-save-rng --deterministic-mode --te-rng-tracker
 --decoupled-lr --decoupled-min-lr --override-opt_param-scheduler
---use-checkpoint-opt_param-scheduler --moe-layer-recompute --ddp-bucket-size --ddp-num-buckets
+--use-checkpoint-opt_param-scheduler --moe-layer-recompute --ddp-num-buckets
 --ddp-average-in-collective
 --accumulate-allreduce-grads-in-fp32 --align-param-gather --no-align-grad-reduce --use-sharp
 --high-priority-stream-groups --tp-comm-overlap-cfg --tp-comm-bootstrap-backend --moe-router-topk-limited-devices

@@ -13,7 +13,7 @@ first stage runs one chunk for ``n = min(m, p)`` micro-batches before moving to 
     T_dp_exposed = AG_1 + RS_v + Σ_{j=1}^{v−1} [max(α·nF, β·AG_j) − nF]
                                + Σ_{j=1}^{v−1} [max(α·n(B+W), β·RS_j) − n(B+W)]
 
-(v = 1: n = 1, the last micro-batch's backward, split into buckets below.)
+(v = 1: only the last chunk, split into buckets below.)
 
 **Choice** on contention: cost-model.md writes the overlapped term as
 ``max(0, β·comm − α·compute)``; that lets a larger α (slower compute) *hide more*. Here the
@@ -34,10 +34,30 @@ Which collectives:
   ``--overlap-grad-reduce`` with the plain DDP): the whole all-reduce sits on the cooldown
   side and the warmup side has nothing to hide.
 
-Option ``buckets_per_chunk`` (default 1, the paper's per-chunk granularity) splits each
-chunk's communication and compute further into k equal buckets, as Megatron's gradient
-buckets do; it lets a non-interleaved schedule (v = 1) hide anything at all. The per-bucket
-collective latency is not re-priced, so large values are optimistic.
+**Buckets of the chunk reduced last** (option ``bucket_size``, parameters per bucket).
+Megatron-Core does not reduce a chunk in one piece: its DDP packs gradients into buckets of
+``bucket_size`` parameters and launches each bucket's reduce-scatter the moment the bucket's
+gradients are complete, i.e. during the backward that produces them (and gathers parameter
+buckets one ahead of the forward that needs them). Default 0 = Megatron-Core's own size,
+``max(40 M, 1 M × D)`` parameters with D = DP×CP ranks (``distributed_data_parallel.py``, what
+``--ddp-bucket-size`` overrides). Bucketing stops at the first model chunk: Megatron turns it off
+for chunks 2 onwards, whose reduction hides behind the other chunks anyway (``training.py``:
+``disable_bucketing = model_chunk_idx > 0``). So the chunk reduced last — the only chunk at
+v = 1 — splits into ``k_l = ⌈P_c / bucket_size⌉`` buckets (``P_c`` its parameters on the critical
+stage) that hide behind its own last micro-batch's backward (reduce-scatter side) or the next
+step's first forward (all-gather side): one micro-batch of one chunk, X = B + W or F::
+
+    last chunk:  C/k_l + (k_l − 1)·[max(α·X/k_l, β·C/k_l) − X/k_l]        (C = comm / v)
+
+so only the last bucket and what the other buckets' traffic exceeds that backward stay exposed.
+A ``bucket_size`` at least a chunk's parameters gives one bucket: the paper's per-chunk eq. [24],
+where a plain 1F1B step (v = 1) hides nothing. Torch DDP (``bucket_cap_mb`` 25 MiB) and other
+stacks set their own size. The per-bucket collective latency is not re-priced (a bucket moves
+tens to hundreds of MB, far above the latency-bound sizes).
+
+Option ``buckets_per_chunk`` (default 1) further splits every chunk's communication and
+compute into k equal pieces, the earlier chunks' ``n·X`` included; the last chunk takes
+``max(k, k_l)`` buckets.
 
 Acts in the optimizer phase after ``distributed_optimizer``, ``cpu_optimizer`` and
 ``kernel_scaling`` (which set and scale ``opt.dp_comm_s``). Rows without DP communication are
@@ -52,17 +72,33 @@ import numpy as np
 from mofa_framework import hookimpl
 from mofa_framework.types import OverlapStrategy, option
 from mofa_plugins._overlap import ContentionOptions, _positive_int, contention, opt
-from mofa_plugins.distributed_optimizer import reduce_grad_bytes
+from mofa_plugins.distributed_optimizer import dp_sizes, local_params, reduce_grad_bytes
 
 #: bytes per parameter of the all-gathered (bf16) parameters
 PARAM_BYTES = 2.0
+#: Megatron-Core's default gradient bucket: max(MIN, PER_RANK × DP×CP) parameters
+#: (megatron/core/distributed/distributed_data_parallel.py)
+MEGATRON_MIN_BUCKET_PARAMS = 40_000_000.0
+MEGATRON_BUCKET_PARAMS_PER_RANK = 1_000_000.0
+#: the largest bucket a job may name (parameters): beyond any model's chunk
+MAX_BUCKET_PARAMS = 1e12
+
+
+def _bucket_size(inst, attribute, value):
+    if not 0.0 <= value <= MAX_BUCKET_PARAMS:
+        raise ValueError(f"'{attribute.name}' must be 0 (Megatron-Core's default) or a number of parameters "
+                         f"up to {MAX_BUCKET_PARAMS:g}, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
 class DpOverlapOptions(ContentionOptions):
     buckets_per_chunk: int = option(
         1, validator=_positive_int,
-        doc="gradient/parameter buckets per virtual chunk (1 = the paper's per-chunk overlap)")
+        doc="pieces every virtual chunk's communication and compute split into (1 = the paper's per-chunk overlap)")
+    bucket_size: float = option(
+        0.0, validator=_bucket_size,
+        doc="parameters per gradient/parameter bucket of the chunk reduced last (Megatron --ddp-bucket-size); "
+            "0 = Megatron-Core's default max(40 M, 1 M × DP×CP)")
 
 
 def sharded_rows(batch) -> np.ndarray:
@@ -74,46 +110,76 @@ def sharded_rows(batch) -> np.ndarray:
     return dist | (np.asarray(cpu.enabled, bool) & (np.asarray(shard) > 0.5))
 
 
-def side(comm, compute, pieces, alpha, beta):
-    """One side of [24]: `comm` split into `pieces`, all but one hidden behind `compute` each."""
-    c = comm / pieces
-    return c + (pieces - 1.0) * (np.maximum(alpha * compute, beta * c) - compute)
+def side(comm, chunk_compute, last_compute, v, k, k_last, alpha, beta):
+    """One side of [24] with buckets: the v − 1 earlier chunks in `k` pieces each hidden behind
+    `chunk_compute`/k, the last chunk in `k_last` buckets of which all but one hide behind
+    `last_compute`/k_last. k = k_last = 1 is the paper's per-chunk form."""
+    c = comm / v
+
+    def hidden(comm_piece, compute_piece):
+        return np.maximum(alpha * compute_piece, beta * comm_piece) - compute_piece
+
+    earlier = (v - 1.0) * k * hidden(c / k, chunk_compute / k)
+    return earlier + c / k_last + (k_last - 1.0) * hidden(c / k_last, last_compute / k_last)
+
+
+def last_chunk_buckets(state, rows, k):
+    """k_l = ⌈P_c / bucket_size⌉ (at least k) buckets of the chunk reduced last; bucket_size 0 is
+    Megatron-Core's max(40 M, 1 M × DP×CP). FSDP rows keep k: their remainder is not bucketed."""
+    p_dense, p_expert = local_params(state)
+    d_dense, _ = dp_sizes(state)
+    size = opt(rows, "bucket_size", 0.0)
+    size = np.where(size > 0, size, np.maximum(MEGATRON_MIN_BUCKET_PARAMS, MEGATRON_BUCKET_PARAMS_PER_RANK * d_dense))
+    k_last = np.maximum(k, np.ceil((p_dense + p_expert) / state.pipe.v / size))
+    return np.where(np.asarray(state.batch.feature("fsdp").enabled, bool), k, k_last)
 
 
 def optimizer(state, rows):
     batch, o, pipe = state.batch, state.opt, state.pipe
     alpha, beta = contention(state, rows)
     k = opt(rows, "buckets_per_chunk", 1.0)
-    pieces = pipe.v * k
+    k_last = last_chunk_buckets(state, rows, k)
     grad_bytes = reduce_grad_bytes(batch)
     rs_share = np.where(sharded_rows(batch), grad_bytes / (grad_bytes + PARAM_BYTES), 1.0)
     comm = o.dp_comm_s
     rs, ag = comm * rs_share, comm * (1.0 - rs_share)
     # micro-batches of one chunk the first stage runs back to back between two chunks' collectives
     n = np.where(pipe.v > 1, np.minimum(pipe.m, pipe.p), 1.0)
-    exposed_rs = side(rs, n * (pipe.B + pipe.W) / k, pieces, alpha, beta)
-    exposed_ag = np.where(ag > 0, side(ag, n * pipe.F / k, pieces, alpha, beta), 0.0)
+    bwd = pipe.B + pipe.W
+    exposed_rs = side(rs, n * bwd, bwd, pipe.v, k, k_last, alpha, beta)
+    exposed_ag = np.where(ag > 0, side(ag, n * pipe.F, pipe.F, pipe.v, k, k_last, alpha, beta), 0.0)
     exposed = np.where(comm > 0, exposed_rs + exposed_ag, o.dp_exposed_s)
     return attrs.evolve(state, opt=attrs.evolve(o, dp_exposed_s=exposed))
 
 
 def from_megatron(args):
-    """On with ``--overlap-grad-reduce`` or ``--overlap-param-gather`` (Megatron's DDP overlaps)."""
+    """On with ``--overlap-grad-reduce`` or ``--overlap-param-gather`` (Megatron's DDP overlaps);
+    ``--ddp-bucket-size`` sets the bucket size (default: Megatron-Core's own)."""
     grad, param = args.has("--overlap-grad-reduce"), args.has("--overlap-param-gather")
-    return {} if grad or param else None
+    if not (grad or param):
+        return None
+    size = args.number("--ddp-bucket-size", None)
+    return {} if size is None else {"bucket_size": float(size)}
+
+
+def megatron_args(options) -> list[str]:
+    out = ["--overlap-grad-reduce", "--overlap-param-gather"]
+    size = getattr(options, "bucket_size", 0.0)
+    return out + (["--ddp-bucket-size", str(int(size))] if size > 0 else [])
 
 
 FEATURE = OverlapStrategy(
     name="dp_overlap",
     description="hide gradient reduce-scatters behind cooldown backwards and parameter all-gathers behind "
                 "warmup forwards, chunk by chunk (Megatron --overlap-grad-reduce/--overlap-param-gather)",
-    equation="[24] T = AG_1 + RS_v + Σ_{j<v} [max(α·F, β·AG_j) − F] + Σ_{j<v} [max(α·(B+W), β·RS_j) − (B+W)]",
+    equation="[24] T = Σ_{j<v} [max(α·nF, β·AG_j) − nF] + Σ_{j<v} [max(α·n(B+W), β·RS_j) − n(B+W)] + the last "
+             "chunk in ⌈P_c/bucket⌉ buckets behind one micro-batch's F (AG) and B+W (RS)",
     options_type=DpOverlapOptions,
     optimizer=optimizer,
     after=("distributed_optimizer", "cpu_optimizer", "fsdp", "kernel_scaling"),
     applies=lambda batch, model, hardware: (batch.dp * batch.cp > 1) | (
         (batch.tp * batch.cp * batch.dp > batch.ep * batch.etp) if model.is_moe else False),
-    megatron_args=lambda o: ["--overlap-grad-reduce", "--overlap-param-gather"],
+    megatron_args=megatron_args,
     from_megatron=from_megatron,
 )
 

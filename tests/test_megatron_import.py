@@ -496,3 +496,16 @@ def test_latent_moe_and_repeated_mtp_flags(registry):
     r = from_args(words, registry, hardware=H100, num_gpus=8)
     model = r.job["model"]
     assert model["moe_latent_size"] == 256 and model["num_mtp_layers"] == 2 and model["mtp_shared_weights"] is True
+
+
+def test_ddp_bucket_size_reaches_dp_overlap_and_round_trips(registry):
+    """--ddp-bucket-size sets dp_overlap's bucket (parameters); without it the bucket is
+    Megatron-Core's default, written back as no flag."""
+    feat = registry.features["dp_overlap"]
+    on = MegatronArgs(flags=parse_flags("--overlap-grad-reduce --ddp-bucket-size 20000000".split()),
+                      parallel={"tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 1})
+    assert feat.from_megatron(on) == {"bucket_size": 2e7}
+    assert feat.megatron_args(feat.options_type(bucket_size=2e7))[-2:] == ["--ddp-bucket-size", "20000000"]
+    default = MegatronArgs(flags=parse_flags(["--overlap-grad-reduce"]), parallel={"tp": 1, "pp": 1, "vpp": 1})
+    assert feat.from_megatron(default) == {}
+    assert "--ddp-bucket-size" not in feat.megatron_args(feat.options_type())

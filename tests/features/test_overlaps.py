@@ -192,18 +192,34 @@ def _dp_side(comm, compute, pieces, a, b):
     return piece + sum(max(a * compute, b * piece) - compute for _ in range(pieces - 1))
 
 
+def _dp_side_buckets(comm, chunk_compute, last_compute, v, k, k_last, a, b):
+    """[24] with buckets: the v − 1 earlier chunks, k pieces each against chunk_compute / k; the
+    chunk reduced last in k_last buckets, all but one against last_compute / k_last."""
+    c = comm / v
+    earlier = sum(max(a * chunk_compute / k, b * c / k) - chunk_compute / k for _ in range((v - 1) * k))
+    return earlier + _dp_side(c, last_compute / k_last, k_last, a, b)
+
+
+#: a bucket larger than any chunk: one bucket per chunk, the paper's per-chunk eq. [24]
+ONE_BUCKET = {"bucket_size": 1e12}
+
+
 @pytest.mark.parametrize("buckets", [1, 2])
 def test_dp_overlap_eq24_all_reduce(mofa_predictor, buckets):
     off, job = evaluate(mofa_predictor, DENSE)
-    on, _ = evaluate(mofa_predictor, DENSE, {"dp_overlap": {"buckets_per_chunk": buckets}})
+    on, _ = evaluate(mofa_predictor, DENSE, {"dp_overlap": {"buckets_per_chunk": buckets, **ONE_BUCKET}})
     a, b = coefficients(job)
     pipe, comm = off.state.pipe, f0(off.state.opt.dp_comm_s)
     v = 2
     assert comm > 0 and f0(pipe.v) == v
     # no distributed optimizer: the all-reduce runs chunk by chunk in the cooldown, behind the
-    # n = min(m, p) backwards of one chunk the first stage runs before the next chunk's
+    # n = min(m, p) backwards of one chunk the first stage runs before the next chunk's; the chunk
+    # reduced last hides its pieces behind its own last micro-batch's backward
     n = min(f0(pipe.m), f0(pipe.p))
-    expected = _dp_side(comm, n * (f0(pipe.B) + f0(pipe.W)) / buckets, v * buckets, a, b)
+    bwd = f0(pipe.B) + f0(pipe.W)
+    expected = _dp_side_buckets(comm, n * bwd, bwd, v, buckets, buckets, a, b)
+    if buckets == 1:  # the paper's per-chunk form
+        assert expected == pytest.approx(_dp_side(comm, n * bwd, v, a, b), rel=1e-12)
     assert f0(on.state.opt.dp_exposed_s) == pytest.approx(expected, rel=1e-12)
     assert f0(on.breakdown["dp_comm"]) == pytest.approx(expected, rel=1e-12)
     assert f0(on.state.opt.dp_comm_s) == comm
@@ -215,7 +231,7 @@ def test_dp_overlap_eq24_distributed_optimizer(mofa_predictor):
     if "distributed_optimizer" not in mofa_predictor.registry.features:
         pytest.skip("the distributed_optimizer plugin is not installed")
     off, job = evaluate(mofa_predictor, DENSE, {"distributed_optimizer": {}})
-    on, _ = evaluate(mofa_predictor, DENSE, {"distributed_optimizer": {}, "dp_overlap": {}})
+    on, _ = evaluate(mofa_predictor, DENSE, {"distributed_optimizer": {}, "dp_overlap": ONE_BUCKET})
     a, b = coefficients(job)
     pipe, comm = off.state.pipe, f0(off.state.opt.dp_comm_s)
     # RS of fp32 gradients (4 B/param) + AG of bf16 parameters (2 B/param): split 2/3 : 1/3
@@ -226,6 +242,52 @@ def test_dp_overlap_eq24_distributed_optimizer(mofa_predictor):
     assert f0(on.state.opt.dp_exposed_s) == pytest.approx(expected, rel=1e-12)
     assert f0(on.step_time_s) == pytest.approx(f0(off.step_time_s) - (comm - expected), rel=1e-12)
     assert_memory_unchanged(on, off)
+
+
+def test_dp_overlap_buckets_by_hand():
+    """One chunk (v = 1), 1 s of reduce-scatter in 4 buckets behind a 0.5 s backward, α = β = 1:
+    each bucket moves 0.25 s against 0.125 s of compute, so 4·0.25 − 3·0.125 = 0.625 s stays
+    exposed; the same traffic as one bucket is all exposed (1 s); behind a 2 s backward only the
+    last bucket is (0.25 s)."""
+    from mofa_plugins.dp_overlap import side
+
+    one = np.ones(1)
+    assert f0(side(one, 0.5 * one, 0.5 * one, one, one, 4 * one, 1.0, 1.0)) == pytest.approx(0.625, rel=1e-15)
+    assert f0(side(one, 0.5 * one, 0.5 * one, one, one, one, 1.0, 1.0)) == pytest.approx(1.0, rel=1e-15)
+    assert f0(side(one, 2.0 * one, 2.0 * one, one, one, 4 * one, 1.0, 1.0)) == pytest.approx(0.25, rel=1e-15)
+    # v = 2, k = 1: the earlier chunk's 0.5 s hides behind 0.75 s (n·X), the last one's 0.5 s in
+    # 2 buckets behind 0.2 s: 0 + 0.25 + (0.25 − 0.1) = 0.4 s
+    assert f0(side(one, 0.75 * one, 0.2 * one, 2 * one, one, 2 * one, 1.0, 1.0)) == pytest.approx(0.4, rel=1e-15)
+
+
+def test_dp_overlap_megatron_core_buckets(mofa_predictor):
+    """Default bucket size: Megatron-Core's max(40 M, 1 M × DP×CP) parameters; the chunk reduced
+    last (the first model chunk) splits into ⌈P_c / size⌉ buckets, the other chunks stay whole."""
+    off, job = evaluate(mofa_predictor, DENSE, {"distributed_optimizer": {}})
+    on, _ = evaluate(mofa_predictor, DENSE, {"distributed_optimizer": {}, "dp_overlap": {}})
+    a, b = coefficients(job)
+    pipe, comm = off.state.pipe, f0(off.state.opt.dp_comm_s)
+    # llama3-70b, TP 8, PP 2, VPP 2 on 64 GPUs: DP 4, so the bucket is the 40 M floor
+    dp = 64 // (8 * 2)
+    size = max(40e6, 1e6 * dp)
+    params = (f0(off.state.opt.dense_grad_bytes) + f0(off.state.opt.expert_grad_bytes)) / 4.0  # fp32 main grads
+    assert 70.55e9 / 16 * 0.9 < params < 70.55e9 / 16 * 1.25  # ≈ a 16th of the model on the busiest stage
+    k_last = int(np.ceil(params / 2 / size))
+    assert k_last > 20
+    n = min(f0(pipe.m), f0(pipe.p))
+    bwd = f0(pipe.B) + f0(pipe.W)
+    rs, ag = comm * 4 / 6, comm * 2 / 6
+    expected = (_dp_side_buckets(rs, n * bwd, bwd, 2, 1, k_last, a, b)
+                + _dp_side_buckets(ag, n * f0(pipe.F), f0(pipe.F), 2, 1, k_last, a, b))
+    assert f0(on.state.opt.dp_exposed_s) == pytest.approx(expected, rel=1e-12)
+    per_chunk, _ = evaluate(mofa_predictor, DENSE, {"distributed_optimizer": {}, "dp_overlap": ONE_BUCKET})
+    assert f0(on.state.opt.dp_exposed_s) < f0(per_chunk.state.opt.dp_exposed_s)
+    # a bucket size that makes 3 buckets of the last chunk
+    three, _ = evaluate(mofa_predictor, DENSE, {"distributed_optimizer": {},
+                                                "dp_overlap": {"bucket_size": params / 2 / 2.5}})
+    expected3 = (_dp_side_buckets(rs, n * bwd, bwd, 2, 1, 3, a, b)
+                 + _dp_side_buckets(ag, n * f0(pipe.F), f0(pipe.F), 2, 1, 3, a, b))
+    assert f0(three.state.opt.dp_exposed_s) == pytest.approx(expected3, rel=1e-12)
 
 
 def test_kernel_scaling_eq17_eq18(mofa_predictor):
