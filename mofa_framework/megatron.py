@@ -135,6 +135,7 @@ _CONFIG_ALIASES = {
     "activations_checkpoint_num_layers": "--recompute-num-layers",
     "use_flash_attention": "--use-flash-attn", "layernorm_epsilon": "--norm-epsilon",
     "fp8": "--fp8-format", "padded_vocab_size": "--vocab-size",
+    "bucket_size": "--ddp-bucket-size",  # DistributedDataParallelConfig.bucket_size (ddp.bucket_size)
 }
 
 

@@ -509,3 +509,6 @@ def test_ddp_bucket_size_reaches_dp_overlap_and_round_trips(registry):
     default = MegatronArgs(flags=parse_flags(["--overlap-grad-reduce"]), parallel={"tp": 1, "pp": 1, "vpp": 1})
     assert feat.from_megatron(default) == {}
     assert "--ddp-bucket-size" not in feat.megatron_args(feat.options_type())
+    # Megatron-Bridge / NeMo 2: DistributedDataParallelConfig.bucket_size
+    flags, _, _ = flags_from_config("ddp.overlap_grad_reduce=true ddp.bucket_size=20000000")
+    assert flags == {"--overlap-grad-reduce": (), "--ddp-bucket-size": ("20000000",)}
