@@ -221,7 +221,9 @@ def test_match_model_compares_the_shape(registry):
                                               "ffn_hidden_size", "vocab_size")}
     assert "llama3-8b" in match_model(fields, registry.models)
     assert match_model({**fields, "num_layers": 31}, registry.models) == []
-    assert match_model({**fields, "vocab_size": 32000}, registry.models) == []
+    assert match_model({**fields, "vocab_size": 32064}, registry.models) == []
+    # Mistral 7B is Llama 3 8B's shape with a 32,000 vocabulary
+    assert match_model({**fields, "vocab_size": 32000}, registry.models) == ["mistral-7b"]
 
 
 # ---------------------------------------------------------------------- features through the registry

@@ -71,6 +71,24 @@ PUBLISHED = [
     ("llama3.1-405b", "total", 405.8 * B, 0.1 * B, "Meta: 405B (safetensors 405.8B)"),
     ("mixtral-8x7b", "total", 46.7 * B, 0.1 * B, "Mistral: 46.7B total"),
     ("mixtral-8x7b", "active", 12.9 * B, 0.1 * B, "Mistral: 12.9B active"),
+    ("mistral-7b", "total", 7_241_732_096, 1, "safetensors of mistralai/Mistral-7B-v0.1"),
+    ("llama-7b", "total", 6.7 * B, 0.1 * B, "LLaMA paper, Table 2: 6.7B"),
+    ("llama-13b", "total", 13.0 * B, 0.1 * B, "LLaMA paper, Table 2: 13.0B"),
+    ("llama-33b", "total", 32.5 * B, 0.1 * B, "LLaMA paper, Table 2: 32.5B"),
+    ("llama-65b", "total", 65.2 * B, 0.1 * B, "LLaMA paper, Table 2: 65.2B"),
+    ("opt-175b", "total", 175 * B, B, "OPT paper, Table 1: 175B"),
+    ("bloom-176b", "total", 176_247_271_424, 1, "BLOOM model card: 176,247,271,424 parameters"),
+    ("deepseek-v2", "total", 236 * B, B, "DeepSeek-V2 paper: 236B total"),
+    ("deepseek-v2", "active-no-lookup", 21 * B, B, "DeepSeek-V2 paper: 21B activated per token"),
+    ("deepseek-v2-lite", "total", 15.7 * B, 0.1 * B, "DeepSeek-V2 paper, appendix: 15.7B total"),
+    ("qwen2.5-7b", "total", 7.61 * B, 0.01 * B, "Qwen2.5 report, Table 1: 7.61B"),
+    ("qwen2.5-7b", "non-embedding", 6.53 * B, 0.01 * B, "Qwen2.5 report, Table 1: 6.53B non-embedding"),
+    ("qwen2.5-72b", "total", 72.7 * B, 0.1 * B, "Qwen2.5 report, Table 1: 72.7B"),
+    ("qwen2.5-72b", "non-embedding", 70.0 * B, 0.1 * B, "Qwen2.5 report, Table 1: 70.0B non-embedding"),
+    ("qwen3-8b", "total", 8.2 * B, 0.1 * B, "Qwen3 report, Table 1: 8.2B"),
+    ("qwen3-8b", "non-embedding", 6.95 * B, 0.01 * B, "Qwen3 report, Table 1: 6.95B non-embedding"),
+    ("qwen3-32b", "total", 32.8 * B, 0.1 * B, "Qwen3 report, Table 1: 32.8B"),
+    ("qwen3-32b", "non-embedding", 31.2 * B, 0.1 * B, "Qwen3 report, Table 1: 31.2B non-embedding"),
 ]
 
 
@@ -98,5 +116,8 @@ def test_every_zoo_model_has_a_source_and_a_consistent_stack():
 def test_benchmark_spellings_resolve():
     for alias, name in (("Llama3.1 405B", "llama3.1-405b"), ("Nemotron 340B", "nemotron-4-340b"),
                         ("Nemotron4 15b", "nemotron-4-15b"), ("LLAMA4 Maverick 400b", "llama4-maverick"),
-                        ("Llama 3.1 70B", "llama3.1-70b"), ("Nemotron_3_Nano", "nemotron-3-nano")):
+                        ("Llama 3.1 70B", "llama3.1-70b"), ("Nemotron_3_Nano", "nemotron-3-nano"),
+                        ("Llama 3.3 70B", "llama3.1-70b"), ("GLM4.5 355B", "glm-4.5"), ("GLM 4.5 Air", "glm-4.5-air"),
+                        ("Mistral 7B", "mistral-7b"), ("LLaMA 65B", "llama-65b"), ("DeepSeek V2", "deepseek-v2"),
+                        ("Qwen2.5 72B", "qwen2.5-72b"), ("Qwen3 32B", "qwen3-32b"), ("OPT 175B", "opt-175b")):
         assert REG.model(alias).name == name
