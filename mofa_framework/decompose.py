@@ -148,11 +148,21 @@ def input_norm(model: ModelSpec, g: Geometry) -> Op:
     return _elementwise("input_norm", 2.0 * g.tokens * model.hidden_size * g.dt / g.sp_div, "norm")
 
 
+def parallel_block(model: ModelSpec, block: BlockSpec) -> bool:
+    """Attention and a dense MLP side by side from one normalised input (``parallel_attention_mlp``)."""
+    return model.parallel_attention_mlp and block.is_attention and block.ffn == "dense"
+
+
 def residual_operator(model: ModelSpec, g: Geometry, block: BlockSpec) -> Op:
     """The rest of a block's norms and residual adds (an add reads 2 and writes 1 element, a norm
     reads and writes 1), with dropout a 1-byte mask per sublayer: mixer + ffn blocks add twice and
-    normalise the ffn's input; a lone sublayer adds once (an ffn-only block also normalises)."""
+    normalise the ffn's input; a lone sublayer adds once (an ffn-only block also normalises). A
+    parallel block adds both outputs to its input at once (read 3, write 1) and needs no second
+    norm (both sublayers read the first one's output)."""
     T, h, dt = g.tokens, model.hidden_size, g.dt
+    if parallel_block(model, block):
+        drop = 2.0 if model.dropout else 0.0
+        return _elementwise("residual_norm", (4.0 * dt + drop) * T * h / g.sp_div, "norm")
     if block.sublayers == 2:
         drop = 2.0 if model.dropout else 0.0
         # two residual adds (read 2, write 1), the second norm, and with dropout its 1-byte masks
@@ -545,7 +555,10 @@ def _layer_operators(model: ModelSpec, g: Geometry, kind: str) -> list[Op]:
 
 def tp_sublayers(model: ModelSpec, block: BlockSpec) -> int:
     """Sublayers of a block whose TP-sharded GEMMs need the gathered activation: the mixer, a dense
-    MLP, and an MoE's shared experts (routed experts gather through expert-TP instead)."""
+    MLP, and an MoE's shared experts (routed experts gather through expert-TP instead). A parallel
+    block gathers once for both and reduce-scatters their sum once."""
+    if parallel_block(model, block):
+        return 1
     return (block.mixer != "none") + (block.ffn == "dense" or (block.ffn == "moe" and model.shared_expert_ffn > 0))
 
 
@@ -663,7 +676,9 @@ def saved_activation_bytes(model: ModelSpec, g: Geometry, kind: str) -> SavedAct
     # norm inputs, each sublayer's normed input (QKV / mixer input, MLP input) and the dropout masks
     # (1 byte/element) — for a transformer layer norm2 input, QKV input, MLP input and two masks
     layer_input = dt * T * h / spd
-    replicated = (dt * T * h * (2.0 * n - 1.0) + drop * float(n) * T * h) / spd
+    # a parallel block keeps one normed input for both sublayers and has no second norm input
+    copies = 1.0 if parallel_block(model, block) else 2.0 * n - 1.0
+    replicated = (dt * T * h * copies + drop * float(n) * T * h) / spd
     z = np.zeros_like(np.asarray(T, dtype=np.float64))
     core = z
     other = replicated

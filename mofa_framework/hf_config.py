@@ -49,6 +49,12 @@ TIED_BY_DEFAULT = frozenset({
     "gpt2", "gpt_neo", "gpt_bigcode", "opt", "bloom", "mpt", "falcon", "refinedweb", "refinedwebmodel", "gemma",
     "gemma2", "gemma3", "gemma3_text", "grok-1",
 })
+#: families whose blocks run attention and MLP side by side from one input (GPT-J's residual), with the
+#: key that turns it off where the family has one (and its default)
+PARALLEL_BLOCK = {"gptj": None, "codegen": None, "cohere": None, "cohere2": None, "phi": None,
+                  "gpt_neox": ("use_parallel_residual", True), "stablelm": ("use_parallel_residual", False),
+                  "falcon": ("parallel_attn", True), "refinedweb": ("parallel_attn", True),
+                  "refinedwebmodel": ("parallel_attn", True)}
 #: position embeddings other than RoPE
 POSITIONS = {"gpt2": "learned", "gpt_neo": "learned", "gpt_bigcode": "learned", "opt": "learned", "bloom": "alibi",
              "nemotron_h": "none", "jamba": "none"}
@@ -186,6 +192,9 @@ def hf_model_fields(cfg: dict, where: str, fallback_name: str = "hf-model") -> d
     out["normalization"] = ("layernorm" if mt in LAYERNORM or ("layer_norm_eps" in c.data and "rms_norm_eps" not in
                                                                   c.data) else "rmsnorm")
     out["position_embedding"] = POSITIONS.get(mt, "alibi" if attn is not None and attn.bool("alibi") else "rope")
+    if mt in PARALLEL_BLOCK:
+        key = PARALLEL_BLOCK[mt]
+        out["parallel_attention_mlp"] = True if key is None else bool(c.bool(key[0], key[1]))
     _moe(c, mt, out, ffn_cfg, dbrx_ffn)
     _mla_and_mtp(c, out)
     _recurrent(c, mt, out)

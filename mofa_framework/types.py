@@ -110,6 +110,10 @@ class ModelSpec:
     position_embedding: str = attrs.field(default="rope", validator=v.in_(("rope", "learned", "alibi", "none")))
     tied_embeddings: bool = False
     dropout: bool = False
+    #: the parallel transformer block (GPT-J, PaLM, Falcon, GPT-NeoX, MegaScale): attention and MLP
+    #: both read the layer's normalised input and their outputs join one residual add, so under
+    #: TP one all-gather (or all-reduce) feeds both and one reduce-scatter follows their sum
+    parallel_attention_mlp: bool = attrs.field(default=False, validator=v.instance_of(bool))
     head_dim: int = attrs.field(default=0, validator=limit("model.head_dim"))
     max_sequence_length: int = attrs.field(default=0, validator=limit("model.max_sequence_length"))
     num_experts: int = attrs.field(default=0, validator=limit("model.num_experts"))

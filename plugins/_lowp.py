@@ -10,7 +10,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from mofa_framework.decompose import GEMM, layer_operators, layer_params, routed_pairs
+from mofa_framework.decompose import GEMM, layer_operators, layer_params, parallel_block, routed_pairs
 from mofa_framework.engine import price_operators, stage_layout
 from mofa_framework.types import ConstraintResult
 
@@ -22,11 +22,12 @@ REPRICE_BEFORE = ("kernel_scaling", "recompute", "memfine", "activation_offload"
 def gemm_input_bytes(model, g, kind) -> np.ndarray:
     """Saved bf16 GEMM inputs of one layer (the part of ``act_other_bytes`` a quantised copy replaces):
     each sublayer's normed input (QKV / mixer input, MLP input), the mixer's output-projection input
-    and the MLP's FC2 inputs."""
+    and the MLP's FC2 inputs (a parallel block's sublayers share one normed input)."""
     block = model.block(kind)
     h = model.hidden_size
     T, t, spd, dt = g.tokens, g.t, g.sp_div, g.dt
-    out = dt * T * h / spd * float(block.sublayers) + _out_proj_input(model, g, block)
+    normed = 1.0 if parallel_block(model, block) else float(block.sublayers)
+    out = dt * T * h / spd * normed + _out_proj_input(model, g, block)
     if block.ffn == "moe":
         routed = routed_pairs(model, g)
         out = out + dt * routed * model.expert_width + dt * routed * model.moe_ffn_hidden_size / g.etp

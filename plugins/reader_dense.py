@@ -356,7 +356,10 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         # with the first/last micro-batch, PP send/receive, and TP/SP collectives fused with GEMMs
         job["features"].update(megatron_core_recipe(tp, pp, cp, full_shard))
         if megascale:
-            assumed = ("MegaScale: its DP, PP and TP overlaps applied; its parallel transformer block, "
+            # §3.1: attention and MLP side by side (the parallel transformer block): one TP gather and
+            # one reduce-scatter per layer
+            model_section["parallel_attention_mlp"] = True
+            assumed = ("MegaScale: its DP, PP and TP overlaps and its parallel transformer block applied; its "
                        "sliding-window attention and LAMB are not modelled")
     if ds_stage:
         # DeepSpeed's own ZeRO (the `deepspeed_zero` plugin: its buckets, its overlap_comm defaults)

@@ -192,24 +192,29 @@ FAMILIES = {
                   "intermediate_size": 24576, "vocab_size": 50432, "max_position_embeddings": 2048,
                   "hidden_act": "gelu", "layer_norm_eps": 1e-05, "tie_word_embeddings": False},
                  {"ffn_hidden_size": 24576, "activation": "gelu", "normalization": "layernorm", "num_kv_heads": 64,
-                  "tied_embeddings": False}),
+                  "tied_embeddings": False, "parallel_attention_mlp": True}),  # use_parallel_residual by default
     # Falcon-7B (tiiuae/falcon-7b): multi-query attention, 4h MLP
     "falcon-7b": ({"model_type": "falcon", "hidden_size": 4544, "num_hidden_layers": 32, "num_attention_heads": 71,
                    "multi_query": True, "vocab_size": 65024, "alibi": False, "new_decoder_architecture": False,
                    "parallel_attn": True, "layer_norm_epsilon": 1e-05},
                   {"num_kv_heads": 1, "ffn_hidden_size": 4 * 4544, "activation": "gelu", "normalization": "layernorm",
-                   "position_embedding": "rope"}),
+                   "position_embedding": "rope", "parallel_attention_mlp": True}),
     # Falcon-40B (tiiuae/falcon-40b): the RefinedWeb key set
     "falcon-40b": ({"model_type": "RefinedWeb", "hidden_size": 8192, "n_layer": 60, "n_head": 128, "n_head_kv": 8,
                     "vocab_size": 65024, "alibi": False, "parallel_attn": True},
                    {"num_layers": 60, "num_attention_heads": 128, "num_kv_heads": 8, "ffn_hidden_size": 32768,
-                    "activation": "gelu"}),
+                    "activation": "gelu", "parallel_attention_mlp": True}),
     # OPT-1.3B (facebook/opt-1.3b)
     "opt": ({"model_type": "opt", "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 32,
              "ffn_dim": 8192, "vocab_size": 50272, "max_position_embeddings": 2048, "activation_function": "relu",
              "word_embed_proj_dim": 2048},
             {"ffn_hidden_size": 8192, "activation": "gelu", "normalization": "layernorm", "tied_embeddings": True,
-             "position_embedding": "learned"}),
+             "position_embedding": "learned", "parallel_attention_mlp": False}),
+    # GPT-NeoX-style config with the parallel residual turned off (Pythia's key, set false)
+    "gpt_neox_serial": ({"model_type": "gpt_neox", "hidden_size": 2048, "num_hidden_layers": 16,
+                         "num_attention_heads": 16, "intermediate_size": 8192, "vocab_size": 50304,
+                         "use_parallel_residual": False},
+                        {"parallel_attention_mlp": False}),
     # BLOOM (bigscience/bloom)
     "bloom": ({"model_type": "bloom", "n_embed": 14336, "n_layer": 70, "num_attention_heads": 112,
                "vocab_size": 250880, "layer_norm_epsilon": 1e-05},

@@ -334,6 +334,8 @@ for id_, doc, frags in (
         ("end-stage-all-layers-pp2", with_value(with_value(L405, "parallel.pp", 2), "parallel.first_stage_layers", 126),
          ("first_stage_layers",)),
         ("moe-load-factor-dense", with_value(BASE, "model.moe_load_factor", 2.0), ("moe_load_factor",)),
+        ("parallel-block-string", with_value(BASE, "model.parallel_attention_mlp", "yes"),
+         ("parallel_attention_mlp", "true or false")),
         ("hidden-16-heads-32", {**BASE, "model": {"name": "tiny", "num_layers": 2, "hidden_size": 16,
                                                   "num_attention_heads": 32, "num_kv_heads": 32,
                                                   "ffn_hidden_size": 64, "vocab_size": 1000}},

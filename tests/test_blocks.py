@@ -274,3 +274,49 @@ def test_mfu_ceiling_counts_each_attention_kind_by_its_own_keys():
     M = 3 * float(model_flops_per_sequence(h, [s])[0])
     saved = n_attn * 5 * s * s * h.num_attention_heads * h.kv_channels
     assert mfu_ceiling(h, batch)[0] == pytest.approx(M / (M - saved), rel=1e-12)
+
+
+# ---------------------------------------------------------------------- parallel attention + MLP (Falcon)
+
+
+def test_parallel_block_gathers_once_adds_once_and_saves_one_normed_input():
+    """Falcon-180B (hidden 14848) with and without its parallel block, TP 8 with SP, one 2,048-token
+    sequence in bf16: the same GEMM FLOPs; one all-gather and one reduce-scatter per layer instead of
+    two each; the residual adds read 3 and write 1 element once (4·2 B per element, no second norm:
+    2·2·2 + 6·2 = 16 B serial) over T·h/t elements; the saved replicated activations keep the layer
+    input and one normed input (2 + 2 B per element) instead of the layer input, the norm-2 input and
+    two normed inputs (2 + 3·2 B)."""
+    import attrs
+
+    par = REG.model("falcon-180b")
+    ser = attrs.evolve(par, parallel_attention_mlp=False)
+    g = _g(s=2048.0, t=8.0, sp=True)
+    T, h = 2048.0, 14848.0
+    ops_p, ops_s = _ops(par, "dense", g), _ops(ser, "dense", g)
+    assert sorted(ops_p) == sorted(ops_s)
+    for name in ops_s:  # every operator but the residual adds and norms is the serial block's
+        if name != "residual_norm":
+            assert _f(ops_p[name].flops) == _f(ops_s[name].flops) and _f(ops_p[name].bytes) == _f(ops_s[name].bytes)
+    assert _f(ops_p["residual_norm"].bytes) == pytest.approx(4.0 * 2 * T * h / 8, rel=1e-12)
+    assert _f(ops_s["residual_norm"].bytes) == pytest.approx(8.0 * 2 * T * h / 8, rel=1e-12)
+    cp, cs = ({c.name: c for c in layer_collectives(m, g, "dense")} for m in (par, ser))
+    assert (_f(cp["tp_ag_or_ar"].count), _f(cp["tp_rs"].count)) == (1.0, 1.0)
+    assert (_f(cs["tp_ag_or_ar"].count), _f(cs["tp_rs"].count)) == (2.0, 2.0)
+    assert _f(cp["tp_ag_or_ar"].bytes) == _f(cs["tp_ag_or_ar"].bytes) == 2 * T * h
+    sp_, ss = saved_activation_bytes(par, g, "dense"), saved_activation_bytes(ser, g, "dense")
+    assert _f(sp_.layer_input) == _f(ss.layer_input) == pytest.approx(2 * T * h / 8)
+    assert _f(ss.other) - _f(sp_.other) == pytest.approx(2.0 * 2 * T * h / 8, rel=1e-12)  # two normed copies fewer
+    assert total_params(par) == total_params(ser)
+
+
+def test_parallel_block_predicts_faster_under_tensor_parallelism():
+    """The halved TP traffic shows end to end: Falcon-180B on 4,096 A100s (TP 8, PP 8)."""
+    job = {"model": {"name": "falcon-180b"}, "hardware": {"name": "a100-sxm4-80gb", "num_gpus": 4096},
+           "parallel": {"tp": 8, "pp": 8, "micro_batch_size": 1, "global_batch_size": 2048, "sequence_length": 2048}}
+    p = Predictor()
+    par = p.predict(p.job(job, name="par"))[0]
+    ser = p.predict(p.job({**job, "model": {"name": "falcon-180b", "parallel_attention_mlp": False}}, name="ser"))[0]
+    # half the layers' gathers and reduce-scatters; the embedding's and the LM head's collectives stay
+    assert 0.5 < par.breakdown["tp_comm"] / ser.breakdown["tp_comm"] < 0.53
+    assert par.step_time_s < ser.step_time_s
+    assert par.model_tflops_per_gpu > ser.model_tflops_per_gpu

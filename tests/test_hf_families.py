@@ -19,7 +19,8 @@ REG = Predictor().registry
 SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "kv_channels", "vocab_size",
          "activation", "normalization", "position_embedding", "tied_embeddings", "num_experts", "experts_per_token",
          "moe_ffn_hidden_size", "shared_expert_ffn", "sliding_window", "attention_chunk_size", "mamba_inner_size",
-         "mamba_heads", "mamba_num_groups", "mamba_state_size", "linear_num_value_heads", "num_mtp_layers")
+         "mamba_heads", "mamba_num_groups", "mamba_state_size", "linear_num_value_heads", "num_mtp_layers",
+         "parallel_attention_mlp")
 
 
 @pytest.mark.parametrize("name", sorted(ZOO))

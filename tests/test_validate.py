@@ -656,20 +656,23 @@ def test_megatron_core_era_dense_rows_get_the_recipe_their_nvidia_schema_twins_g
 
 
 def test_megascale_rows_get_its_overlaps_and_say_what_is_not_modelled(mofa_predictor):
-    """MegaScale (§3.2) overlaps DP, PP and TP communication; its Megatron-LM baseline rows do not."""
+    """MegaScale (§3.2) overlaps DP, PP and TP communication and (§3.1) runs the parallel transformer
+    block; its Megatron-LM baseline rows do neither."""
 
     reg = mofa_predictor.registry
     kw = dict(tp="8", pp="8", n_gpus="12288", global_batch="6144", mfu_pct="55.2", vpp="6",
               flops_convention="6N + 12lhs (MegaScale)", distributed_optimizer="")
     ms = _dense_job(_dense_row(framework="MegaScale", **kw), reg, "test")
     assert {"distributed_optimizer", "dp_overlap", "tp_overlap", "pp_overlap"} <= set(ms.job["features"])
-    assert "parallel transformer block" in ms.assumptions
+    assert "parallel transformer block applied" in ms.assumptions and "sliding-window" in ms.assumptions
+    assert ms.job["model"]["parallel_attention_mlp"] is True
     # the MFU's peak is not stated: the A100's dense BF16 peak, said in the target column
     assert ms.target == "mfu_pct, peak 312 assumed (palm FLOPs)"
     with_peak = _dense_job(_dense_row(framework="MegaScale", **{**kw, "peak_tflops_used": "312"}), reg, "test")
     assert with_peak.target == "mfu_pct (palm FLOPs)" and with_peak.measured_s == pytest.approx(ms.measured_s)
     base = _dense_job(_dense_row(framework="Megatron-LM commit 285068c8 (baseline)", **kw), reg, "test")
     assert not {"tp_overlap", "pp_overlap"} & set(base.job["features"]) and not base.assumptions
+    assert "parallel_attention_mlp" not in base.job["model"]
 
 
 def test_a_row_that_names_flash_attention_decides_it(mofa_predictor):
