@@ -460,7 +460,8 @@ def residual_table(cv: CrossValidation, registry, header: str) -> str:
     """Every scored row's regime, global batch, ranking group, measured step time, and in-sample and
     held-out predictions, as CSV (the table error bands are drawn from and the gates are checked on;
     ``header`` is its first comment line). A comment line per
-    plan records the coefficients the held-out fits started from."""
+    plan records the coefficients the held-out fits started from, and one per GPU of the rows its
+    bf16 peak and HBM bandwidth (what error bands rank GPUs by, without reading their profiles)."""
     import csv
     import io
 
@@ -470,6 +471,10 @@ def residual_table(cv: CrossValidation, registry, header: str) -> str:
         eff = registry.hardware_profile(p.hardware).efficiency
         buf.write(f"# plan {p.hardware}: " + " ".join(f"{k}={getattr(eff, k):.6g}" for k in p.parameters)
                   + f" | sources {' '.join(p.sources) or '(all)'}\n")
+    for gpu in sorted({reg.gpu for reg in cv.regimes}):
+        hw = registry.hardware_profile(gpu)
+        buf.write(f"# gpu {gpu}: bf16_peak_flops_per_s={hw.peak_flops_per_s('bf16'):.6g} "
+                  f"hbm_bandwidth_bytes_per_s={hw.hbm_bandwidth_bytes_per_s:.6g}\n")
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(TABLE_COLUMNS)
     for i, (reg, r) in enumerate(zip(cv.regimes, cv.in_sample.rows)):
@@ -479,6 +484,20 @@ def residual_table(cv: CrossValidation, registry, header: str) -> str:
                     else "", "|".join(map(str, r.group)) if r.group else "", f"{r.measured_s:.6g}", f"{r.predicted_s:.6g}",
                     *(f"{x:.6g}" for x in held)])
     return buf.getvalue()
+
+
+def table_gpu_specs(text: str) -> dict[str, tuple[float, float]]:
+    """GPU → (bf16 peak FLOP/s, HBM bytes/s) from a :func:`residual_table` text's ``# gpu`` lines."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("# gpu ") and ":" in line:
+            name, _, rest = line[len("# gpu "):].partition(":")
+            vals = dict(kv.split("=", 1) for kv in rest.split() if "=" in kv)
+            try:
+                out[name.strip()] = (float(vals["bf16_peak_flops_per_s"]), float(vals["hbm_bandwidth_bytes_per_s"]))
+            except (KeyError, ValueError):
+                continue
+    return out
 
 
 def table_records(text: str) -> list[dict[str, str]]:

@@ -44,7 +44,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from .crossval import KINDS, Regime, regime_of, table_records
+from .crossval import KINDS, Regime, regime_of, table_gpu_specs, table_records
 
 TABLE = Path(__file__).resolve().parent / "data" / "cross_validation.csv"
 #: the central share of the held-out errors a band covers
@@ -92,6 +92,8 @@ class ResidualTable:
     num_gpus: np.ndarray
     #: ln(predicted / measured): in-sample and under each leave-one-out kind
     log_error: Mapping[str, np.ndarray]
+    #: GPU → (bf16 peak FLOP/s, HBM bytes/s) of the table's GPUs, as the table was written
+    gpu_specs: Mapping[str, tuple[float, float]] = attrs.field(factory=dict)
 
     def __len__(self) -> int:
         return len(self.gpu)
@@ -101,13 +103,14 @@ class ResidualTable:
         return ResidualTable(source=self.source[keep], gpu=self.gpu[keep], precision=self.precision[keep],
                              family=self.family[keep], schedule=self.schedule[keep],
                              features=tuple(f for f, k in zip(self.features, keep) if k), num_gpus=self.num_gpus[keep],
-                             log_error={k: v[keep] for k, v in self.log_error.items()})
+                             log_error={k: v[keep] for k, v in self.log_error.items()}, gpu_specs=self.gpu_specs)
 
 
 def read_table(path: str | Path = TABLE) -> ResidualTable:
     """The residual table at `path` (:func:`~mofa_framework.crossval.residual_table`; none: empty)."""
     path = Path(path)
-    rows = table_records(path.read_text()) if path.exists() else []
+    text = path.read_text() if path.exists() else ""
+    rows = table_records(text) if text else []
     col = lambda k: np.array([r[k] for r in rows], dtype=object)  # noqa: E731
     meas = np.array([float(r["measured_s"]) for r in rows])
     errs = {"in-sample": np.log(np.array([float(r["in_sample_s"]) for r in rows]) / meas)}
@@ -118,7 +121,8 @@ def read_table(path: str | Path = TABLE) -> ResidualTable:
     return ResidualTable(source=col("source"), gpu=col("gpu"), precision=col("precision"), family=col("family"),
                          schedule=col("schedule"), features=tuple(frozenset(filter(None, r["features"].split(";")))
                                                                   for r in rows),
-                         num_gpus=np.array([int(r["num_gpus"]) for r in rows], dtype=float), log_error=errs)
+                         num_gpus=np.array([int(r["num_gpus"]) for r in rows], dtype=float), log_error=errs,
+                         gpu_specs=table_gpu_specs(text))
 
 
 @functools.cache
@@ -127,8 +131,14 @@ def shipped_table() -> ResidualTable:
 
 
 def _similar_gpus(gpu: str, table: ResidualTable, registry) -> list[str]:
-    """GPUs of the table, nearest first by |Δ ln bf16 peak| + |Δ ln HBM bandwidth| (unknown last)."""
+    """GPUs of the table, nearest first by |Δ ln bf16 peak| + |Δ ln HBM bandwidth| (unknown last).
+    The table's own GPUs are ranked by the specs it records (reading their profiles, microbenchmark
+    tables and all, took longer than the prediction); the job's GPU, and a table without them, by
+    the registry's profiles."""
     def spec(name):
+        if name != gpu and name in table.gpu_specs:
+            peak, hbm = table.gpu_specs[name]
+            return math.log(peak), math.log(hbm)
         hw = registry.hardware.get(name)
         return None if hw is None else (math.log(hw.peak_flops_per_s("bf16")), math.log(hw.hbm_bandwidth_bytes_per_s))
 

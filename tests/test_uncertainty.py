@@ -177,6 +177,28 @@ def test_read_table_round_trip(tmp_path):
     assert t.log_error["in-sample"][0] == pytest.approx(math.log(1.1))
     assert t.log_error["source"][0] == pytest.approx(math.log(1.2))
     assert t.log_error["gpu-precision"][0] == 0.0 and math.isnan(t.log_error["model-family"][0])
+    assert t.gpu_specs == {}
+
+
+def test_the_shipped_table_records_its_gpus_specs_and_bands_rank_by_them(registry):
+    """Every GPU of the shipped table has a `# gpu` line with its profile's bf16 peak and HBM bandwidth
+    (to the 6 digits written), so a band for a GPU without rows ranks the table's GPUs without reading
+    their profiles; a table whose recorded specs say otherwise ranks by them (here: an A100 recorded
+    with H100's specs is as near to H800 as H100 is, and comes first by table order)."""
+    from mofa_framework.uncertainty import _similar_gpus, shipped_table
+
+    t = shipped_table()
+    assert set(t.gpu_specs) == set(t.gpu)
+    for name, (peak, hbm) in t.gpu_specs.items():
+        hw = registry.hardware_profile(name)
+        assert peak == pytest.approx(hw.peak_flops_per_s("bf16"), rel=1e-5)
+        assert hbm == pytest.approx(hw.hbm_bandwidth_bytes_per_s, rel=1e-5)
+    assert _similar_gpus("h800-sxm5-80gb", t, registry)[0] in ("h100-sxm5-80gb", "h100-sxm-96gb-grandteton")
+    h100 = registry.hardware_profile(H100)
+    spec = (h100.peak_flops_per_s("bf16"), h100.hbm_bandwidth_bytes_per_s)
+    mixed = attrs.evolve(table([{"gpu": A100, "ratio": {"source": 1.0}}, {"ratio": {"source": 1.0}}]),
+                         gpu_specs={A100: spec, H100: spec})
+    assert _similar_gpus("h800-sxm5-80gb", mixed, registry) == [A100, H100]
 
 
 # ---------------------------------------------------------------------------------- sensitivity
