@@ -60,6 +60,33 @@ def test_search_equals_brute_force(mofa_predictor, model_name):
     assert got == best[1] or c.step_time_s == best[0]
 
 
+def test_context_parallel_search_with_the_all_to_all_form_equals_brute_force(mofa_predictor):
+    """CP as ring (with or without its overlap) or as all-to-alls (`cp_a2a`, asked for by name): the
+    search over TP × CP × the CP features equals one plain prediction per point (GPT-3 5B, MHA, 32K)."""
+    reg = mofa_predictor.registry
+    model, hw = reg.model("gpt3-5b"), reg.hardware_profile("h100-sxm5-80gb")
+    names = ("cp_a2a", "cp_overlap", "tp_overlap")
+    space = _space(reg, tp=(1, 2, 4), pp=(1,), vpp=(1,), cp=(1, 2, 4), micro_batch_size=(1,), schedules=("1f1b",),
+                   features={f: feature_choices(reg, f) for f in names})
+    req = TuneRequest(model=model, hardware=hw, num_gpus=8, global_batch_size=8, sequence_length=32768, space=space,
+                      top_k=3)
+    result = tune(mofa_predictor, req)
+    best = (np.inf, None)
+    for tp, cp in itertools.product(space.tp, space.cp):
+        for combo in itertools.product(*[space.features[n] for n in names]):
+            features = {n: dict(o) for n, o in zip(names, combo) if o is not None}
+            job = {"model": {"name": "gpt3-5b"}, "hardware": {"name": hw.name, "num_gpus": 8},
+                   "parallel": {"tp": tp, "cp": cp, "micro_batch_size": 1, "global_batch_size": 8,
+                                "sequence_length": 32768, "sequence_parallel": tp > 1}, "features": features}
+            try:
+                r = mofa_predictor.predict(mofa_predictor.job(job))[0]
+            except ConfigError:
+                continue
+            if r.fits_in_memory and r.step_time_s < best[0]:
+                best = (r.step_time_s, (tp, cp, tuple(sorted(features))))
+    assert result.best[0].step_time_s == pytest.approx(best[0], rel=1e-12), best
+
+
 def test_results_are_all_feasible_and_rank_ordered(mofa_predictor):
     reg = mofa_predictor.registry
     model, hw = reg.model("llama3-70b"), reg.hardware_profile("h100-sxm5-80gb")
