@@ -269,6 +269,20 @@ def deepspeed_2021(stage: int, source: str) -> dict:
     return {"contiguous_gradients": False, "overlap_comm": "off", "prefetch_bucket_size": 0}
 
 
+def _cp_form(features: dict, cp: int, text: str) -> None:
+    """The context-parallel form a row states: DeepSpeed-Ulysses or ``cp_comm_type a2a`` is the
+    all-to-all form (``cp_a2a``); ``all_gather`` (Llama 3's all-gather-based CP) gathers the ring's
+    bytes without hiding them (no ``cp_overlap``); otherwise the recipe's ring stands."""
+    t = text.lower()
+    if cp <= 1:
+        return
+    if re.search(r"ulysses|cp[-_ ]comm[-_ ]type\W*a2a\b", t):
+        features.pop("cp_overlap", None)
+        features["cp_a2a"] = {}
+    elif re.search(r"cp[-_ ]comm[-_ ]type\W*all[-_]?gather|all[-_ ]gather[- ]based (context|cp)", t):
+        features.pop("cp_overlap", None)
+
+
 def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     ref = short_reference(ctx.text(r, "source"))
     rid = ctx.text(r, "row_id") or str(ctx.index + 1)
@@ -361,6 +375,7 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
             model_section["parallel_attention_mlp"] = True
             assumed = ("MegaScale: its DP, PP and TP overlaps and its parallel transformer block applied; its "
                        "sliding-window attention and LAMB are not modelled")
+    _cp_form(job["features"], cp, f"{fw} {notes}")
     if ds_stage:
         # DeepSpeed's own ZeRO (the `deepspeed_zero` plugin: its buckets, its overlap_comm defaults)
         # replaces Megatron's distributed optimizer and DDP overlap

@@ -777,3 +777,21 @@ def test_reduced_layer_proxy_rows_are_predicted_with_the_layers_their_notes_stat
     assert full.job["model"] == {"name": "llama3.1-405b"}
     vague = _nvidia_job({**proxy, "notes": "proxy run at small scale"}, mofa_predictor.registry, "t")
     assert "layer count the row does not state" in vague.reason
+
+
+def test_a_dense_row_that_states_its_context_parallel_form_gets_it(mofa_predictor):
+    """Ulysses / cp_comm_type a2a → the all-to-all form; Llama 3's all-gather-based CP → the ring's
+    bytes, unhidden; a Megatron-Core row that says nothing keeps the recipe's ring with its overlap."""
+    reg = mofa_predictor.registry
+    kw = dict(model_name="Llama 3 8B", n_layers="32", hidden="4096", n_heads="32", n_kv_heads="8",
+              ffn_hidden="14336", vocab="128256", seq_len="65536", n_gpus="32", tp="2", pp="1", cp="4",
+              global_batch="8", framework="Megatron-Core 0.12", derived_iter_time_s="10")
+    plain = _dense_job(_dense_row(**kw), reg, "test")
+    ulysses = _dense_job(_dense_row(**kw, notes="DeepSpeed-Ulysses sequence parallelism over the CP group"), reg,
+                         "test")
+    a2a = _dense_job(_dense_row(**kw, notes="--cp-comm-type a2a"), reg, "test")
+    gather = _dense_job(_dense_row(**kw, notes="all-gather based context parallelism (Llama 3)"), reg, "test")
+    assert "cp_overlap" in plain.job["features"] and "cp_a2a" not in plain.job["features"]
+    for row in (ulysses, a2a):
+        assert "cp_a2a" in row.job["features"] and "cp_overlap" not in row.job["features"]
+    assert not {"cp_a2a", "cp_overlap"} & set(gather.job["features"])
