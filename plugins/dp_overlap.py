@@ -57,7 +57,9 @@ tens to hundreds of MB, far above the latency-bound sizes).
 
 Option ``buckets_per_chunk`` (default 1) further splits every chunk's communication and
 compute into k equal pieces, the earlier chunks' ``n·X`` included; the last chunk takes
-``max(k, k_l)`` buckets.
+``max(k, k_l)`` buckets. Option ``overlap_param_gather`` (default true, Megatron's
+``--overlap-param-gather``): false leaves the all-gather side whole and exposed, as Megatron runs
+the parameter gather after the optimizer step without that flag.
 
 Acts in the optimizer phase after ``distributed_optimizer``, ``cpu_optimizer`` and
 ``kernel_scaling`` (which set and scale ``opt.dp_comm_s``). Rows without DP communication are
@@ -99,6 +101,9 @@ class DpOverlapOptions(ContentionOptions):
         0.0, validator=_bucket_size,
         doc="parameters per gradient/parameter bucket of the chunk reduced last (Megatron --ddp-bucket-size); "
             "0 = Megatron-Core's default max(40 M, 1 M × DP×CP)")
+    overlap_param_gather: bool = option(
+        True, doc="hide the parameter all-gathers behind the next step's forwards (--overlap-param-gather); "
+                  "false: they run exposed after the optimizer step, only the gradient reduction overlaps")
 
 
 def sharded_rows(batch) -> np.ndarray:
@@ -147,23 +152,30 @@ def optimizer(state, rows):
     n = np.where(pipe.v > 1, np.minimum(pipe.m, pipe.p), 1.0)
     bwd = pipe.B + pipe.W
     exposed_rs = side(rs, n * bwd, bwd, pipe.v, k, k_last, alpha, beta)
-    exposed_ag = np.where(ag > 0, side(ag, n * pipe.F, pipe.F, pipe.v, k, k_last, alpha, beta), 0.0)
+    hide_ag = opt(rows, "overlap_param_gather", 1.0) > 0.5
+    exposed_ag = np.where(ag > 0, np.where(hide_ag, side(ag, n * pipe.F, pipe.F, pipe.v, k, k_last, alpha, beta), ag),
+                          0.0)
     exposed = np.where(comm > 0, exposed_rs + exposed_ag, o.dp_exposed_s)
     return attrs.evolve(state, opt=attrs.evolve(o, dp_exposed_s=exposed))
 
 
 def from_megatron(args):
-    """On with ``--overlap-grad-reduce`` or ``--overlap-param-gather`` (Megatron's DDP overlaps);
-    ``--ddp-bucket-size`` sets the bucket size (default: Megatron-Core's own)."""
+    """On with ``--overlap-grad-reduce`` or ``--overlap-param-gather`` (Megatron's DDP overlaps; the
+    second needs the first, so either turns the reduction's overlap on); without
+    ``--overlap-param-gather`` the parameter all-gathers stay exposed. ``--ddp-bucket-size`` sets the
+    bucket size (default: Megatron-Core's own)."""
     grad, param = args.has("--overlap-grad-reduce"), args.has("--overlap-param-gather")
     if not (grad or param):
         return None
+    out: dict = {} if param else {"overlap_param_gather": False}
     size = args.number("--ddp-bucket-size", None)
-    return {} if size is None else {"bucket_size": float(size)}
+    return out if size is None else {**out, "bucket_size": float(size)}
 
 
 def megatron_args(options) -> list[str]:
-    out = ["--overlap-grad-reduce", "--overlap-param-gather"]
+    out = ["--overlap-grad-reduce"]
+    if getattr(options, "overlap_param_gather", True):
+        out.append("--overlap-param-gather")
     size = getattr(options, "bucket_size", 0.0)
     return out + (["--ddp-bucket-size", str(int(size))] if size > 0 else [])
 

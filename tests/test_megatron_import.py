@@ -376,8 +376,9 @@ def test_megatron_bridge_yaml(registry):
     assert r.model_match in ("llama3-70b", "llama3.1-70b")
     assert (par["tp"], par["pp"], par["vpp"], par["sequence_parallel"], par["global_batch_size"]) == (4, 4, 5, True,
                                                                                                       128)
+    # overlap_p2p_comm: false; overlap_grad_reduce without overlap_param_gather: the gathers stay exposed
     assert r.job["features"] == {"tp_overlap": {}, "distributed_optimizer": {"grad_reduce_dtype": "fp32"},
-                                 "dp_overlap": {}, "fp8": {"recipe": "tensorwise"}}  # overlap_p2p_comm: false
+                                 "dp_overlap": {"overlap_param_gather": False}, "fp8": {"recipe": "tensorwise"}}
 
 
 def test_nemo1_yaml(registry):
@@ -502,14 +503,19 @@ def test_latent_moe_and_repeated_mtp_flags(registry):
 
 def test_ddp_bucket_size_reaches_dp_overlap_and_round_trips(registry):
     """--ddp-bucket-size sets dp_overlap's bucket (parameters); without it the bucket is
-    Megatron-Core's default, written back as no flag."""
+    Megatron-Core's default, written back as no flag. --overlap-grad-reduce alone leaves the
+    parameter gathers exposed (overlap_param_gather false); with --overlap-param-gather both overlap."""
     feat = registry.features["dp_overlap"]
-    on = MegatronArgs(flags=parse_flags("--overlap-grad-reduce --ddp-bucket-size 20000000".split()),
-                      parallel={"tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 1})
+    par = {"tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 1}
+    on = MegatronArgs(flags=parse_flags("--overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 20000000"
+                                        .split()), parallel=par)
     assert feat.from_megatron(on) == {"bucket_size": 2e7}
     assert feat.megatron_args(feat.options_type(bucket_size=2e7))[-2:] == ["--ddp-bucket-size", "20000000"]
-    default = MegatronArgs(flags=parse_flags(["--overlap-grad-reduce"]), parallel={"tp": 1, "pp": 1, "vpp": 1})
-    assert feat.from_megatron(default) == {}
+    grad_only = MegatronArgs(flags=parse_flags(["--overlap-grad-reduce"]), parallel=par)
+    assert feat.from_megatron(grad_only) == {"overlap_param_gather": False}
+    assert feat.megatron_args(feat.options_type(overlap_param_gather=False)) == ["--overlap-grad-reduce"]
+    both = MegatronArgs(flags=parse_flags(["--overlap-grad-reduce", "--overlap-param-gather"]), parallel=par)
+    assert feat.from_megatron(both) == {}
     assert "--ddp-bucket-size" not in feat.megatron_args(feat.options_type())
     # Megatron-Bridge / NeMo 2: DistributedDataParallelConfig.bucket_size
     flags, _, _ = flags_from_config("ddp.overlap_grad_reduce=true ddp.bucket_size=20000000")

@@ -290,6 +290,24 @@ def test_dp_overlap_megatron_core_buckets(mofa_predictor):
     assert f0(three.state.opt.dp_exposed_s) == pytest.approx(expected3, rel=1e-12)
 
 
+def test_dp_overlap_without_param_gather_overlap_leaves_the_gathers_exposed(mofa_predictor):
+    """overlap_param_gather = false (Megatron without --overlap-param-gather): the reduce-scatter side
+    as before, the whole all-gather exposed."""
+    off, job = evaluate(mofa_predictor, DENSE, {"distributed_optimizer": {}})
+    both, _ = evaluate(mofa_predictor, DENSE, {"distributed_optimizer": {}, "dp_overlap": {}})
+    rs_only, _ = evaluate(mofa_predictor, DENSE, {"distributed_optimizer": {},
+                                                  "dp_overlap": {"overlap_param_gather": False}})
+    a, b = coefficients(job)
+    pipe, comm = off.state.pipe, f0(off.state.opt.dp_comm_s)
+    rs, ag = comm * 4 / 6, comm * 2 / 6
+    params = (f0(off.state.opt.dense_grad_bytes) + f0(off.state.opt.expert_grad_bytes)) / 4.0
+    k_last = int(np.ceil(params / 2 / 40e6))  # DP 4: the 40 M floor
+    n, bwd = min(f0(pipe.m), f0(pipe.p)), f0(pipe.B) + f0(pipe.W)
+    expected = _dp_side_buckets(rs, n * bwd, bwd, 2, 1, k_last, a, b) + ag
+    assert f0(rs_only.state.opt.dp_exposed_s) == pytest.approx(expected, rel=1e-12)
+    assert f0(both.state.opt.dp_exposed_s) < f0(rs_only.state.opt.dp_exposed_s) <= comm
+
+
 def test_kernel_scaling_eq17_eq18(mofa_predictor):
     off, _ = evaluate(mofa_predictor, DENSE)
     on, _ = evaluate(mofa_predictor, DENSE, {"kernel_scaling": {"compute_factor": 1.25, "bandwidth_factor": 2.0}})
