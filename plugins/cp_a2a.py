@@ -33,6 +33,7 @@ from mofa_framework import hookimpl
 from mofa_framework.decompose import ALL_TO_ALL, Coll
 from mofa_framework.engine import price_collectives
 from mofa_framework.types import ConstraintResult, CostTransform
+from mofa_plugins.cp_overlap import cp_comm_type
 
 
 def head_widths(model) -> tuple[float, float, float, float]:
@@ -94,8 +95,7 @@ def mofa_candidate_constraints(batch, model, hardware):
 
 def from_megatron(args):
     """``--cp-comm-type a2a`` with context parallelism."""
-    kind = (args.values("--cp-comm-type") or ("p2p",))[0]
-    return {} if args.parallel.get("cp", 1) > 1 and kind == "a2a" else None
+    return {} if cp_comm_type(args) == "a2a" else None
 
 
 FEATURE = CostTransform(

@@ -46,10 +46,17 @@ def layer(state, rows):
                           lambda attn, comm: ring(attn, comm, c, alpha, beta))
 
 
+def cp_comm_type(args) -> str | None:
+    """The context-parallel communication a Megatron launch uses (``--cp-comm-type``, default p2p:
+    the ring), or None without context parallelism."""
+    if args.parallel.get("cp", 1) <= 1:
+        return None
+    return (args.values("--cp-comm-type") or ("p2p",))[0]
+
+
 def from_megatron(args):
     """On for context parallelism with the p2p (ring) communication, Megatron's default ``--cp-comm-type``."""
-    kind = (args.values("--cp-comm-type") or ("p2p",))[0]
-    return {} if args.parallel.get("cp", 1) > 1 and kind == "p2p" else None
+    return {} if cp_comm_type(args) == "p2p" else None
 
 
 FEATURE = OverlapStrategy(

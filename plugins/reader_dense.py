@@ -273,9 +273,9 @@ def _cp_form(features: dict, cp: int, text: str) -> None:
     """The context-parallel form a row states: DeepSpeed-Ulysses or ``cp_comm_type a2a`` is the
     all-to-all form (``cp_a2a``); ``all_gather`` (Llama 3's all-gather-based CP) gathers the ring's
     bytes without hiding them (no ``cp_overlap``); otherwise the recipe's ring stands."""
-    t = text.lower()
     if cp <= 1:
         return
+    t = text.lower()
     if re.search(r"ulysses|cp[-_ ]comm[-_ ]type\W*a2a\b", t):
         features.pop("cp_overlap", None)
         features["cp_a2a"] = {}
