@@ -13,8 +13,12 @@ profile's table measured FlashAttention-2 (its sequence when it measured one, el
 of several sequences carries its own shape). A pass published without a causal mask takes the
 forward's causal-over-full ratio at that sequence; one published with the mask only and asked without
 it, the prior architecture's FlashAttention-2 forward full-over-causal ratio. A kernel the architecture lacks is priced as
-FlashAttention-2 (ratio 1); an architecture without any curve takes ``prior_architecture``'s
-FlashAttention-2 shape (the prior: ratio 1 for every kernel, the shape of the nearest published GPU).
+FlashAttention-2 (ratio 1), unless the table names it in ``ratio_from``: a kernel whose code uses no
+instruction FlashAttention-2 does not (the 2023 Triton FlashAttention: ``mma.sync`` on every GPU, as
+FlashAttention-2) keeps, on an architecture without its curve, its ratio to FlashAttention-2 on the
+architecture it was published for, ``c(k) = c(fa2) · c_pub(k) / c_pub(fa2)`` at the same (d, s, mask,
+pass), on architectures with FlashAttention-2 curves of their own. An architecture without any curve takes ``prior_architecture``'s FlashAttention-2 shape (the
+prior: ratio 1 for every kernel, the shape of the nearest published GPU).
 """
 
 from __future__ import annotations
@@ -65,6 +69,8 @@ class KernelTable:
     points: tuple[KernelPoint, ...] = attrs.field(converter=tuple)
     #: architecture -> the kernel "auto" means there ("default": every other architecture)
     auto: Mapping[str, str] = attrs.field(factory=dict)
+    #: kernel -> the architecture whose ratio to FlashAttention-2 it keeps where it has no curve
+    ratio_from: Mapping[str, str] = attrs.field(factory=dict)
     source: tuple[KernelSource, ...] = attrs.field(default=(), converter=tuple)
 
     @auto.validator
@@ -72,6 +78,14 @@ class KernelTable:
         bad = {k: x for k, x in value.items() if x not in KERNELS}
         if bad or "default" not in value:
             raise ValueError(f"auto must map architectures to one of {KERNELS} and name a 'default' (got {value!r})")
+
+    @ratio_from.validator
+    def _ratio_from(self, attribute, value):
+        arches = {p.architecture for p in self.points if p.kernel == "fa2"}
+        bad = {k: a for k, a in value.items() if k not in KERNELS or a not in arches}
+        if bad:
+            raise ValueError(f"ratio_from must map kernels {KERNELS} to an architecture with FlashAttention-2 "
+                             f"curves {sorted(arches)} (got {bad!r})")
 
 
 @functools.cache
@@ -165,5 +179,15 @@ def multiplier(codes, architecture: str, direction: str, d, s, s_ref, causal_ref
         num = curve(t, arch, kernel, direction, True, d[sel], s[sel]) if arch == architecture else None
         if num is None:
             num = curve(t, arch, "fa2", direction, True, d[sel], s[sel])
+            if arch == architecture:  # onto the GPU's own FA2 curve only; the prior keeps ratio 1
+                num = num * _carried_ratio(t, kernel, direction, d[sel], s[sel])
         out[sel] = num / ref[sel]
     return out
+
+
+def _carried_ratio(t: KernelTable, kernel: str, direction: str, d, s) -> np.ndarray | float:
+    """A kernel's causal rate over FlashAttention-2's on the architecture ``ratio_from`` names (1: none)."""
+    pub = t.ratio_from.get(kernel)
+    own = curve(t, pub, kernel, direction, True, d, s) if pub else None
+    fa2 = curve(t, pub, "fa2", direction, True, d, s) if pub else None
+    return 1.0 if own is None or fa2 is None else own / fa2

@@ -51,8 +51,8 @@ def test_nearest_published_head_dim():
 
 
 def test_unpublished_kernels_and_architectures_fall_back_to_fa2():
-    # triton has no curve: FA2's; an architecture without curves takes hopper's FA2 shape, every kernel
-    assert m("triton", 4096) == pytest.approx(319 / 370)
+    # FA3 has no Blackwell curve: FA2's; an architecture without curves takes hopper's FA2 shape, every kernel
+    assert m("fa3", 4096, arch="blackwell") == m("fa2", 4096, arch="blackwell")
     assert m("cudnn", 4096, arch="cdna3") == pytest.approx(319 / 370)
     # a table of several sequences keeps its own shape: s_ref = s, only the mask and kernel move it
     assert m("fa2", 1024, s_ref=1024.0, causal_ref=True) == pytest.approx(1.0)
@@ -68,8 +68,28 @@ def test_triton_on_ampere_from_the_fa2_paper():
     # head dim 128 against its own non-causal 8K bar (201): Triton 2.3x slower than FA2 at 4K
     assert m("triton", 4096, arch="ampere") == pytest.approx(74 / 201)
     assert m("fa2", 4096, arch="ampere") / m("triton", 4096, arch="ampere") == pytest.approx(173 / 74)
-    # Hopper has no Triton curve: still FA2's
-    assert m("triton", 4096) == m("fa2", 4096)
+
+
+def test_triton_elsewhere_keeps_its_ampere_ratio_to_fa2():
+    # ratio_from: Hopper's causal FA2 at 4K, head dim 128 (319, FA3 paper) over the profile's 8K
+    # non-causal point (370), times Triton over FA2 on the A100 at the same shape (74 / 173)
+    assert m("triton", 4096) == pytest.approx(319 / 370 * 74 / 173)
+    # head dim 64 at 2K: Hopper FA2 262 over its 64-dim 8K point 322, times the A100's 79 / 140
+    assert m("triton", 2048, d=64) == pytest.approx(262 / 322 * 79 / 140)
+    # past both papers' 16K the curves are held: Hopper 335, A100 Triton 80 over FA2 189
+    assert m("triton", 32768) == pytest.approx(335 / 370 * 80 / 189)
+    assert m("triton", 4096, "bwd") < m("fa2", 4096, "bwd")
+    assert table().ratio_from == {"triton": "ampere"}
+    # an architecture with no curves of its own keeps the prior (ratio 1): AMD's Triton is another kernel
+    assert m("triton", 4096, arch="cdna3") == pytest.approx(319 / 370)
+
+
+def test_ratio_from_must_name_a_kernel_and_a_published_architecture():
+    t = table()
+    with pytest.raises(ValueError, match="ratio_from"):
+        attrs.evolve(t, ratio_from={"triton": "volta"})
+    with pytest.raises(ValueError, match="ratio_from"):
+        attrs.evolve(t, ratio_from={"xformers": "ampere"})
 
 
 def test_blackwell_curves_are_causal_only():
