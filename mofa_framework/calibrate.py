@@ -66,6 +66,7 @@ PARAMETERS: dict[str, tuple[float, float, bool]] = {
     "bandwidth_decay_per_doubling": (0.0, 0.2, False),
     "step_overhead_s": (0.0, 2.0, False),
     "microbatch_overhead_s": (0.0, 0.02, False),
+    "chunk_overhead_s": (0.0, 0.005, False),
     "contention_compute": (1.0, 1.5, False),
     "contention_comm": (1.0, 2.0, False),
 }

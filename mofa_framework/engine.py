@@ -853,9 +853,11 @@ def _stage_components(state: CostState, priced: Mapping) -> dict[str, np.ndarray
     for k in comp:
         comp[k][0] += ends["first"].get(k, 0.0) + np.where(single, last.get(k, 0.0), 0.0)
         comp[k][2] += np.where(single, 0.0, last.get(k, 0.0))
-    # the training loop's host time per micro-batch, once per model chunk, on every stage
-    comp["microbatch_overhead"] = np.broadcast_to(
-        hardware.efficiency.microbatch_overhead_s * batch.vpp.astype(np.float64), (3, n)).copy()
+    # the training loop's host time on every stage: once per micro-batch (whatever the number of
+    # model chunks it is spread over), plus once per micro-batch and chunk
+    eff = hardware.efficiency
+    per_mb = eff.microbatch_overhead_s + eff.chunk_overhead_s * batch.vpp.astype(np.float64)
+    comp["microbatch_overhead"] = np.broadcast_to(per_mb, (3, n)).copy()
     return comp
 
 

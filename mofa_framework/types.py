@@ -566,10 +566,15 @@ class EfficiencySpec:
     reserved_memory_gib: float = attrs.field(default=3.0, converter=float, validator=v.ge(0.0))
     #: fixed per-step overhead (data loading, logging, launch gaps), seconds
     step_overhead_s: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))
-    #: host time of the training loop per micro-batch and model chunk on every pipeline stage
-    #: (the forward/backward step functions, fetching and broadcasting the batch, masks, loss
-    #: bookkeeping), seconds; it adds to each stage's forward. Default 0
+    #: host time of the training loop per micro-batch on every pipeline stage (fetching and
+    #: broadcasting the batch, masks, loss bookkeeping: once per micro-batch, however many model
+    #: chunks interleaving splits it into), seconds; it adds to each stage's forward. Default 0
     microbatch_overhead_s: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))
+    #: host time per micro-batch and model chunk on every pipeline stage (a chunk's forward or
+    #: backward step call and the wait on its pipeline receives before the CPU can issue it),
+    #: seconds: v times per micro-batch with interleaving, on top of ``microbatch_overhead_s``.
+    #: Default 0
+    chunk_overhead_s: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))
 
 
 @attrs.frozen(kw_only=True)

@@ -134,22 +134,29 @@ def test_model_head_dimension_reaches_the_attention_operator():
 
 @pytest.mark.parametrize("pp,vpp,schedule", [(1, 1, "1f1b"), (4, 1, "1f1b"), (4, 2, "interleaved-1f1b")])
 def test_microbatch_overhead_adds_to_every_stage_forward(pp, vpp, schedule):
-    """``microbatch_overhead_s`` x on each stage's forward, per chunk: the critical stage pays m·v·x,
-    the 1F1B fill/drain the other stages' x — (p − 1)·x, over v for interleaving."""
+    """``microbatch_overhead_s`` x on each stage's forward, once per micro-batch: the critical stage
+    pays m·x; the 1F1B fill/drain the other stages' share of one micro-batch's — (p − 1)·x, over v
+    for interleaving (each chunk carries x/v)."""
     job = PRED.job({"model": {"name": "llama3-8b"}, "hardware": {"name": "h100-sxm5-80gb", "num_gpus": 8 * pp},
                     "parallel": {"tp": 8, "pp": pp, "vpp": vpp, "micro_batch_size": 1, "global_batch_size": 16,
                                  "sequence_length": 4096},
                     "pipeline": {"schedule": schedule}})
     batch = jobs_to_batch([job], PRED.registry)
     x = 2e-3
-    off = PRED.evaluate(batch, job.model, _hw(microbatch_overhead_s=0.0))
-    on = PRED.evaluate(batch, job.model, _hw(microbatch_overhead_s=x))
+    off = PRED.evaluate(batch, job.model, _hw(microbatch_overhead_s=0.0, chunk_overhead_s=0.0))
+    on = PRED.evaluate(batch, job.model, _hw(microbatch_overhead_s=x, chunk_overhead_s=0.0))
     m = 16
-    assert on.breakdown["microbatch_overhead"][0] == pytest.approx(m * vpp * x)
+    assert on.breakdown["microbatch_overhead"][0] == pytest.approx(m * x)
     assert off.breakdown["microbatch_overhead"][0] == 0.0
-    assert on.breakdown["bubble"][0] - off.breakdown["bubble"][0] == pytest.approx((pp - 1) * x, abs=1e-12)
-    assert on.step_time_s[0] - off.step_time_s[0] == pytest.approx((m * vpp + pp - 1) * x)
+    assert on.breakdown["bubble"][0] - off.breakdown["bubble"][0] == pytest.approx((pp - 1) * x / vpp, abs=1e-12)
+    assert on.step_time_s[0] - off.step_time_s[0] == pytest.approx((m + (pp - 1) / vpp) * x)
     assert sum(on.breakdown.values())[0] == pytest.approx(on.step_time_s[0])
+    # chunk_overhead_s y: once per micro-batch and chunk — m·v·y on the critical stage, the fill/drain
+    # the other stages' one chunk each, (p − 1)·y
+    y = 1e-3
+    chunk = PRED.evaluate(batch, job.model, _hw(microbatch_overhead_s=0.0, chunk_overhead_s=y))
+    assert chunk.breakdown["microbatch_overhead"][0] == pytest.approx(m * vpp * y)
+    assert chunk.step_time_s[0] - off.step_time_s[0] == pytest.approx((m * vpp + pp - 1) * y)
 
 
 def test_gemm_half_dim_slows_narrow_gemms():
