@@ -410,15 +410,25 @@ def rewrite(text: str, entry: dict) -> str:
 COPIED = re.compile(r"^# \[efficiency\] copied from the fitted sibling `([a-z0-9.\-]+)`.*$", re.M)
 
 
+EFFICIENCY = re.compile(r"^\[efficiency\]\n.*?(?=^\[|\Z)", flags=re.S | re.M)
+MEMORY_EFFICIENCY = re.compile(r"^memory_efficiency = .*$", re.M)
+
+
 def copy_sibling_efficiency(text: str) -> str:
     """A profile whose ``[efficiency]`` says it is copied from a fitted sibling gets the sibling's
-    current table (so a refit of the sibling reaches its copies)."""
+    current table (so a refit of the sibling reaches its copies), except ``memory_efficiency``:
+    the part's own BabelStream figure where it has one (``set_memory_efficiency``)."""
     m = COPIED.search(text)
     if not m:
         return text
     sib = (PROFILES / f"{m.group(1)}.toml").read_text()
-    table = re.search(r"^\[efficiency\]\n.*?(?=^\[|\Z)", sib, flags=re.S | re.M).group(0).rstrip("\n") + "\n"
-    return re.sub(r"^\[efficiency\]\n.*?(?=^\[|\Z)", lambda _: table, text, count=1, flags=re.S | re.M)
+    table = EFFICIENCY.search(sib).group(0).rstrip("\n") + "\n"
+    own = EFFICIENCY.search(text)
+    mine = MEMORY_EFFICIENCY.search(own.group(0)) if own else None
+    if mine:
+        table = MEMORY_EFFICIENCY.sub(lambda _: mine.group(0), table) if MEMORY_EFFICIENCY.search(table) \
+            else table.replace("[efficiency]\n", f"[efficiency]\n{mine.group(0)}\n", 1)
+    return EFFICIENCY.sub(lambda _: table, text, count=1)
 
 
 def main(argv=None) -> int:

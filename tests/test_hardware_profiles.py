@@ -142,3 +142,33 @@ def test_no_profile_is_fitted_on_a_held_out_source(path):
     for line in re.findall(r"^# \d+ rows \((.*?)\)", path.read_text(), flags=re.M):
         used = {s.split(":")[0].strip() for s in line.split(",") if int(s.split(":")[1]) > 0}
         assert not used & held_out, f"{path.stem} fitted on {used & held_out}"
+
+
+#: GH100 parts with no step times in the calibration set: H100 SXM5's fitted coefficients (the same
+#: die, so the same measured-to-achieved GEMM factor and framework overheads), their own HBM
+GH100_PARTS = {"h800-sxm5-80gb": 0.8866, "h200-sxm-141gb": 0.8708, "h100-pcie-80gb": 0.8866}
+
+
+@pytest.mark.parametrize("name", sorted(GH100_PARTS))
+def test_gh100_parts_copy_h100_sxm5_coefficients_but_keep_their_memory_efficiency(name, mofa_predictor):
+    hw = mofa_predictor.registry.hardware
+    mine, sib = attrs.asdict(hw[name].efficiency), attrs.asdict(hw["h100-sxm5-80gb"].efficiency)
+    assert mine.pop("memory_efficiency") == GH100_PARTS[name]  # BabelStream: H200's own, else H100's
+    sib.pop("memory_efficiency")
+    assert mine == sib
+    assert sib["profiled_gemm_relative_efficiency"] < 1.0  # a fitted value reached the copy, not a default
+
+
+def test_copying_keeps_the_parts_own_memory_efficiency(tmp_path, monkeypatch):
+    import importlib.util
+    import sys
+    spec = importlib.util.spec_from_file_location("ground_profiles", ROOT / "benchmarks" / "ground_profiles.py")
+    gp = importlib.util.module_from_spec(spec)
+    sys.modules["ground_profiles"] = gp
+    spec.loader.exec_module(gp)
+    (tmp_path / "sib.toml").write_text("[efficiency]\nmemory_efficiency = 0.5\nstep_overhead_s = 1.0\n")
+    monkeypatch.setattr(gp, "PROFILES", tmp_path)
+    part = "# [efficiency] copied from the fitted sibling `sib` (why)\n[efficiency]\nmemory_efficiency = 0.9\n"
+    assert gp.copy_sibling_efficiency(part).endswith("[efficiency]\nmemory_efficiency = 0.9\nstep_overhead_s = 1.0\n")
+    bare = "# [efficiency] copied from the fitted sibling `sib` (why)\n[efficiency]\n"
+    assert gp.copy_sibling_efficiency(bare).endswith("[efficiency]\nmemory_efficiency = 0.5\nstep_overhead_s = 1.0\n")
