@@ -12,6 +12,7 @@ import pytest
 
 from mofa_framework.batch import ATTENTION_KERNELS, OP_KINDS, PRECISIONS, OperatorBatch
 from mofa_framework.errors import ConfigError
+from mofa_plugins import _attention_kernels
 from mofa_plugins._attention_kernels import multiplier, resolve, table
 from mofa_plugins._frameworks import attention_kernel
 from mofa_plugins.profiled_attention import attention_seconds
@@ -33,7 +34,23 @@ def test_short_sequences_run_below_the_asymptotic_rate():
     # causal 512 tokens: 191 over the 8K non-causal point 370; half way in log2 between 2K and 4K: the mean
     assert m("fa2", 512) == pytest.approx(191 / 370)
     assert m("fa2", 2 ** 11.5) == pytest.approx((298 + 319) / 2 / 370)
-    assert m("fa2", 65536) == pytest.approx(335 / 370)  # held at the largest published sequence
+    # past the largest published sequence (16K: causal 335, unmasked 370) the gap to the unmasked
+    # rate closes as 16K/s: at 64K a quarter of it is left
+    assert m("fa2", 65536) == pytest.approx((370 - (370 - 335) * 16384 / 65536) / 370)
+    assert m("fa2", 2 ** 20) == pytest.approx((370 - 35 / 64) / 370)
+    # an unmasked curve is held flat there
+    assert m("fa2", 65536, causal_ref=False, s_ref=65536.0) == pytest.approx(m("fa2", 65536) * 370 / 370)
+
+
+def test_causal_tail_on_a_causal_only_architecture():
+    # Blackwell's curves are causal only, to 128K; the unmasked rate they tend to is the causal rate
+    # times H100's FA2 full-over-causal forward ratio — at 128K, H100's 16K gap (370 vs 335) closed to
+    # 1/8 (370 over 365.6) — held flat past 128K; so at 1M the causal rate has closed 7/8 of that gap
+    t = table()
+    c128 = _attention_kernels.curve(t, "blackwell", "cudnn", "fwd", True, [128], [131072.0])[0]
+    c1m = _attention_kernels.curve(t, "blackwell", "cudnn", "fwd", True, [128], [2.0 ** 20])[0]
+    gap = c128 * (370 / (370 - 35 * 16384 / 131072) - 1)  # the derived unmasked rate at 128K, less c128
+    assert c1m == pytest.approx(c128 + gap * (1 - 131072 / 2 ** 20))
 
 
 def test_cudnn_and_fa3_forward_and_backward():
@@ -76,8 +93,11 @@ def test_triton_elsewhere_keeps_its_ampere_ratio_to_fa2():
     assert m("triton", 4096) == pytest.approx(319 / 370 * 74 / 173)
     # head dim 64 at 2K: Hopper FA2 262 over its 64-dim 8K point 322, times the A100's 79 / 140
     assert m("triton", 2048, d=64) == pytest.approx(262 / 322 * 79 / 140)
-    # past both papers' 16K the curves are held: Hopper 335, A100 Triton 80 over FA2 189
-    assert m("triton", 32768) == pytest.approx(335 / 370 * 80 / 189)
+    # past both papers' 16K: Hopper's FA2 closes half its gap to 370 at 32K; the A100 ratio of Triton
+    # to FA2, both causal curves closing their gaps to their unmasked rates (95 / 203 at 16K, head 128)
+    tri = 95 - (95 - 80) / 2
+    fa2 = 203 - (203 - 189) / 2
+    assert m("triton", 32768) == pytest.approx((370 - 35 / 2) / 370 * tri / fa2)
     assert m("triton", 4096, "bwd") < m("fa2", 4096, "bwd")
     assert table().ratio_from == {"triton": "ampere"}
     # an architecture with no curves of its own keeps the prior (ratio 1): AMD's Triton is another kernel
