@@ -172,3 +172,22 @@ def test_copying_keeps_the_parts_own_memory_efficiency(tmp_path, monkeypatch):
     assert gp.copy_sibling_efficiency(part).endswith("[efficiency]\nmemory_efficiency = 0.9\nstep_overhead_s = 1.0\n")
     bare = "# [efficiency] copied from the fitted sibling `sib` (why)\n[efficiency]\n"
     assert gp.copy_sibling_efficiency(bare).endswith("[efficiency]\nmemory_efficiency = 0.5\nstep_overhead_s = 1.0\n")
+
+
+def test_power_capped_part_runs_its_siblings_tables_at_the_capped_clock(mofa_predictor):
+    """The Grand Teton H100 (500 W) takes H100 SXM5's (700 W) GEMM and attention tables times the
+    sustained clock the cap allows, (500/700)^(1/3) = 0.8939 (dynamic power ∝ f·V², V ∝ f); HBM and
+    its (scale-up) collectives are not scaled."""
+    hw = mofa_predictor.registry.hardware
+    cap, sib = hw["h100-sxm-96gb-grandteton"], hw["h100-sxm5-80gb"]
+    f = (500.0 / 700.0) ** (1.0 / 3.0)
+    assert f == pytest.approx(0.8939, abs=1e-4)
+    theirs = {(p.m, p.n, p.k, p.dtype): p.tflops for p in sib.gemm_profile}
+    mine = {(p.m, p.n, p.k, p.dtype): p.tflops for p in cap.gemm_profile}
+    assert mine.keys() == theirs.keys()
+    for key, t in theirs.items():
+        assert mine[key] == pytest.approx(t * f, rel=1e-5, abs=1e-3), key  # rounded as written
+    assert [p.tflops for p in cap.attention_profile] == pytest.approx([p.tflops * f for p in sib.attention_profile],
+                                                                      rel=1e-5, abs=1e-3)
+    assert cap.collective_profile == tuple(p for p in sib.collective_profile if p.scope == "scaleup")
+    assert "cap" in cap.notes and "0.894" in cap.notes
