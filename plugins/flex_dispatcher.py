@@ -15,7 +15,11 @@ forwards the copies to the domain's other ranks over the scale-up links. Per rou
 
 The two run concurrently: ``t = max(t_up, t_out)``, each priced by the
 ``mofa_collective_latency`` provider (an all-to-all inside one domain over n/D ranks, and one
-across the D domains with one rank in each), so a third-party collective model applies to it.
+across the D domains with one rank in each), so a third-party collective model applies to it —
+at the links' rate: DeepEP's and HybridEP's kernels are not NCCL's all-to-all (DeepEP publishes
+RDMA bottleneck bandwidths at the NICs' line rate), so the profile's
+``alltoall_relative_efficiency``, which prices NCCL's many-peer all-to-all, is left at 1 for them
+(the alltoall dispatcher it is compared with keeps it).
 The busiest EP rank's volume is the model's ``moe_load_factor`` times the mean (1, balanced
 routing, unless the job says otherwise; NVIDIA's MoE benchmarks force balance). Group-limited routing
 (``moe_router_num_groups`` / ``moe_router_group_topk``: DeepSeek-V3 picks a token's experts from
@@ -103,9 +107,21 @@ def _a2a_seconds(ctx, moe_model, g) -> tuple[np.ndarray, np.ndarray]:
              bytes=r * tok * h * g.dt * load * d / np.maximum(d - 1.0, 1.0), group_size=d,
              stride=np.maximum(ctx.hardware.scaleup_domain_gpus * one, local * g.etp)),
     ]
-    plain, intra, inter = price_collectives(ctx, colls)
+    plain = price_collectives(ctx, colls[:1])[0]
+    intra, inter = price_collectives(_line_rate(ctx), colls[1:])
     flex = np.where(d > 1.0, np.maximum(intra, inter), plain)
     return plain, flex
+
+
+def _line_rate(ctx):
+    """The context DeepEP / HybridEP are priced in: their kernels are not NCCL's all-to-all and run
+    at the links' rate (DeepEP's published RDMA bottleneck bandwidths are the NICs' line rate), so
+    the profile's ``alltoall_relative_efficiency`` — NCCL's many-peer all-to-all — does not apply."""
+    eff = ctx.hardware.efficiency
+    if eff.alltoall_relative_efficiency == 1.0:
+        return ctx
+    return attrs.evolve(ctx, hardware=attrs.evolve(ctx.hardware, efficiency=attrs.evolve(
+        eff, alltoall_relative_efficiency=1.0)))
 
 
 def layer(state, rows):

@@ -54,13 +54,16 @@ from mofa_framework.uncertainty import TABLE
 #: llm_foundry 8.7 → 8.1 %, NeMo long context 11.8 → 11.8 %
 #: Reset after the Grand Teton H100's 500 W cap was priced (its tables × (500/700)^(1/3), no refit: the
 #: part is fitted by nothing): torchtitan 19.3 → 15.1 %, overall 8.5 → 8.4 %, in-sample 7.1 → 7.0 %
+#: Reset after DeepEP / HybridEP were priced at the links' rate (not NCCL's alltoall efficiency; every
+#: fitted profile refitted): MoE zoo 18.0 → 17.4 %, NeMo long context 11.8 → 11.6 %, NeMo 24.07 8.2 → 7.5 %;
+#: Megatron-Bridge 15.63 → 15.65 % (within the slack)
 NOT_YET_MET: dict[str, float] = {
-    "source:nvidia_megatron_bridge": 0.1563,
-    "source:nemo_long_context": 0.1177,
-    "source:megatron_core_moe": 0.1797,
-    "source:torchtitan_benchmarks": 0.1507,
-    "overall": 0.0841,
-    "in-sample": 0.0703,
+    "source:nvidia_megatron_bridge": 0.1565,
+    "source:nemo_long_context": 0.1158,
+    "source:megatron_core_moe": 0.1738,
+    "source:torchtitan_benchmarks": 0.1502,
+    "overall": 0.0839,
+    "in-sample": 0.0702,
     "ranking:megatron_selene_a100": 0.8660,
     "ranking:zero_bubble": 0.6853,
     "ranking:nvidia_megatron_bridge": -0.8944,

@@ -75,13 +75,14 @@ def test_cross_node_all_to_all_is_priced_once_per_remote_node(mofa_predictor):
     tok, h, k, n, local = 4096.0, m.hidden_size, m.experts_per_token, 32.0, 8.0  # 4 nodes of 8 ranks
     s = tok * k * h * 2.0
     lat_up, lat_out = eff.scaleup_latency_us * 1e-6, eff.scaleout_latency_us * 1e-6
-    a2a = eff.alltoall_relative_efficiency  # divides every all-to-all's bandwidth terms
+    a2a = eff.alltoall_relative_efficiency  # divides NCCL's all-to-all bandwidth terms
     # alltoall: hierarchical, k copies; flex: forwarded copies over NVLink ‖ one copy per remote node
     plain = max((local - 1) / n * s / up, (n - local) / n * s / out) / a2a + lat_out
     # group-limited routing (4 of 8 groups, two groups per node): j chosen groups in a given node
     r = 3 * sum(comb(2, j) * comb(6, 4 - j) / comb(8, 4) * (1 - comb(128 - 32 * j, 8) / comb(128, 8))
                 for j in (1, 2))
-    flex = max((local - 1) / local * s / up / a2a + lat_up, r * tok * h * 2.0 / out / a2a + lat_out)
+    # DeepEP / HybridEP are not NCCL's all-to-all: priced at the links' rate, no a2a efficiency
+    flex = max((local - 1) / local * s / up + lat_up, r * tok * h * 2.0 / out + lat_out)
     lc_off, lc_on = off.state.layers["moe"], on.state.layers["moe"]
     # dispatch + combine in each pass
     assert f0(lc_on.ep_fwd_s) - f0(lc_off.ep_fwd_s) == pytest.approx(2 * (flex - plain), rel=1e-9)
