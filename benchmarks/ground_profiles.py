@@ -441,9 +441,10 @@ def copy_sibling_efficiency(text: str) -> str:
     table = EFFICIENCY.search(sib).group(0).rstrip("\n") + "\n"
     own = EFFICIENCY.search(text)
     mine = MEMORY_EFFICIENCY.search(own.group(0)) if own else None
-    if mine:
-        table = MEMORY_EFFICIENCY.sub(lambda _: mine.group(0), table) if MEMORY_EFFICIENCY.search(table) \
-            else table.replace("[efficiency]\n", f"[efficiency]\n{mine.group(0)}\n", 1)
+    if mine and MEMORY_EFFICIENCY.search(table):
+        table = MEMORY_EFFICIENCY.sub(lambda _: mine.group(0), table)
+    elif mine:
+        table = table.replace("[efficiency]\n", f"[efficiency]\n{mine.group(0)}\n", 1)
     return EFFICIENCY.sub(lambda _: table, text, count=1)
 
 

@@ -145,8 +145,10 @@ def _causal(by_d: dict, d, s, full_at) -> np.ndarray:
     beyond = s > s_max
     if beyond.any():
         d_b, s_b, m_b = np.asarray(d, float)[beyond], s[beyond], s_max[beyond]
-        gap = np.maximum(full_at(d_b, m_b) - out[beyond], 0.0)
-        out[beyond] = np.maximum(full_at(d_b, s_b) - gap * m_b / s_b, out[beyond])
+        edge, far = full_at(d_b, m_b), full_at(d_b, s_b)
+        if edge is not None:  # no unmasked rate to tend to: held at c(s_max)
+            gap = np.maximum(edge - out[beyond], 0.0)
+            out[beyond] = np.maximum(far - gap * m_b / s_b, out[beyond])
     return out
 
 
@@ -157,7 +159,7 @@ def curve(t: KernelTable, arch: str, kernel: str, direction: str, causal: bool, 
         by_d = c[arch, kernel, direction, causal]
         if not causal:
             return _interp(by_d, d, s)
-        return _causal(by_d, d, s, lambda dd, ss: _full_or_own(t, arch, kernel, direction, dd, ss))
+        return _causal(by_d, d, s, lambda dd, ss: curve(t, arch, kernel, direction, False, dd, ss))
     if not causal:
         return _full_from_causal(t, c, arch, kernel, direction, d, s)
     full = c.get((arch, kernel, direction, False))
@@ -169,12 +171,6 @@ def curve(t: KernelTable, arch: str, kernel: str, direction: str, causal: bool, 
         if fc and ff:
             return _interp(full, d, s) * _causal(fc, d, s, lambda dd, ss: _interp(ff, dd, ss)) / _interp(ff, d, s)
     return None
-
-
-def _full_or_own(t: KernelTable, arch: str, kernel: str, direction: str, d, s) -> np.ndarray:
-    """The unmasked rate a causal curve tends to (its own causal curve where none can be had)."""
-    full = curve(t, arch, kernel, direction, False, d, s)
-    return full if full is not None else _interp(_curves(t)[arch, kernel, direction, True], d, s)
 
 
 def _full_from_causal(t: KernelTable, c: dict, arch: str, kernel: str, direction: str, d, s) -> np.ndarray | None:
