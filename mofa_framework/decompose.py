@@ -160,16 +160,28 @@ def residual_operator(model: ModelSpec, g: Geometry, block: BlockSpec) -> Op:
     parallel block adds both outputs to its input at once (read 3, write 1) and needs no second
     norm (both sublayers read the first one's output)."""
     T, h, dt = g.tokens, model.hidden_size, g.dt
+    hc = hyper_connection_passes(model) * (1.0 if parallel_block(model, block) else float(block.sublayers)) * dt
     if parallel_block(model, block):
         drop = 2.0 if model.dropout else 0.0
-        return _elementwise("residual_norm", (4.0 * dt + drop) * T * h / g.sp_div, "norm")
+        return _elementwise("residual_norm", (4.0 * dt + drop + hc) * T * h / g.sp_div, "norm")
     if block.sublayers == 2:
         drop = 2.0 if model.dropout else 0.0
         # two residual adds (read 2, write 1), the second norm, and with dropout its 1-byte masks
-        return _elementwise("residual_norm", ((2.0 + 6.0) * dt + drop) * T * h / g.sp_div, "norm")
+        return _elementwise("residual_norm", ((2.0 + 6.0) * dt + drop + hc) * T * h / g.sp_div, "norm")
     drop = 1.0 if model.dropout else 0.0
     norm = 0.0 if block.mixer != "none" else 2.0
-    return _elementwise("residual_norm", ((norm + 3.0) * dt + drop) * T * h / g.sp_div, "norm")
+    return _elementwise("residual_norm", ((norm + 3.0) * dt + drop + hc) * T * h / g.sp_div, "norm")
+
+
+def hyper_connection_passes(model: ModelSpec) -> float:
+    """Extra hidden-size passes over memory per sublayer that n residual streams cost
+    (hyper-connections, ``hyper_connections`` = n > 1): before the sublayer the streams are read
+    and mixed into its input (read n, write 1), after it its output and the streams are mixed back
+    (read 1 + n, write n), in place of the plain residual add (read 2, write 1): ``3n − 1``. The
+    mixing weights come from a GEMM of the n streams to ``n(n + 2)`` values per token, a few
+    hundred FLOPs per element of the streams it reads, priced with them as memory traffic."""
+    n = model.hyper_connections
+    return 3.0 * n - 1.0 if n > 1 else 0.0
 
 
 def attention_operators(model: ModelSpec, g: Geometry, block: BlockSpec = _LAYER) -> list[Op]:
@@ -197,12 +209,23 @@ def attention_mixer_operators(model: ModelSpec, g: Geometry, block: BlockSpec = 
     else:
         dq = dv = model.kv_channels
         gate = a * dq if block.output_gate else 0  # the query projection also yields the output gate
-        ops.append(_gemm("qkv_proj", T, (a * dq + gate + 2 * kv * dq) / t, h, dt, "qkv"))
+        kv_width = kv_projections(model) * kv * dq
+        if model.q_lora_rank:  # a low-rank query (DeepSeek-V4): the down projection replicated, as MLA's
+            ops.append(_gemm("q_down_proj", T, model.q_lora_rank, h, dt, "qkv"))
+            ops.append(_gemm("q_up_proj", T, (a * dq + gate) / t, model.q_lora_rank, dt, "qkv"))
+        if model.q_lora_rank or model.kv_shared:
+            if not model.q_lora_rank:
+                ops.append(_gemm("q_proj", T, (a * dq + gate) / t, h, dt, "qkv"))
+            ops.append(_gemm("kv_proj", T, kv_width / kv_shards(model, g), h, dt, "qkv"))
+        else:
+            ops.append(_gemm("qkv_proj", T, (a * dq + gate + kv_width) / t, h, dt, "qkv"))
         heads_q, heads_kv = a, kv
+    if block.attention == "compressed":
+        ops.extend(compressor_operators(model, g, block))
     s_kv, keys_causal = attended_keys(model, g.s, block)
     # core attention: T queries of this CP rank against the whole sequence's keys, causal
     core_flops = 2.0 * T * s_kv * heads_q * (dq + dv) / t
-    io = (T * heads_q * (dq + dv) + 2.0 * T * heads_kv * (dq + dv)) / t * dt
+    io = (T * heads_q * (dq + dv) / t + kv_projections(model) * T * heads_kv * (dq + dv) / kv_shards(model, g)) * dt
     fused = Op(name="core_attention", kind=ATTENTION, flops=2.0 * T * keys_causal * heads_q * (dq + dv) / t,
                bytes=io, bwd_input=ATTENTION_BWD_FACTOR, bwd_weight=0.0, group="core_attn")
     # unfused (2021/22 Megatron): batched GEMMs over the full square plus softmax/dropout passes
@@ -216,7 +239,65 @@ def attention_mixer_operators(model: ModelSpec, g: Geometry, block: BlockSpec = 
     ops.append(_elementwise("softmax_dropout", np.where(g.flash, 0.0, score_bytes), "core_attn"))
     if block.output_gate:  # sigmoid(gate) ⊙ attention output: read 2, write 1
         ops.append(_elementwise("output_gate", 3.0 * T * a * dv / t * dt, "gate"))
-    ops.append(_gemm("o_proj", T, h, a * dv / t, dt, "proj"))
+    return [*ops, *output_projection(model, g, a * dv)]
+
+
+def kv_projections(model: ModelSpec) -> float:
+    """Key and value projections per KV head: 2, or 1 when one serves as both (``kv_shared``)."""
+    return 1.0 if model.kv_shared else 2.0
+
+
+def kv_shards(model: ModelSpec, g: Geometry):
+    """What TP divides the key/value heads by: ``t``, or 1 for a shared K = V head, which every TP
+    rank computes whole (as MLA's latent; its one head cannot be split)."""
+    return 1.0 if model.kv_shared else g.t
+
+
+def output_projection(model: ModelSpec, g: Geometry, width) -> list[Op]:
+    """The attention output (`width` = heads × value dimension) back to the hidden size, row-parallel:
+    one GEMM, or with ``o_lora_rank`` DeepSeek-V4's grouped low-rank pair — each of ``o_groups``
+    head groups down to ``o_lora_rank`` (``o_groups/t`` equal GEMMs per rank), then all groups'
+    latents up to the hidden size."""
+    h, T, t, dt = model.hidden_size, g.tokens, g.t, g.dt
+    if not model.o_lora_rank:
+        return [_gemm("o_proj", T, h, width / t, dt, "proj")]
+    groups, rank = float(model.o_groups), float(model.o_lora_rank)
+    one = _gemm("o_down_proj", T, rank, width / groups, dt, "proj")
+    members = groups / t
+    down = attrs.evolve(one, flops=one.flops * members, bytes=one.bytes * members, count=members)
+    return [down, _gemm("o_up_proj", T, h, groups * rank / t, dt, "proj")]
+
+
+def compressor_operators(model: ModelSpec, g: Geometry, block: BlockSpec) -> list[Op]:
+    """The pooled keys of a compressed-attention layer (DeepSeek-V4), replicated across TP ranks.
+
+    - ``compress_proj``: one GEMM of the layer input to the pooled values and their gates
+      (``2·o·d`` for head dimension d; ``o`` = 2 overlapping windows per pooled key when indexed,
+      else 1), and when indexed the indexer's own pooled keys and gates ``2·o·d_i`` and its
+      per-head weights ``H_i``;
+    - ``compress_pool``: the gated pooling, which reads the projections and writes one key of
+      ``d (+ d_i)`` per ``r`` tokens;
+    - indexed only: ``index_q_proj`` (the query latent, or the layer input without one, to
+      ``H_i·d_i``), ``index_scores`` — ReLU(q·k) of every query against the pooled keys the causal
+      mask leaves, ``2·T·H_i·d_i·(s/2r)`` FLOPs, priced as a GEMM of ``T·H_i`` rows by those keys
+      by ``d_i`` whose scores are summed over heads in the kernel (fp32 per query and key) —
+      and ``index_topk``, the selection, which reads those scores and writes ``index_topk`` indices.
+    """
+    h, T, dt, s = model.hidden_size, g.tokens, g.dt, g.s
+    r, d = float(block.compress_ratio), float(model.kv_channels)
+    o = 2.0 if block.indexed else 1.0
+    hi = float(model.index_num_heads) if block.indexed else 0.0
+    di = float(model.index_head_dim) if block.indexed else 0.0
+    width = 2.0 * o * (d + di) + hi
+    ops = [_gemm("compress_proj", T, width, h, dt, "qkv"),
+           _elementwise("compress_pool", (T * 2.0 * o * (d + di) + T / r * (d + di)) * dt, "qkv")]
+    if not block.indexed:
+        return ops
+    vis = s / (2.0 * r)  # pooled keys a query sees under the causal mask, on average
+    ops.append(_gemm("index_q_proj", T, hi * di, model.q_lora_rank or h, dt, "indexer"))
+    ops.append(Op(name="index_scores", kind=GEMM, flops=2.0 * T * hi * di * vis,
+                  bytes=(T * hi * di + s / r * di) * dt + 4.0 * T * vis, m=T * hi, n=vis, k=di, group="indexer"))
+    ops.append(_elementwise("index_topk", 4.0 * T * vis + 4.0 * T * np.minimum(model.index_topk, s / r), "indexer"))
     return ops
 
 
@@ -246,7 +327,25 @@ def attended_keys(model: ModelSpec, s, block: BlockSpec = _LAYER) -> tuple[np.nd
     win_causal = w * (1.0 - w / (2.0 * np.maximum(s, 1.0)))
     if kind == "sliding":
         return w, win_causal
+    if kind == "compressed":
+        width, mean = pooled_keys(model, s, block)
+        return w + width, win_causal + mean
     return f * w + (1.0 - f) * s, f * win_causal + (1.0 - f) * CAUSAL_FRACTION * s
+
+
+def pooled_keys(model: ModelSpec, s, block: BlockSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Pooled keys of compressed attention per query: (the most any query sees, the mean over a
+    sequence's queries under the causal mask). Query i sees the ``i/r`` keys pooled before it,
+    ``s/(2r)`` on average; indexed, at most k = ``index_topk`` of them, so the mean over
+    ``i ∈ [0, s)`` of ``min(k, i/r)`` is ``s/(2r)`` while ``s ≤ r·k``, else ``k·(1 − r·k/(2s))``."""
+    s = np.asarray(s, dtype=np.float64)
+    r = float(block.compress_ratio)
+    width, mean = np.floor(s / r), s / (2.0 * r)
+    if not block.indexed:
+        return width, mean
+    k = float(model.index_topk)
+    mean = np.where(s <= r * k, mean, k * (1.0 - r * k / (2.0 * np.maximum(s, 1.0))))
+    return np.minimum(width, k), mean
 
 
 def _mlp(name, model: ModelSpec, T, ffn, divisor, dt, group) -> list[Op]:
@@ -609,8 +708,8 @@ def layer_collectives(model: ModelSpec, g: Geometry, kind: str) -> list[Coll]:
         if model.is_mla:
             kv_el = model.num_attention_heads * (model.qk_head_dim + model.v_dim)
         else:
-            kv_el = 2.0 * model.num_kv_heads * model.kv_channels
-        step = T * kv_el / g.t * dt
+            kv_el = kv_projections(model) * model.num_kv_heads * model.kv_channels
+        step = T * kv_el / (g.t if model.is_mla else kv_shards(model, g)) * dt
         cp_steps = cp_ring_steps(model, g, block)
         out.append(Coll(name="cp_kv_fwd", parallel="cp", kind=P2P, bytes=step, group_size=g.c, stride=g.t,
                         count=cp_steps, passes="fwd"))
@@ -679,6 +778,14 @@ def saved_activation_bytes(model: ModelSpec, g: Geometry, kind: str) -> SavedAct
     # a parallel block keeps one normed input for both sublayers and has no second norm input
     copies = 1.0 if parallel_block(model, block) else 2.0 * n - 1.0
     replicated = (dt * T * h * copies + drop * float(n) * T * h) / spd
+    if model.hyper_connections > 1:
+        # n residual streams: each sublayer keeps the streams it mixes and its own output for the
+        # mixing's backward; the first sublayer's streams are the layer's input (what full
+        # recompute keeps), its mixed input the first norm's input
+        streams = float(model.hyper_connections)
+        subs = 1.0 if parallel_block(model, block) else float(n)
+        replicated = replicated + dt * T * h * ((subs - 1.0) * streams + subs + 1.0) / spd
+        layer_input = layer_input * streams
     z = np.zeros_like(np.asarray(T, dtype=np.float64))
     core = z
     other = replicated
@@ -706,16 +813,34 @@ def attention_saved_bytes(model: ModelSpec, g: Geometry, block: BlockSpec):
         heads = a
     else:
         d = model.kv_channels
-        qkv = dt * T * (a * d + 2.0 * model.num_kv_heads * d) / t
+        qkv = dt * T * (a * d / t + kv_projections(model) * model.num_kv_heads * d / kv_shards(model, g))
+        qkv = qkv + dt * T * model.q_lora_rank  # a low-rank query's latent, replicated
         o_in = dt * T * a * d / t
         heads = a
         if block.output_gate:  # the gate and the ungated output, kept by the gating product
             o_in = o_in + 2.0 * dt * T * a * d / t
+    o_in = o_in + dt * T * model.o_groups * model.o_lora_rank / t  # the low-rank output's latent
+    if block.attention == "compressed":
+        qkv = qkv + compressor_saved_bytes(model, g, block)
     s_kv, _ = attended_keys(model, g.s, block)
     scores = T * s_kv * heads / t
     unfused = dt * scores + drop * (scores + dt * scores)  # softmax output, dropout mask and output
     fused = 4.0 * T * heads / t  # fp32 log-sum-exp per query and head
     return np.where(g.flash, fused, unfused), (qkv, o_in)
+
+
+def compressor_saved_bytes(model: ModelSpec, g: Geometry, block: BlockSpec):
+    """What compressed attention's pooling and indexer keep (replicated across TP): the pooling's
+    projections (values and gates) and pooled keys, and when indexed the indexer's query and the
+    picked keys' int32 indices per query."""
+    T, dt, r = g.tokens, g.dt, float(block.compress_ratio)
+    d = float(model.kv_channels) + (float(model.index_head_dim) if block.indexed else 0.0)
+    o = 2.0 if block.indexed else 1.0
+    saved = dt * T * 2.0 * o * d + dt * g.s / r * d
+    if block.indexed:
+        saved = saved + dt * T * model.index_num_heads * model.index_head_dim \
+            + 4.0 * T * np.minimum(model.index_topk, g.s / r)
+    return saved
 
 
 def recurrent_saved_bytes(model: ModelSpec, g: Geometry, block: BlockSpec):
@@ -825,9 +950,16 @@ def mixer_params(model: ModelSpec, block: BlockSpec) -> tuple[float, float]:
             shard = q_up + model.kv_lora_rank * a * (model.qk_nope_head_dim + dv) + a * dv * h
         else:
             d = model.kv_channels
-            shard = h * (a * d + 2 * model.num_kv_heads * d) + a * d * h
-            shard += h * a * d if block.output_gate else 0
-            rep = 0.0
+            q_in = model.q_lora_rank or h
+            kv_params = h * kv_projections(model) * model.num_kv_heads * d
+            shard = q_in * a * d + (0 if model.kv_shared else kv_params)
+            shard += q_in * a * d if block.output_gate else 0
+            # a low-rank query's down projection and norm, and a shared K = V head, are replicated
+            rep = float(h * model.q_lora_rank + model.q_lora_rank + (kv_params if model.kv_shared else 0))
+            shard += a * d * model.o_lora_rank + model.o_groups * model.o_lora_rank * h if model.o_lora_rank \
+                else a * d * h
+        if block.attention == "compressed":
+            rep += compressor_params(model, block)
         return shard, rep
     if block.mixer == "mamba2":
         di, H, _, G, N = mamba2_dims(model)
@@ -846,6 +978,29 @@ def mixer_params(model: ModelSpec, block: BlockSpec) -> tuple[float, float]:
     return 0, 0.0
 
 
+def compressor_params(model: ModelSpec, block: BlockSpec) -> float:
+    """Compressed attention's pooling: value and gate projections ``2·o·h·d``, a learned position
+    bias per window slot ``o·r·d`` and the pooled keys' norm ``d`` (``o`` = 2 overlapping windows
+    when indexed); the indexer adds its own pooling at ``d_i`` and its query ``q·H_i·d_i`` (from
+    the query latent q, else the hidden size) and head weights ``h·H_i``."""
+    h, r = model.hidden_size, block.compress_ratio
+    o = 2 if block.indexed else 1
+    dims = [model.kv_channels] + ([model.index_head_dim] if block.indexed else [])
+    n = sum(2 * o * h * d + o * r * d + d for d in dims)
+    if block.indexed:
+        hi = model.index_num_heads
+        n += (model.q_lora_rank or h) * hi * model.index_head_dim + h * hi
+    return float(n)
+
+
+def hyper_connection_params(model: ModelSpec) -> float:
+    """One sublayer's hyper-connection mixing (n = ``hyper_connections`` streams): the projection
+    of the n streams to the ``n(n + 2)`` mixing values ``n·h·n(n + 2)``, their bias ``n(n + 2)``
+    and three scales; 0 for a plain residual."""
+    n = model.hyper_connections
+    return float(n * model.hidden_size * n * (n + 2) + n * (n + 2) + 3) if n > 1 else 0.0
+
+
 def mlp_params(model: ModelSpec, ffn: int) -> float:
     return float((3 if model.activation is Activation.swiglu else 2) * model.hidden_size * ffn)
 
@@ -862,6 +1017,7 @@ def _layer_params(model: ModelSpec, kind: str) -> dict[str, float]:
     block = model.block(kind)
     shard, rep = mixer_params(model, block)
     shard, rep = float(shard), float(rep + block.sublayers * model.hidden_size)  # + the block's norms
+    rep += (1 if parallel_block(model, block) else block.sublayers) * hyper_connection_params(model)
     if block.ffn == "moe":
         mats = 3 if model.activation is Activation.swiglu else 2
         expert = float(model.num_experts * mats * model.expert_width * model.moe_ffn_hidden_size)

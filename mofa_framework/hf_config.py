@@ -23,6 +23,8 @@ import math
 import re
 from typing import Any
 
+import attrs
+
 from .errors import ConfigError
 from .limits import decode_text
 from .stack import BUILTIN_BLOCKS, BlockSpec
@@ -341,10 +343,50 @@ def _stack(c: _Cfg, mt: str, out: dict) -> None:
     gate = mt == "qwen3_next"  # Qwen3-Next's full-attention layers gate their output
     blocks = [BlockSpec(mixer=m, attention=a if m == "attention" else "model", output_gate=gate and m == "attention",
                         ffn=f) for m, a, f in zip(mixers, attention, ffns)]
+    if mt == "deepseek_v4":
+        blocks, mtp = _deepseek_v4(c, n, out, ffns)
+        symbols = _write_pattern(blocks + mtp, out, len(blocks))
+        if mtp:
+            out["mtp_layer_pattern"] = "".join(symbols[b] for b in mtp)
+        return
     uniform_mixer = all(b.mixer == "attention" and b.attention == "model" and not b.output_gate for b in blocks)
     if uniform_mixer and _legacy_moe(ffns, out):
         return
     _write_pattern(blocks, out)
+
+
+#: DeepSeek-V4's ratio whose layers run the lightning indexer over overlapping windows (HF's
+#: ``DeepseekV4Attention``: an indexer where ``compress_ratio == 4``)
+V4_INDEXED_RATIO = 4
+
+
+def _deepseek_v4(c: _Cfg, n: int, out: dict, ffns: list[str]) -> tuple[list[BlockSpec], list[BlockSpec]]:
+    """DeepSeek-V4's blocks from ``compress_ratios`` (one per layer, then one per MTP layer: 0 =
+    the window alone, else compressed attention; indexed at ratio 4) and its attention fields."""
+    mtp = out.get("num_mtp_layers", 0)
+    ratios = c.list("compress_ratios", int)
+    if ratios is None or len(ratios) < n or any(r < 0 or r == 1 for r in ratios):
+        raise c._bad("compress_ratios", c.data.get("compress_ratios"),
+                     f"{n} (+ {mtp} MTP) whole numbers, 0 (window only) or ≥ 2 (tokens pooled into one key)")
+    if not out.get("sliding_window"):
+        raise c._bad("sliding_window", c.data.get("sliding_window"), "the local window (> 0) every layer attends")
+    for key, field in (("o_lora_rank", "o_lora_rank"), ("o_groups", "o_groups"), ("index_topk", "index_topk"),
+                       ("index_n_heads", "index_num_heads"), ("index_head_dim", "index_head_dim"),
+                       ("hc_mult", "hyper_connections")):
+        value = c.int(key)
+        if value:
+            out[field] = value
+    out["kv_shared"] = True
+    out.pop("qk_rope_head_dim", None)  # a share of head_dim here, not MLA's separate RoPE key
+    out.pop("first_k_dense_layers", None)
+
+    def block(r: int) -> BlockSpec:
+        if not r:
+            return BlockSpec(attention="sliding", ffn="moe")
+        return BlockSpec(attention="compressed", compress_ratio=r, indexed=r == V4_INDEXED_RATIO, ffn="moe")
+
+    layers = [block(r) if f == "moe" else attrs.evolve(block(r), ffn="dense") for r, f in zip(ratios, ffns)]
+    return layers, [block(r) for r in ratios[n:n + mtp]]
 
 
 def _mixers(c: _Cfg, mt: str, n: int) -> list[str]:
@@ -422,9 +464,10 @@ def _legacy_moe(ffns: list[str], out: dict) -> bool:
     return False
 
 
-def _write_pattern(blocks: list[BlockSpec], out: dict) -> None:
-    """``layer_pattern`` (and ``blocks``) spelling `blocks`: built-in symbols where they fit,
-    letters for the rest; a stack that repeats one unit is written ``(unit)count``."""
+def _write_pattern(blocks: list[BlockSpec], out: dict, layers: int | None = None) -> dict[BlockSpec, str]:
+    """``layer_pattern`` (and ``blocks``) spelling the first `layers` of `blocks` (all by default;
+    the rest are MTP layers that need symbols only): built-in symbols where they fit, letters for
+    the rest; a stack that repeats one unit is written ``(unit)count``. Returns each block's symbol."""
     out.pop("first_k_dense_layers", None)
     known = {b: s for s, b in BUILTIN_BLOCKS.items()}
     symbols, custom = [], {}
@@ -432,9 +475,11 @@ def _write_pattern(blocks: list[BlockSpec], out: dict) -> None:
     for b in blocks:
         if b not in known:
             known[b] = next(letters)
-            custom[known[b]] = {"mixer": b.mixer, "attention": b.attention, "output_gate": b.output_gate, "ffn": b.ffn}
+            custom[known[b]] = {k: v for k, v in attrs.asdict(b).items()
+                                if k in ("mixer", "attention", "output_gate", "ffn") or v}
         symbols.append(known[b])
-    text = "".join(symbols)
+    text = "".join(symbols[:layers])
+    symbols = symbols[:layers]
     for period in range(1, len(text) // 2 + 1):
         if len(text) % period == 0 and text == text[:period] * (len(text) // period):
             unit = text[:period]
@@ -443,3 +488,4 @@ def _write_pattern(blocks: list[BlockSpec], out: dict) -> None:
     out["layer_pattern"] = text
     if custom:
         out["blocks"] = custom
+    return known

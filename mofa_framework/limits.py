@@ -108,7 +108,7 @@ LIMITS: dict[str, Bound] = {
     "model.moe_router_group_topk": _count(0, MAX_EXPERTS, "groups a token routes to"),
     "model.moe_layer_frequency": _count(1, MAX_LAYERS, "an MoE layer every this many layers"),
     "model.moe_load_factor": _real(1.0, MAX_FACTOR, "busiest EP rank over the mean, 1 = balanced"),
-    "model.q_lora_rank": _count(0, MAX_WIDTH, "MLA query latent width"),
+    "model.q_lora_rank": _count(0, MAX_WIDTH, "low-rank query latent width (MLA, DeepSeek-V4)"),
     "model.kv_lora_rank": _count(0, MAX_WIDTH, "MLA key/value latent width"),
     "model.qk_nope_head_dim": _count(0, MAX_WIDTH, "MLA"),
     "model.qk_rope_head_dim": _count(0, MAX_WIDTH, "MLA"),
@@ -132,6 +132,12 @@ LIMITS: dict[str, Bound] = {
     "model.linear_value_head_dim": _count(1, MAX_WIDTH, "linear-attention value head dimension"),
     "model.linear_conv_kernel": _count(1, 1024, "causal conv1d width"),
     "model.linear_chunk_size": _count(1, MAX_SEQUENCE, "chunk length of the chunked algorithm"),
+    "model.o_lora_rank": _count(0, MAX_WIDTH, "grouped low-rank output projection width per group, 0 = none"),
+    "model.o_groups": _count(1, MAX_HEADS, "head groups of the low-rank output projection"),
+    "model.index_topk": _count(0, 2**32, "pooled keys the lightning indexer picks per query"),
+    "model.index_num_heads": _count(0, MAX_HEADS, "lightning-indexer heads"),
+    "model.index_head_dim": _count(0, MAX_WIDTH, "lightning-indexer head dimension"),
+    "model.hyper_connections": _count(1, 64, "residual streams (hyper-connections' expansion), 1 = a plain residual"),
 }
 
 

@@ -24,7 +24,7 @@ import attrs
 from attrs import validators as v
 
 MIXERS = ("attention", "mamba2", "mamba", "gated_deltanet", "linear_attention", "none")
-ATTENTION_TYPES = ("model", "full", "sliding", "chunked")
+ATTENTION_TYPES = ("model", "full", "sliding", "chunked", "compressed")
 FFNS = ("dense", "moe", "none")
 #: mixers with a recurrent state instead of attention over the prefix
 RECURRENT_MIXERS = ("mamba2", "mamba", "gated_deltanet", "linear_attention")
@@ -32,9 +32,14 @@ RECURRENT_MIXERS = ("mamba2", "mamba", "gated_deltanet", "linear_attention")
 MAX_LAYERS = 1 << 20
 
 
-def _true_or_false(x) -> None:
+def _true_or_false(_, attribute, x) -> None:
     if not isinstance(x, bool):
-        raise ValueError(f"output_gate must be true or false, got {x!r}")
+        raise ValueError(f"{attribute.name} must be true or false, got {x!r}")
+
+
+def _ratio(_, attribute, x) -> None:
+    if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= 1 << 20:
+        raise ValueError(f"{attribute.name} must be a whole number of tokens from 0 to {1 << 20}, got {x!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -45,20 +50,34 @@ class BlockSpec:
     ``sliding_window_layer_fraction`` (full causal attention when it has no window);
     ``"full"`` is full causal attention; ``"sliding"`` a window of the model's
     ``sliding_window`` keys; ``"chunked"`` attention inside chunks of the model's
-    ``attention_chunk_size`` tokens (Llama 4). ``output_gate`` is attention whose output is
-    multiplied by a sigmoid gate the query projection also produces (Qwen3-Next).
+    ``attention_chunk_size`` tokens (Llama 4); ``"compressed"`` (DeepSeek-V4) the model's
+    ``sliding_window`` most recent keys plus keys pooled from every ``compress_ratio`` tokens
+    (a learned, gated pooling), all of them, or with ``indexed`` the ``index_topk`` a lightning
+    indexer picks per query (compressed sparse attention; its pooling windows overlap, two
+    windows per pooled key, as DeepSeek-V4's ratio-4 layers). ``output_gate`` is attention whose
+    output is multiplied by a sigmoid gate the query projection also produces (Qwen3-Next).
     """
 
     mixer: str = attrs.field(default="attention", validator=v.in_(MIXERS))
     attention: str = attrs.field(default="model", validator=v.in_(ATTENTION_TYPES))
-    output_gate: bool = attrs.field(default=False, validator=lambda i, a, x: _true_or_false(x))
+    output_gate: bool = attrs.field(default=False, validator=_true_or_false)
     ffn: str = attrs.field(default="dense", validator=v.in_(FFNS))
+    #: compressed attention: tokens pooled into one key (0 for every other attention type)
+    compress_ratio: int = attrs.field(default=0, validator=_ratio)
+    #: compressed attention: a lightning indexer picks the model's ``index_topk`` pooled keys per query
+    indexed: bool = attrs.field(default=False, validator=_true_or_false)
 
     def __attrs_post_init__(self):
         if self.mixer == "none" and self.ffn == "none":
             raise ValueError("a block needs a mixer or an ffn (both are 'none')")
         if self.mixer != "attention" and (self.attention != "model" or self.output_gate):
             raise ValueError(f"'attention' and 'output_gate' apply to attention mixers only (mixer = {self.mixer!r})")
+        if self.attention == "compressed" and self.compress_ratio < 2:
+            raise ValueError(f"compressed attention needs compress_ratio ≥ 2 (tokens pooled into one key), "
+                             f"got {self.compress_ratio}")
+        if self.attention != "compressed" and (self.compress_ratio or self.indexed):
+            raise ValueError(f"compress_ratio and indexed apply to attention = 'compressed' only "
+                             f"(attention = {self.attention!r})")
 
     @property
     def sublayers(self) -> int:
@@ -86,10 +105,13 @@ BUILTIN_BLOCKS: dict[str, BlockSpec] = {
 def kind_key(block: BlockSpec) -> str:
     """The name a kind of layer goes by in the engine (``LayerCosts`` and ``StageLayout`` keys):
     ``"dense"`` and ``"moe"`` for the transformer layers, else ``<mixer>[+<ffn>]`` (e.g.
-    ``"mamba2"``, ``"mlp"``, ``"sliding_attention+mlp"``, ``"gated_deltanet+moe"``)."""
+    ``"mamba2"``, ``"mlp"``, ``"sliding_attention+mlp"``, ``"gated_deltanet+moe"``,
+    ``"sparse_compressed4_attention+moe"``)."""
     if block.is_attention:
         mixer = {"model": "attention", "full": "full_attention", "sliding": "sliding_attention",
-                 "chunked": "chunked_attention"}[block.attention]
+                 "chunked": "chunked_attention",
+                 "compressed": f"{'sparse_' if block.indexed else ''}compressed{block.compress_ratio}_attention",
+                 }[block.attention]
         mixer = ("gated_" if block.output_gate else "") + mixer
     else:
         mixer = "" if block.mixer == "none" else block.mixer

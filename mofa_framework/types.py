@@ -49,14 +49,14 @@ def _tuple_of_str(x) -> tuple[str, ...]:
     return tuple(str(i) for i in x)
 
 
-_BLOCK_KEYS = ("mixer", "attention", "output_gate", "ffn")
+_BLOCK_KEYS = ("mixer", "attention", "output_gate", "ffn", "compress_ratio", "indexed")
 
 
 def _block_table(d) -> dict[str, BlockSpec]:
     """``{symbol: BlockSpec}``: one character each, not a digit, a parenthesis or a space; each block a
-    table of ``mixer``, ``attention``, ``output_gate``, ``ffn``."""
+    table of ``mixer``, ``attention``, ``output_gate``, ``ffn``, ``compress_ratio``, ``indexed``."""
     if not isinstance(d, Mapping):
-        raise ValueError(f"blocks must be a table of symbol = {{mixer, attention, output_gate, ffn}}, got {d!r:.60}")
+        raise ValueError(f"blocks must be a table of symbol = {{{', '.join(_BLOCK_KEYS)}}}, got {d!r:.60}")
     out = {}
     for symbol, block in d.items():
         if not (isinstance(symbol, str) and len(symbol) == 1 and not symbol.isdigit() and symbol not in "() \t"):
@@ -183,6 +183,22 @@ class ModelSpec:
     linear_value_head_dim: int = attrs.field(default=128, validator=limit("model.linear_value_head_dim"))
     linear_conv_kernel: int = attrs.field(default=4, validator=limit("model.linear_conv_kernel"))
     linear_chunk_size: int = attrs.field(default=64, validator=limit("model.linear_chunk_size"))
+    # -- DeepSeek-V4's attention and residual (docs/job-file.md "Compressed attention") -----------
+    #: one key/value projection whose output serves as both keys and values (K = V; DeepSeek-V4's
+    #: single shared KV head); the query comes from a ``q_lora_rank`` latent when that is set
+    kv_shared: bool = attrs.field(default=False, validator=v.instance_of(bool))
+    #: grouped low-rank output projection: the heads form ``o_groups`` groups, each projected to
+    #: ``o_lora_rank`` before one projection of all groups to the hidden size. 0 = a plain o_proj
+    o_lora_rank: int = attrs.field(default=0, validator=limit("model.o_lora_rank"))
+    o_groups: int = attrs.field(default=1, validator=limit("model.o_groups"))
+    #: the lightning indexer of indexed compressed attention: pooled keys picked per query, its
+    #: heads and head dimension (its scores are ReLU(q·k) summed over heads with learned weights)
+    index_topk: int = attrs.field(default=0, validator=limit("model.index_topk"))
+    index_num_heads: int = attrs.field(default=0, validator=limit("model.index_num_heads"))
+    index_head_dim: int = attrs.field(default=0, validator=limit("model.index_head_dim"))
+    #: hyper-connections (DeepSeek-V4's manifold-constrained ones, HF ``hc_mult``): the residual is
+    #: this many streams of the hidden size, mixed before and after every sublayer. 1 = a plain residual
+    hyper_connections: int = attrs.field(default=1, validator=limit("model.hyper_connections"))
 
     def __attrs_post_init__(self):
         if self.num_attention_heads % self.num_kv_heads:
@@ -420,6 +436,15 @@ def _check_stack(m: ModelSpec) -> None:
         raise ValueError("layer_pattern has sliding-window attention blocks: set sliding_window (keys per query)")
     if "chunked" in attention and not m.attention_chunk_size:
         raise ValueError("layer_pattern has chunked attention blocks: set attention_chunk_size (tokens per chunk)")
+    if any(b.indexed for b in blocks) and not (m.index_topk and m.index_num_heads and m.index_head_dim):
+        raise ValueError("layer_pattern has indexed compressed attention blocks: set index_topk, index_num_heads and "
+                         "index_head_dim (the lightning indexer's picks per query, heads and head dimension)")
+    if m.o_lora_rank and m.num_attention_heads % m.o_groups:
+        raise ValueError(f"o_groups ({m.o_groups}) must divide num_attention_heads ({m.num_attention_heads})")
+    if m.o_groups != 1 and not m.o_lora_rank:
+        raise ValueError(f"o_groups ({m.o_groups}) needs o_lora_rank (the grouped low-rank output projection's width)")
+    if m.kv_shared and m.is_mla:
+        raise ValueError("kv_shared describes one key/value projection without MLA's latent: leave out kv_lora_rank")
     mixers = m.mixers
     if "mamba2" in mixers:
         if m.mamba_heads < 1 or m.mamba_heads % m.mamba_num_groups:

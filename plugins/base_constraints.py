@@ -20,12 +20,16 @@ def mofa_candidate_constraints(batch, model, hardware):
     t, c, e, etp, dp = batch.tp, batch.cp, batch.ep, batch.etp, batch.dp
     s, b, gbs = batch.sequence_length, batch.micro_batch_size, batch.global_batch_size
     heads_ok = model.num_attention_heads % t == 0
-    if not model.is_mla:
+    split_kv = not (model.is_mla or model.kv_shared)  # MLA's latent and a shared K = V head are replicated
+    if split_kv:
         heads_ok &= model.num_kv_heads % t == 0
+    if model.o_lora_rank:
+        heads_ok &= model.o_groups % t == 0
     yield ConstraintResult(
         name="tp_divides_heads", feasible=heads_ok,
         reason=f"parallel.tp must divide model.num_attention_heads ({model.num_attention_heads})"
-               + ("" if model.is_mla else f" and model.num_kv_heads ({model.num_kv_heads})")
+               + (f" and model.num_kv_heads ({model.num_kv_heads})" if split_kv else "")
+               + (f" and model.o_groups ({model.o_groups})" if model.o_lora_rank else "")
                + ": choose a smaller power of two")
     yield from _recurrent_heads(model, t)
     ffn = model.moe_ffn_hidden_size if model.is_moe and not model.num_dense_layers else model.ffn_hidden_size

@@ -49,20 +49,6 @@ NOTE_MODULES = {"norm": "layernorm", "layernorm": "layernorm", "act": "moe_act",
                 "mla_up_proj": "mla_up_proj", "mlp": "mlp", "moe": "moe", "core_attn": "core_attn"}
 
 
-#: models these tables name whose architecture is published but not expressible in MoFa's layer
-#: stack (model_zoo/README.md, "Not covered"): each row of one is listed with what is missing
-NOT_EXPRESSIBLE = {
-    "deepseekv4flash": "DeepSeek-V4 Flash's per-layer mix of MLA and compressed sparse attention (a top-k "
-                       "token indexer), 4-stream hyper-connections and hash-routed MoE layers are not in MoFa's "
-                       "layer-stack schema",
-}
-
-
-def not_expressible(name: str) -> str | None:
-    """Why a model these tables name has no zoo entry, if its architecture is known to MoFa."""
-    return NOT_EXPRESSIBLE.get(re.sub(r"[^a-z0-9]", "", name.lower()))
-
-
 def flops_convention(framework: str, model) -> str | None:
     """The FLOPs count a framework's TFLOPS column uses, or None where MoFa does not know it.
 
@@ -149,7 +135,7 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     full_shard = fsdp not in ("", "0", "off", "no", "n") or "torchtitan" in fw.lower()
     model = ctx.model(name)
     if model is None:
-        return skip(not_expressible(name) or f"unknown model {name!r} (not in the model zoo)")
+        return skip(f"unknown model {name!r} (not in the model zoo)")
     model_section: dict[str, Any] = {"name": model.name}
     proxy = proxy_layers(f"{notes} {name}", model.num_layers)
     if proxy == "":

@@ -29,7 +29,7 @@ def test_each_zoo_model_reads_from_its_config_json(name):
     zoo, imported = REG.model(name), model_from_hf_dict(ZOO[name], f"{name}/config.json")
     for field in SHAPE:
         assert getattr(imported, field) == getattr(zoo, field), field
-    assert imported.layer_kinds == zoo.layer_kinds
+    assert imported.layer_kinds == zoo.layer_kinds and imported.mtp_kind_counts == zoo.mtp_kind_counts
     assert total_params(imported) == total_params(zoo)
 
 

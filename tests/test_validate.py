@@ -332,22 +332,19 @@ def test_rows_the_source_flags_as_a_known_regression_are_listed_not_predicted():
     assert not any(m.row_id in flagged for m in mapped)
 
 
-def test_every_nemotron_3_and_deepseek_v4_row_is_predicted_or_says_what_the_schema_lacks():
+def test_every_nemotron_3_and_deepseek_v4_row_is_predicted():
     """Issue 17 §6 / issue 18: Nemotron 3 Nano's 20 rows, Super's 30 and Ultra's 2 (LatentMoE + shared
-    MTP modules) and 3.5 Lightning's 1 are predicted; DeepSeek-V4 Flash's 2 are listed with the
-    architecture feature MoFa cannot express."""
+    MTP modules), 3.5 Lightning's 1 and DeepSeek-V4 Flash's 2 (compressed sparse attention,
+    hyper-connections) are predicted, none listed as not predictable."""
     from mofa_framework.api import Predictor
     from mofa_framework.validate import map_rows
 
     mapped, skipped = map_rows([DATA / "nvidia_megatron_bridge.csv"], Predictor().registry)
     names = [m.job["model"]["name"] for m in mapped]
     for name, n in (("nemotron-3-nano", 20), ("nemotron-3-super", 30), ("nemotron-3-ultra", 2),
-                    ("nemotron-3.5-nano", 1)):
+                    ("nemotron-3.5-nano", 1), ("deepseek-v4-flash", 2)):
         assert names.count(name) == n, name
-    assert not [s for s in skipped if s.model.startswith("Nemotron_3")]
-    reasons = {s.reason for s in skipped if s.model == "DeepSeekV4 Flash"}
-    assert sum(s.model == "DeepSeekV4 Flash" for s in skipped) == 2
-    assert all("compressed sparse" in r and "schema" in r for r in reasons)
+    assert not [s for s in skipped if s.model.startswith(("Nemotron_3", "DeepSeekV4"))]
 
 
 def test_megatron_bridge_presets_and_stated_dispatchers_map_to_features():
