@@ -1113,8 +1113,8 @@ def module_saved_bytes(model: ModelSpec, g: Geometry, kind: str, module: str) ->
     - ``layernorm``: the outputs of the block's pre-norms (input_layernorm and pre_mlp_layernorm
       in a transformer layer), i.e. each sublayer's normed input, ``n·dt·T·h/sp`` for n sublayers;
       the norms' inputs stay;
-    - ``mla_up_proj`` (MLA only): Q, K, V after the up projections and RoPE,
-      ``dt·T·a·(2·d_qk + d_v)/t``; the latents stay;
+    - ``mla_up_proj`` (MLA, and a low-rank query without MLA): Q, K, V after the up projections and
+      RoPE, ``dt·T·a·(2·d_qk + d_v)/t`` (a low-rank query: Q, ``dt·T·a·d/t``); the latents stay;
     - ``mlp`` (dense-MLP blocks): the MLP's internal tensors, ``dt·T·(3|2)·f/t``;
     - ``moe`` (MoE blocks): every MoE tensor but its input (routed-expert, router and shared-
       expert terms);
@@ -1132,8 +1132,11 @@ def module_saved_bytes(model: ModelSpec, g: Geometry, kind: str, module: str) ->
     if module == "layernorm":
         return z + float(block.sublayers) * dt * T * h / spd
     if module == "mla_up_proj":
-        up = model.is_mla and block.is_attention
-        return z + (dt * T * a * (2.0 * model.qk_head_dim + model.v_dim) / t if up else 0.0)
+        if not block.is_attention:
+            return z
+        if model.is_mla:
+            return z + dt * T * a * (2.0 * model.qk_head_dim + model.v_dim) / t
+        return z + (dt * T * a * model.kv_channels / t if model.q_lora_rank else 0.0)  # a low-rank query's Q
     if module == "mlp":
         return z + (dt * T * _mlp_factor(model) * model.ffn_hidden_size / t if block.ffn == "dense" else 0.0)
     if block.ffn != "moe":
@@ -1168,9 +1171,10 @@ def module_operators(model: ModelSpec, g: Geometry, kind: str, module: str) -> l
         names = ("input_norm", "pre_mlp_norm")[:block.sublayers]
         return [_elementwise(name, norm, "norm") for name in names]
     if module == "mla_up_proj":
-        if not (model.is_mla and block.is_attention):
+        if not (block.is_attention and (model.is_mla or model.q_lora_rank)):
             return []
-        return [o for o in mixer_operators(model, g, block) if o.name in ("q_up_proj", "q_proj", "kv_up_proj")]
+        names = ("q_up_proj", "q_proj", "kv_up_proj") if model.is_mla else ("q_up_proj",)
+        return [o for o in mixer_operators(model, g, block) if o.name in names]
     if module == "mlp":
         return dense_mlp_operators(model, g) if block.ffn == "dense" else []
     if module not in RECOMPUTE_MODULES:

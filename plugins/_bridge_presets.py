@@ -156,4 +156,14 @@ BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
                  features={"recompute": {"granularity": "selective", "moe": True, "layernorm": True,
                                          "core_attn": True, "moe_act": True}},
                  source=f"{_NEMOTRON_3_PRESET} (H100 FP8_CS)"),
+    # DeepSeek-V4 Flash (128 GB200 / GB300, MXFP8; GB300's recipe is GB200's with other environment
+    # variables): HybridEP, the full iteration in one CUDA graph, the query up projection recomputed,
+    # bf16 gradient reduction (grad_reduce_in_fp32 = False)
+    BridgeRecipe(models=("deepseek-v4-flash",), gpus=("gb300", "gb200"), precision=("MX",),
+                 layout={"tp": 1, "pp": 1, "ep": 64, "mbs": 1, "gbs": 2048},
+                 features={"flex_dispatcher": {"backend": "hybridep"}, "cuda_graphs": {},
+                           "recompute": {"granularity": "selective", "mla_up_proj": True},
+                           "distributed_optimizer": {"grad_reduce_dtype": "bf16"}},
+                 source=f"{_MB}@24849e23c src/megatron/bridge/perf_recipes/deepseek/gb200/deepseek_v4.py "
+                        "(deepseek_v4_flash_pretrain_128gpu_gb200_fp8mx_config; gb300/deepseek_v4.py reuses it)"),
 )

@@ -90,7 +90,7 @@ class RecomputeOptions:
     core_attn: bool = option(False, doc="selective: recompute the core attention (Megatron's default module)")
     moe_act: bool = option(False, doc="selective: recompute the routed experts' activation function")
     layernorm: bool = option(False, doc="selective: recompute input_layernorm and pre_mlp_layernorm")
-    mla_up_proj: bool = option(False, doc="selective: recompute the MLA up projections (and RoPE)")
+    mla_up_proj: bool = option(False, doc="selective: recompute the MLA up projections (and RoPE); without MLA, a low-rank query's")
     mlp: bool = option(False, doc="selective: recompute the dense MLP submodule")
     moe: bool = option(False, doc="selective: recompute the whole MoE layer (router, dispatch, experts, combine)")
     shared_experts: bool = option(False, doc="selective: recompute the shared experts of an MoE layer")

@@ -220,3 +220,12 @@ def test_pooled_keys_never_exceed_their_bounds(s, r, k):
         assert mean <= width + 1.0  # query i sees ⌊i/r⌋; the mean counts i/r
         if indexed:
             assert width <= k and mean <= k
+
+
+def test_up_projection_recompute_drops_the_low_rank_querys_q():
+    """Megatron-Core's ``mla_up_proj`` recompute on DeepSeek-V4 (no MLA latent): the query up
+    projection's output, 64·512 per token, 4096·32768·2 bytes, and the GEMM that re-makes it."""
+    from mofa_framework.decompose import module_operators, module_saved_bytes
+
+    assert _f(module_saved_bytes(V4, _g(), CSA, "mla_up_proj")) == 4096 * 32768 * 2
+    assert [o.name for o in module_operators(V4, _g(), CSA, "mla_up_proj")] == ["q_up_proj"]
