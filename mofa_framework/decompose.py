@@ -1077,8 +1077,8 @@ def model_flops_per_sequence(model: ModelSpec, seq: FloatArray) -> FloatArray:
     total = np.zeros_like(s)
     # each MTP module adds its layers, plus a head
     mtp = model.mtp_kind_counts
-    for kind, layers in model.kind_counts.items():
-        count = layers + model.num_mtp_layers * mtp.get(kind, 0)
+    for kind in {**model.kind_counts, **mtp}:
+        count = model.kind_counts.get(kind, 0) + model.num_mtp_layers * mtp.get(kind, 0)
         for op in layer_operators(model, g, kind):
             if np.all(np.asarray(op.kind) == GEMM) or op.name in SCAN_OPS:
                 total += count * np.asarray(op.flops)

@@ -182,14 +182,14 @@ def mfu_ceiling(model, batch) -> np.ndarray:
 
 def _core_attention_flops(model, g: Geometry) -> np.ndarray:
     """Forward core-attention FLOPs of one sequence through every attention layer of the stack, each
-    kind by its own attention (full, sliding, chunked; the MTP modules as layers of the last kind);
+    kind by its own attention (full, sliding, chunked; the MTP modules as their own layers);
     layers without attention (Mamba, linear attention) execute what model FLOPs count."""
     out = np.zeros(len(g.s))
-    for kind, layers in model.kind_counts.items():
+    for kind in {**model.kind_counts, **model.mtp_kind_counts}:
         block = model.block_kinds[kind]
         if not block.is_attention:
             continue
-        count = layers + model.num_mtp_layers * model.mtp_kind_counts.get(kind, 0)
+        count = model.kind_counts.get(kind, 0) + model.num_mtp_layers * model.mtp_kind_counts.get(kind, 0)
         ops = attention_mixer_operators(model, g, block)
         out = out + count * sum((np.asarray(o.flops, dtype=np.float64) for o in ops if o.name == "core_attention"),
                                 np.zeros(len(g.s)))

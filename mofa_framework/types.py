@@ -140,7 +140,8 @@ class ModelSpec:
     num_mtp_layers: int = attrs.field(default=0, validator=limit("model.num_mtp_layers"))
     #: the layers of one MTP module, in the layer_pattern symbols (Megatron's
     #: --mtp-hybrid-override-pattern, e.g. "*E": an attention layer then an MoE layer); empty = one
-    #: layer of the stack's last kind (DeepSeek-V3). Each of its kinds must be a kind of the stack
+    #: layer of the stack's last kind (DeepSeek-V3). With a layer_pattern its symbols may name blocks
+    #: the stack does not use (DeepSeek-V4 Pro's window-only MTP layer): those kinds are priced too
     mtp_layer_pattern: str = attrs.field(default="", validator=[v.instance_of(str), v.max_len(256)])
     #: the MTP modules share one set of weights, run num_mtp_layers times (Megatron's
     #: --mtp-use-repeated-layer): compute and activations per module, parameters once
@@ -291,7 +292,10 @@ class ModelSpec:
         """Each distinct kind of layer and its block, in order of first appearance (without a
         pattern: ``dense`` before ``moe``)."""
         if self.layer_pattern:
-            return {kind_key(b): b for b in self._unit[:self.num_layers]}
+            kinds = {kind_key(b): b for b in self._unit[:self.num_layers]}
+            for b in self._mtp_blocks:  # an MTP module's own kinds follow the stack's (DeepSeek-V4 Pro)
+                kinds.setdefault(kind_key(b), b)
+            return kinds
         legacy = {"dense": BlockSpec(), "moe": BlockSpec(ffn="moe")}
         return {k: legacy[k] for k in self.kind_counts}
 
@@ -328,11 +332,20 @@ class ModelSpec:
         if not self.mtp_layer_pattern:
             return {self.mtp_kind: 1}
         counts: dict[str, int] = {}
-        for b in pattern_blocks(self.mtp_layer_pattern, self.blocks, "mtp_layer_pattern"):
-            k = kind_key(attrs.evolve(b, attention="model") if b.attention == "full" and not self.sliding_window
-                         else b)
-            counts[k] = counts.get(k, 0) + 1
+        for b in self._mtp_blocks:
+            counts[kind_key(b)] = counts.get(kind_key(b), 0) + 1
         return counts
+
+    @functools.cached_property
+    def _mtp_blocks(self) -> tuple[BlockSpec, ...]:
+        """The blocks of one MTP module's ``mtp_layer_pattern`` (as the stack's: full attention without
+        a window is the model's attention); empty without one."""
+        if not (self.num_mtp_layers and self.mtp_layer_pattern):
+            return ()
+        out = pattern_blocks(self.mtp_layer_pattern, self.blocks, "mtp_layer_pattern")
+        if not self.sliding_window:
+            out = [attrs.evolve(b, attention="model") if b.attention == "full" else b for b in out]
+        return tuple(out)
 
     @property
     def mtp_param_copies(self) -> int:
@@ -397,8 +410,9 @@ class ModelSpec:
 
 
 def _check_latent_and_mtp(m: ModelSpec) -> None:
-    """LatentMoE needs experts and a latent no wider than the model; MTP modules' layers must be
-    kinds the stack has (the engine prices each kind of the stack once)."""
+    """LatentMoE needs experts and a latent no wider than the model; without a layer pattern, MTP
+    modules' layers must be kinds the stack has (a patterned stack prices an MTP module's own kinds
+    too: they are in ``block_kinds``, with no layer of the stack)."""
     if m.moe_latent_size and not m.num_experts:
         raise ValueError(f"moe_latent_size ({m.moe_latent_size}) applies to MoE models only: leave it out or set "
                          f"num_experts")
@@ -407,7 +421,7 @@ def _check_latent_and_mtp(m: ModelSpec) -> None:
     if (m.mtp_layer_pattern or m.mtp_shared_weights) and not m.num_mtp_layers:
         raise ValueError("mtp_layer_pattern / mtp_shared_weights describe MTP modules but num_mtp_layers is 0: "
                          "set num_mtp_layers or leave them out")
-    if m.mtp_layer_pattern:
+    if m.mtp_layer_pattern and not m.layer_pattern:
         extra = sorted(set(m.mtp_kind_counts) - set(m.block_kinds))
         if extra:
             raise ValueError(f"mtp_layer_pattern {m.mtp_layer_pattern!r} has layer kind(s) {', '.join(extra)} the "

@@ -229,3 +229,19 @@ def test_up_projection_recompute_drops_the_low_rank_querys_q():
 
     assert _f(module_saved_bytes(V4, _g(), CSA, "mla_up_proj")) == 4096 * 32768 * 2
     assert [o.name for o in module_operators(V4, _g(), CSA, "mla_up_proj")] == ["q_up_proj"]
+
+
+def test_an_mtp_module_may_use_a_kind_the_stack_lacks():
+    """DeepSeek-V4 Pro's stack is compressed attention only, its MTP layer window-only: that kind is
+    priced (it is in ``block_kinds``) with no layer of the stack, and model FLOPs count it once per
+    module — one window-only layer more than the stack's 30 + 31 layers."""
+    pro = REG.model("deepseek-v4-pro")
+    assert pro.kind_counts == {HCA: 31, CSA: 30} and pro.mtp_kind_counts == {SWA: 1}
+    assert SWA in pro.block_kinds and SWA not in pro.kind_counts
+    s = np.array([4096.0])
+    no_mtp = attrs.evolve(pro, num_mtp_layers=0, mtp_layer_pattern="")
+    g = Geometry.unit(s)
+    swa_layer = sum(_f(o.flops) for o in layer_operators(pro, g, SWA) if np.all(np.asarray(o.kind) == 0))
+    head = 2.0 * 4096 * pro.hidden_size * pro.vocab_size
+    assert _f(model_flops_per_sequence(pro, s)) == pytest.approx(_f(model_flops_per_sequence(no_mtp, s)) + swa_layer
+                                                                 + head)

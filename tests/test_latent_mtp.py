@@ -98,8 +98,11 @@ def test_latent_moe_checks():
         attrs.evolve(SUPER, moe_latent_size=8192)
     with pytest.raises(ValueError, match="MoE models only"):
         attrs.evolve(REG.model("llama3-8b"), moe_latent_size=1024)
-    with pytest.raises(ValueError, match="the stack does not have"):
-        attrs.evolve(SUPER, mtp_layer_pattern="-")
+    with pytest.raises(ValueError, match="the stack does not have"):  # a stack without a pattern: its kinds only
+        attrs.evolve(REG.model("deepseek-v3"), mtp_layer_pattern="*")
+    # a patterned stack prices an MTP module's own kinds (DeepSeek-V4 Pro's window-only MTP layer)
+    own = attrs.evolve(SUPER, mtp_layer_pattern="-")
+    assert own.mtp_kind_counts == {"mlp": 1} and "mlp" in own.block_kinds and "mlp" not in own.kind_counts
     with pytest.raises(ValueError, match="num_mtp_layers is 0"):
         attrs.evolve(SUPER, num_mtp_layers=0)
     with pytest.raises(ValueError, match="^mtp_layer_pattern uses undefined symbol"):  # names its own key

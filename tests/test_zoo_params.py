@@ -80,6 +80,8 @@ PUBLISHED = [
     ("bloom-176b", "total", 176_247_271_424, 1, "BLOOM model card: 176,247,271,424 parameters"),
     ("deepseek-v4-flash", "total", 284 * B, B, "DeepSeek-V4 Flash model card: 284B total (without the MTP layer)"),
     ("deepseek-v4-flash", "active-no-lookup", 13 * B, B, "the same model card: 13B activated"),
+    ("deepseek-v4-pro", "total", 1600 * B, 100 * B, "DeepSeek-V4 Pro model card: 1.6T total (without the MTP layer)"),
+    ("deepseek-v4-pro", "active-no-lookup", 49 * B, B, "the same model card: 49B activated"),
     ("deepseek-v2", "total", 236 * B, B, "DeepSeek-V2 paper: 236B total"),
     ("deepseek-v2", "active-no-lookup", 21 * B, B, "DeepSeek-V2 paper: 21B activated per token"),
     ("deepseek-v2-lite", "total", 15.7 * B, 0.1 * B, "DeepSeek-V2 paper, appendix: 15.7B total"),
