@@ -65,13 +65,23 @@ def mofa_candidate_constraints(batch, model, hardware):
                        f"no {fmt} in compute.peak_tflops ({', '.join(sorted(hardware.compute.peak_tflops))}): "
                        "choose another precision or GPU")
     if model.is_moe:
+        ok = (model.num_experts % e == 0) & ((t * c * dp) % (e * etp) == 0)
+        bad = np.flatnonzero(~ok)
         yield ConstraintResult(
-            name="ep_divides_experts", feasible=(model.num_experts % e == 0) & ((t * c * dp) % (e * etp) == 0),
+            name="ep_divides_experts", feasible=ok,
             reason=f"parallel.ep must divide model.num_experts ({model.num_experts}) and ep × etp must divide "
-                   "tp × cp × data-parallel size")
+                   "tp × cp × data-parallel size" + (_ep_values(model, batch, bad[0]) if len(bad) else ""))
     else:
         yield ConstraintResult(name="ep_needs_moe", feasible=(e == 1) & (etp <= t),
                                reason="parallel.ep > 1 needs an MoE model (num_experts > 0): set ep = 1")
+
+
+def _ep_values(model, batch, i: int) -> str:
+    """Row `i`'s numbers for the expert-parallel rule: what it asked for and what a pipeline stage holds."""
+    e, etp, t, c, dp = (int(x[i]) for x in (batch.ep, batch.etp, batch.tp, batch.cp, batch.dp))
+    return (f" (here ep {e} × etp {etp} = {e * etp} against tp {t} × cp {c} × dp {dp} = {t * c * dp} GPUs per "
+            f"pipeline stage{'' if model.num_experts % e == 0 else f'; {model.num_experts} experts'}): "
+            f"choose an ep dividing both")
 
 
 def _end_stage_reason(model, batch, i: int) -> str:
