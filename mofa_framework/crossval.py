@@ -59,11 +59,19 @@ TWIN_TOLERANCE = 0.02
 
 
 def model_family(model: ModelSpec) -> str:
-    """The architecture class the cost model prices differently: dense or MoE; MHA, GQA or MLA
-    attention; a gated (three-matrix) or a plain two-matrix MLP."""
-    attn = "MLA" if model.is_mla else ("GQA" if model.num_kv_heads < model.num_attention_heads else "MHA")
+    """The architecture class the cost model prices differently: dense or MoE; a stack with
+    recurrent mixers (hybrid Mamba, hybrid linear attention); MHA, GQA, MLA or compressed
+    attention (DeepSeek-V4); a gated (three-matrix) or a plain two-matrix MLP."""
+    blocks = model.block_kinds.values()
+    if any(b.attention == "compressed" for b in blocks):
+        attn = "compressed-attention"
+    else:
+        attn = "MLA" if model.is_mla else ("GQA" if model.num_kv_heads < model.num_attention_heads else "MHA")
+    mixers = {b.mixer for b in blocks}
+    stack = ("hybrid Mamba " if mixers & {"mamba2", "mamba"} else
+             "hybrid linear-attention " if mixers & {"gated_deltanet", "linear_attention"} else "")
     mlp = "gated MLP" if model.activation.value == "swiglu" else "2-matrix MLP"
-    return f"{'MoE' if model.is_moe else 'dense'} {attn} {mlp}"
+    return f"{'MoE' if model.is_moe else 'dense'} {stack}{attn} {mlp}"
 
 
 @attrs.frozen(kw_only=True)

@@ -138,6 +138,10 @@ def test_model_family_and_regime_keys(predictor):
     assert model_family(reg.model("llama3-8b")) == "dense GQA gated MLP"
     assert model_family(reg.model("gpt3-175b")) == "dense MHA 2-matrix MLP"
     assert model_family(reg.model("deepseek-v3")).startswith("MoE MLA")
+    # the stack's own mixers and attention are classes of their own (bands and leave-one-family-out)
+    assert model_family(reg.model("deepseek-v4-flash")) == "MoE compressed-attention gated MLP"
+    assert model_family(reg.model("nemotron-h-8b")) == "dense hybrid Mamba GQA 2-matrix MLP"
+    assert model_family(reg.model("qwen3-next-80b-a3b")) == "MoE hybrid linear-attention GQA gated MLP"
     r = Regime(gpu="g", precision="fp8", family="f", schedule="1f1b", features=(), num_gpus=8)
     assert (r.key("gpu-precision"), r.key("model-family"), r.key("framework")) == ("fp8 on g", "f", "(not stated)")
 
