@@ -167,3 +167,26 @@ BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
                  source=f"{_MB}@24849e23c src/megatron/bridge/perf_recipes/deepseek/gb200/deepseek_v4.py "
                         "(deepseek_v4_flash_pretrain_128gpu_gb200_fp8mx_config; gb300/deepseek_v4.py reuses it)"),
 )
+
+
+#: Megatron-Core's DeepSeek-V3-on-GB200 optimisation guide (the MoE model zoo's MCORE-DSV3GB200 rows,
+#: one per step of its history): the recompute modules and CUDA-graph scope its text gives for each
+#: step, in order. Steps before "Remove up_proj recompute" ran ``--recompute-modules mlp up_proj``,
+#: after it ``mlp moe_act``; from "CUDA Graphs" on the TE per-module graphs capture attn, moe_router
+#: and moe_preprocess, and from "CUDA Graphs capture shared expert" the shared experts too (MoFa's
+#: ``mlp`` scope, which also takes the three dense layers' MLP)
+GB200_GUIDE = (f"NVIDIA/Megatron-LM@eb0783b6d3 docs/discussions/deepseek-v3-gb200-optimization/"
+               "deepseek-v3-gb200-optimization.md, sections 1, 2.2.2 and 2.3")
+GUIDE_STEPS = ("baseline", "fuse torch.zeros", "router fusion", "enable deepep", "remove up_proj recompute",
+               "cuda graphs", "tune deepep", "cpu-side optimization", "pdl for quantization",
+               "cuda graphs capture shared expert", "hybridep", "cpu-side optimization", "fuse quantization")
+
+
+def guide_features(step: int) -> dict:
+    """The features of optimisation step `step` (0-based, :data:`GUIDE_STEPS`) of the GB200 guide."""
+    mods = {"mlp": True, "mla_up_proj": True} if step < GUIDE_STEPS.index("remove up_proj recompute") else \
+        {"mlp": True, "moe_act": True}
+    feats: dict = {"recompute": {"granularity": "selective", **mods}}
+    if step >= GUIDE_STEPS.index("cuda graphs"):
+        feats["cuda_graphs"] = {**_GRAPHS_ATTN_ROUTER, "mlp": step >= GUIDE_STEPS.index("cuda graphs capture shared expert")}
+    return feats

@@ -28,7 +28,7 @@ from mofa_framework import hookimpl
 from mofa_framework.measurements import ReadContext
 from mofa_framework.types import MappedRow, MeasurementReader, SkippedRow
 
-from ._bridge_presets import BRIDGE_RECIPES
+from ._bridge_presets import BRIDGE_RECIPES, GUIDE_STEPS, guide_features
 from ._frameworks import attention_kernel, loss_features, memory_counter
 from ._megatron import (
     UNEVEN_STAGES_IGNORED,
@@ -89,6 +89,25 @@ def _note_features(notes: str, model, ep: int) -> dict[str, dict]:
     if disp in ("deepep", "hybridep") and model.is_moe and ep > 1:
         feats["flex_dispatcher"] = {"backend": disp}
     return feats
+
+
+def _guide_step_features(notes: str) -> dict[str, dict]:
+    """A Megatron-Core MoE model-zoo row that is a step of the DeepSeek-V3 GB200 guide's history
+    ("optimization step: <name>"): the recompute modules and CUDA graphs the guide gives for it. The
+    step is the row's name in the guide's table; the two "CPU-side optimization" steps are told apart
+    by the dispatcher the row states (DeepEP before, HybridEP after the shared experts' capture)."""
+    m = re.search(r"optimi[sz]ation step:\s*([^;]+)", notes, re.I)
+    if not m:
+        return {}
+    name = m.group(1).strip().lower()
+    known = [i for i, s in enumerate(GUIDE_STEPS) if name.startswith(s)]
+    if not known:
+        return {}
+    # the longest name that fits ("cuda graphs capture shared expert", not "cuda graphs"); of the two
+    # "cpu-side optimization" steps, the one after the switch to HybridEP when the row says HybridEP
+    longest = max(len(GUIDE_STEPS[i]) for i in known)
+    known = [i for i in known if len(GUIDE_STEPS[i]) == longest]
+    return guide_features(known[-1] if "hybridep" in notes.lower() else known[0])
 
 
 def _target(r: dict, ctx: ReadContext, model, fw: str, num_gpus: int, gbs, seq) -> tuple[float, str] | str:
@@ -202,6 +221,7 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     if lowp:
         feats[lowp] = dict(lowp_options)
     feats.update(_note_features(notes, model, ep))
+    feats.update(_guide_step_features(notes))
     feats.update(loss_features(fw, f"{notes} {ctx.text(r, 'release')} {ctx.text(r, 'source')}"))
     if ctx.source == "nvidia_megatron_bridge" and model.is_moe and ep > 1:
         layout = {"tp": tp, "pp": pp, "vpp": vpp, "ep": ep, "mbs": mbs, "gbs": gbs}

@@ -792,3 +792,22 @@ def test_a_dense_row_that_states_its_context_parallel_form_gets_it(mofa_predicto
     for row in (ulysses, a2a):
         assert "cp_a2a" in row.job["features"] and "cp_overlap" not in row.job["features"]
     assert not {"cp_a2a", "cp_overlap"} & set(gather.job["features"])
+
+
+def test_the_gb200_guide_steps_carry_the_guides_recompute_and_graphs():
+    """Megatron-Core's DeepSeek-V3 GB200 guide: `mlp up_proj` recompute until "Remove up_proj
+    recompute", `mlp moe_act` after; per-module CUDA graphs (attn, moe_router, moe_preprocess) from
+    "CUDA Graphs", the shared experts too from "CUDA Graphs capture shared expert"."""
+    from mofa_framework.api import Predictor
+    from mofa_framework.validate import map_rows
+
+    mapped, _ = map_rows([DATA / "megatron_core_moe.csv"], Predictor().registry)
+    steps = {int(m.row_id[-3:]): m.job["features"] for m in mapped if m.row_id.startswith("MCORE-DSV3GB200")}
+    assert len(steps) == 13
+    for n, f in steps.items():
+        rec = f["recompute"]
+        assert rec["mlp"] and rec.get("mla_up_proj", False) == (n <= 4) and rec.get("moe_act", False) == (n >= 5)
+        graphs = f.get("cuda_graphs")
+        assert (graphs is not None) == (n >= 6)
+        if graphs:
+            assert graphs["attn"] and graphs["moe_router"] and graphs["moe_preprocess"] and graphs["mlp"] == (n >= 10)
