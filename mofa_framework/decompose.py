@@ -1069,16 +1069,14 @@ def model_flops_per_sequence(model: ModelSpec, seq: FloatArray) -> FloatArray:
 
     Attention counts the full s×s square (the Megatron/PaLM convention behind eq. 3 of
     Narayanan et al.: 72·B·L·s·h²·(1 + s/6h + V/12hL) = 3 × this for GPT), no recompute; the
-    recurrent mixers count their GEMMs and scans. Each MTP module counts as one more layer of
-    the stack's last kind and one more LM head.
+    recurrent mixers count their GEMMs and scans. Each MTP module counts its layers
+    (``mtp_layer_pattern``, else one of the stack's last kind; ``executed_kind_counts``) and one
+    more LM head.
     """
     s = np.asarray(seq, dtype=np.float64)
     g = Geometry.unit(s)
     total = np.zeros_like(s)
-    # each MTP module adds its layers, plus a head
-    mtp = model.mtp_kind_counts
-    for kind in {**model.kind_counts, **mtp}:
-        count = model.kind_counts.get(kind, 0) + model.num_mtp_layers * mtp.get(kind, 0)
+    for kind, count in model.executed_kind_counts.items():
         for op in layer_operators(model, g, kind):
             if np.all(np.asarray(op.kind) == GEMM) or op.name in SCAN_OPS:
                 total += count * np.asarray(op.flops)

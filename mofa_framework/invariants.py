@@ -185,11 +185,10 @@ def _core_attention_flops(model, g: Geometry) -> np.ndarray:
     kind by its own attention (full, sliding, chunked; the MTP modules as their own layers);
     layers without attention (Mamba, linear attention) execute what model FLOPs count."""
     out = np.zeros(len(g.s))
-    for kind in {**model.kind_counts, **model.mtp_kind_counts}:
+    for kind, count in model.executed_kind_counts.items():
         block = model.block_kinds[kind]
         if not block.is_attention:
             continue
-        count = model.kind_counts.get(kind, 0) + model.num_mtp_layers * model.mtp_kind_counts.get(kind, 0)
         ops = attention_mixer_operators(model, g, block)
         out = out + count * sum((np.asarray(o.flops, dtype=np.float64) for o in ops if o.name == "core_attention"),
                                 np.zeros(len(g.s)))

@@ -332,9 +332,17 @@ class ModelSpec:
         if not self.mtp_layer_pattern:
             return {self.mtp_kind: 1}
         counts: dict[str, int] = {}
-        for b in self._mtp_blocks:
-            counts[kind_key(b)] = counts.get(kind_key(b), 0) + 1
+        for k in map(kind_key, self._mtp_blocks):
+            counts[k] = counts.get(k, 0) + 1
         return counts
+
+    @functools.cached_property
+    def executed_kind_counts(self) -> dict[str, int]:
+        """Layers of each kind one sequence runs through: the stack's, plus each kind's layers of
+        the MTP modules times ``num_mtp_layers`` (a kind only the MTP modules use included)."""
+        mtp = self.mtp_kind_counts
+        return {k: self.kind_counts.get(k, 0) + self.num_mtp_layers * mtp.get(k, 0)
+                for k in {**self.kind_counts, **mtp}}
 
     @functools.cached_property
     def _mtp_blocks(self) -> tuple[BlockSpec, ...]:

@@ -159,9 +159,7 @@ def megatron_core_layer_flops(model: ModelSpec, global_batch_size: int, sequence
     (``mtp_layer_pattern``, else one of the stack's last kind; no norms or projection, as the
     hybrid count has none), run n_mtp times whether or not the modules share weights."""
     s, blocks = sequence_length, model.block_kinds
-    layers = sum(n * _layer_count(model, blocks[k], s) for k, n in model.kind_counts.items())
-    layers += model.num_mtp_layers * sum(n * _layer_count(model, blocks[k], s)
-                                         for k, n in model.mtp_kind_counts.items())
+    layers = sum(n * _layer_count(model, blocks[k], s) for k, n in model.executed_kind_counts.items())
     logits = 2.0 * model.hidden_size * model.vocab_size * (1 + model.num_mtp_layers)
     return 3.0 * global_batch_size * s * (layers + logits)
 

@@ -7,6 +7,17 @@ LLAMA4_TEXT = {"model_type": "llama4_text", "hidden_size": 5120, "intermediate_s
                "num_key_value_heads": 8, "head_dim": 128, "num_experts_per_tok": 1, "attention_chunk_size": 8192,
                "vocab_size": 202048, "hidden_act": "silu", "rms_norm_eps": 1e-05, "tie_word_embeddings": False}
 
+DEEPSEEK_V4_FLASH = {
+    "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "hidden_size": 4096,
+    "num_hidden_layers": 43, "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512,
+    "qk_rope_head_dim": 64, "q_lora_rank": 1024, "o_lora_rank": 1024, "o_groups": 8, "vocab_size": 129280,
+    "moe_intermediate_size": 2048, "n_routed_experts": 256, "num_experts_per_tok": 6, "n_shared_experts": 1,
+    "num_hash_layers": 3, "scoring_func": "sqrtsoftplus", "hc_mult": 4, "hc_sinkhorn_iters": 20,
+    "sliding_window": 128, "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512,
+    "compress_ratios": [0, 0] + [4 if i % 2 == 0 else 128 for i in range(41)] + [0],
+    "num_nextn_predict_layers": 1, "max_position_embeddings": 1048576, "hidden_act": "silu",
+    "rms_norm_eps": 1e-06, "tie_word_embeddings": False}
+
 ZOO = {
     "nemotron-h-8b": {
         "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "hidden_size": 4096,
@@ -32,26 +43,12 @@ ZOO = {
         "linear_num_value_heads": 32, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
         "linear_conv_kernel_dim": 4, "max_position_embeddings": 262144, "hidden_act": "silu",
         "rms_norm_eps": 1e-06, "tie_word_embeddings": False},
-    "deepseek-v4-flash": {
-        "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "hidden_size": 4096,
-        "num_hidden_layers": 43, "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512,
-        "qk_rope_head_dim": 64, "q_lora_rank": 1024, "o_lora_rank": 1024, "o_groups": 8, "vocab_size": 129280,
-        "moe_intermediate_size": 2048, "n_routed_experts": 256, "num_experts_per_tok": 6, "n_shared_experts": 1,
-        "num_hash_layers": 3, "scoring_func": "sqrtsoftplus", "hc_mult": 4, "hc_sinkhorn_iters": 20,
-        "sliding_window": 128, "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512,
-        "compress_ratios": [0, 0] + [4 if i % 2 == 0 else 128 for i in range(41)] + [0],
-        "num_nextn_predict_layers": 1, "max_position_embeddings": 1048576, "hidden_act": "silu",
-        "rms_norm_eps": 1e-06, "tie_word_embeddings": False},
+    "deepseek-v4-flash": DEEPSEEK_V4_FLASH,
+    # V4 Pro: the same architecture at Pro's sizes; two heavily compressed layers lead its stack
     "deepseek-v4-pro": {
-        "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "hidden_size": 7168,
-        "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 1, "head_dim": 512,
-        "qk_rope_head_dim": 64, "q_lora_rank": 1536, "o_lora_rank": 1024, "o_groups": 16, "vocab_size": 129280,
-        "moe_intermediate_size": 3072, "n_routed_experts": 384, "num_experts_per_tok": 6, "n_shared_experts": 1,
-        "num_hash_layers": 3, "scoring_func": "sqrtsoftplus", "hc_mult": 4, "hc_sinkhorn_iters": 20,
-        "sliding_window": 128, "index_n_heads": 64, "index_head_dim": 128, "index_topk": 1024,
-        "compress_ratios": [128, 128] + [4 if i % 2 == 0 else 128 for i in range(59)] + [0],
-        "num_nextn_predict_layers": 1, "max_position_embeddings": 1048576, "hidden_act": "silu",
-        "rms_norm_eps": 1e-06, "tie_word_embeddings": False},
+        **DEEPSEEK_V4_FLASH, "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128,
+        "q_lora_rank": 1536, "o_groups": 16, "moe_intermediate_size": 3072, "n_routed_experts": 384,
+        "index_topk": 1024, "compress_ratios": [128, 128] + [4 if i % 2 == 0 else 128 for i in range(59)] + [0]},
     "gemma-2-9b": {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_size": 3584,
                    "intermediate_size": 14336, "num_hidden_layers": 42, "num_attention_heads": 16,
                    "num_key_value_heads": 8, "head_dim": 256, "vocab_size": 256000, "sliding_window": 4096,

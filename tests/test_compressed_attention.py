@@ -238,6 +238,8 @@ def test_an_mtp_module_may_use_a_kind_the_stack_lacks():
     pro = REG.model("deepseek-v4-pro")
     assert pro.kind_counts == {HCA: 31, CSA: 30} and pro.mtp_kind_counts == {SWA: 1}
     assert SWA in pro.block_kinds and SWA not in pro.kind_counts
+    assert pro.executed_kind_counts == {HCA: 31, CSA: 30, SWA: 1}
+    assert V4.executed_kind_counts == {SWA: 3, CSA: 21, HCA: 20}  # Flash's MTP layer is one of its window layers
     s = np.array([4096.0])
     no_mtp = attrs.evolve(pro, num_mtp_layers=0, mtp_layer_pattern="")
     g = Geometry.unit(s)
