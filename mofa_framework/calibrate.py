@@ -288,6 +288,18 @@ def parse_priors(items: Iterable[str]) -> dict[str, float]:
     return out
 
 
+def sibling_prior(efficiency: EfficiencySpec, parameters: Sequence[str]) -> dict[str, float]:
+    """A fitted sibling's coefficients as the prior of `parameters` (``--prior-from``), each within
+    its fitting bounds: the same GPU in another system, or its successor, is a better guess for
+    what no row of this profile constrains than the library's default (which prices an unfitted
+    GPU at its microbenchmarks' burst speed with no framework overhead)."""
+    out = {}
+    for name in parameters:
+        lo, hi, _ = PARAMETERS[name]
+        out[name] = min(max(float(getattr(efficiency, name)), lo), hi)
+    return out
+
+
 def _check_enough_rows(rows: int, fitted: Sequence[str], folds: int, hardware: str) -> None:
     """ConfigError when the rows cannot determine the coefficients: fewer rows than coefficients, more
     folds than rows, or folds whose training rows are fewer than the coefficients."""
@@ -305,11 +317,13 @@ def _check_enough_rows(rows: int, fitted: Sequence[str], folds: int, hardware: s
 def calibrate(paths: Iterable[str | Path], hardware: str, predictor=None, *,
               parameters: Sequence[str] = DEFAULT_PARAMETERS, folds: int = 5, seed: int = 0,
               start: dict[str, float] | None = None, mapped: Sequence[MappedRow] | None = None,
-              hold_out: Sequence[str] = ()) -> CalibrationResult:
+              hold_out: Sequence[str] = (), prior_from: str | None = None) -> CalibrationResult:
     """Fit `parameters` of `hardware`'s efficiency to every row on that profile in `paths`.
 
     ``start`` overrides the prior the fit starts from and holds coefficients towards (default: the
-    library's, :class:`EfficiencySpec`; ``--prior``); ``mapped`` passes
+    library's, :class:`EfficiencySpec`; ``--prior``); ``prior_from`` names a fitted sibling profile
+    whose coefficients replace the library's as that prior (``--prior-from``; ``start`` still wins
+    where it names a coefficient); ``mapped`` passes
     rows already mapped (tests, synthetic data). ``folds`` < 2 skips cross-validation.
     ``hold_out`` holds back the rows whose source (file stem) or reference contains one of the
     given strings (case-insensitive): they are not fitted, and their error before and after the
@@ -338,6 +352,12 @@ def calibrate(paths: Iterable[str | Path], hardware: str, predictor=None, *,
     # the profile's current values: re-running the command recorded in a profile reproduces it
     defaults = EfficiencySpec()
     anchor = {name: float(getattr(defaults, name)) for name in parameters}
+    if prior_from:
+        sibling = predictor.registry.hardware_profile(prior_from, field="--prior-from")
+        if sibling.name == hw.name:
+            raise ConfigError(f"--prior-from {prior_from}: name another profile than --hardware {hw.name} "
+                              "(a fitted sibling: the same GPU in another system, or its predecessor)")
+        anchor.update(sibling_prior(sibling.efficiency, parameters))
     if start:
         anchor.update({k: float(v) for k, v in start.items() if k in anchor})
     problem = _Problem(mine, predictor, hw, parameters)

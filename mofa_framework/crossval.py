@@ -17,9 +17,11 @@ A held-out measurement is held out wherever it appears: a row of another file wi
 profile, GPU count, global batch, sequence length, TP and PP whose measured step time agrees within
 :data:`TWIN_TOLERANCE` is the same measurement republished (NVIDIA's tables and their ``*_dense``
 twins) and is left out of the refits too. A profile none of whose fitted rows is held out is not
-refitted (its prediction is the shipped one); a profile left with no row takes the library's
-default coefficients, or the recorded command's ``--prior`` values, for what it fitted (a GPU with
-no step-time row: its microbenchmarks and priors alone). Profiles without a recorded fit are used as shipped.
+refitted (its prediction is the shipped one); a profile left with no row takes its prior for what
+it fitted: the library's default coefficients, or — as a shipped GPU without rows takes its fitted
+sibling's — the recorded ``--prior-from`` sibling's coefficients *refitted in the same fold*, then
+the recorded ``--prior`` values (a GPU with no step-time row: its microbenchmarks and that prior).
+Profiles without a recorded fit are used as shipped.
 
 The fit is the calibration's own (:mod:`mofa_framework.calibrate`: same weights, prior, bounds,
 robust loss, and coefficients the remaining rows cannot see reset to the library default or the
@@ -87,6 +89,8 @@ class Regime:
     num_gpus: int
     #: the framework generation (rows only; a job does not say)
     framework: str = ""
+    #: watts: the GPUs' power limit (``compute.power_limit_w``; 0 = rated power)
+    power_limit_w: float = 0.0
 
     def key(self, kind: str) -> str:
         """This regime's value for a leave-one-out kind (``source`` is the row's, not the regime's)."""
@@ -102,7 +106,8 @@ class Regime:
 def regime_of(job, precision: str, framework: str = "") -> Regime:
     """The :class:`Regime` of a resolved job (:class:`~mofa_framework.config.TrainingJob`)."""
     return Regime(gpu=job.hardware.name, precision=precision, family=model_family(job.model), schedule=job.schedule,
-                  features=tuple(sorted(job.features)), num_gpus=int(job.num_gpus), framework=framework)
+                  features=tuple(sorted(job.features)), num_gpus=int(job.num_gpus), framework=framework,
+                  power_limit_w=float(job.hardware.compute.power_limit_w))
 
 
 # ====================================================================== what was fitted
@@ -120,6 +125,8 @@ class FitPlan:
     files: tuple[str, ...] = ()
     #: (coefficient, value) priors the recorded command gave (``--prior``) instead of the defaults
     priors: tuple[tuple[str, float], ...] = ()
+    #: the fitted sibling profile whose coefficients are the prior (``--prior-from``; "" for none)
+    prior_from: str = ""
 
 
 _RECORD = re.compile(r"^# \[efficiency\] fitted by `mofa calibrate`: (.*)$", re.M)
@@ -141,12 +148,13 @@ def parse_recorded(hardware: str, text: str) -> FitPlan | None:
     params: list[str] = []
     files: list[str] = []
     priors: list[str] = []
+    prior_from = ""
     builtin = False
     sets = builtin_sets()
     it = iter(argv)
     for tok in it:
         opt, eq, val = tok.partition("=")
-        if opt in ("--param", "--prior", "--builtin-set", "--source", "--hold-out", "--folds", "--seed", "--write", "--name",
+        if opt in ("--param", "--prior", "--prior-from", "--builtin-set", "--source", "--hold-out", "--folds", "--seed", "--write", "--name",
                    "--reader", "--hardware", "--format") and not eq:
             val = next(it, "")
         if opt == "--all-rows":
@@ -155,6 +163,8 @@ def parse_recorded(hardware: str, text: str) -> FitPlan | None:
             params.append(val)
         elif opt == "--prior":
             priors.append(val)
+        elif opt == "--prior-from":
+            prior_from = val
         elif opt == "--builtin":
             builtin = True
         elif opt == "--builtin-set":
@@ -166,7 +176,7 @@ def parse_recorded(hardware: str, text: str) -> FitPlan | None:
     files = list(dict.fromkeys(files))
     return FitPlan(hardware=hardware, parameters=tuple(params or DEFAULT_PARAMETERS),
                    sources=tuple(Path(f).stem for f in files), files=tuple(files),
-                   priors=tuple(parse_priors(priors).items()))
+                   priors=tuple(parse_priors(priors).items()), prior_from=prior_from)
 
 
 def recorded_plans(registry) -> list[FitPlan]:
@@ -182,6 +192,26 @@ def recorded_plans(registry) -> list[FitPlan]:
         plan = parse_recorded(name, text)
         if plan is not None:
             out.append(plan)
+    return out
+
+
+def siblings(plans: Sequence[FitPlan], recorded: Sequence[FitPlan]) -> list[FitPlan]:
+    """The recorded fits `plans` take their prior from (``--prior-from``, transitively) that are not
+    among `plans` themselves: a fold refits them too, so no anchor comes from a fit that saw the
+    rows the fold holds out."""
+    by_name = {p.hardware: p for p in recorded}
+    have = {p.hardware for p in plans}
+    out: list[FitPlan] = []
+    todo = [p.prior_from for p in plans if p.prior_from]
+    while todo:
+        name = todo.pop()
+        plan = by_name.get(name)
+        if plan is None or name in have:
+            continue
+        have.add(name)
+        out.append(plan)
+        if plan.prior_from:
+            todo.append(plan.prior_from)
     return out
 
 
@@ -295,7 +325,8 @@ def twins(mapped: Sequence[MappedRow], hardware: Sequence[str]) -> list[list[int
 class _Folds:
     """Rows mapped and prepared once; one refit per (fold, profile the fold touches)."""
 
-    def __init__(self, mapped: list[MappedRow], scored: np.ndarray, predictor, plans: Sequence[FitPlan]):
+    def __init__(self, mapped: list[MappedRow], scored: np.ndarray, predictor, plans: Sequence[FitPlan],
+                 support: Sequence[FitPlan] = ()):
         from .calibrate import _Problem
 
         self.mapped, self.scored, self.predictor = mapped, scored, predictor
@@ -312,10 +343,12 @@ class _Folds:
                 self.regimes[i] = regime_of(job, prec, mapped[i].framework)
         self.twins = twins(mapped, list(self.hw))
         self.plans = [p for p in plans if (self.hw == p.hardware).any()]
+        # the plans' --prior-from siblings: refitted per fold for their anchors, never scored here
+        self.by_name = {p.hardware: p for p in [*support, *self.plans] if (self.hw == p.hardware).any()}
         self.problems, self.eligible, self.base = {}, {}, {}
         sources = np.array([m.source for m in mapped])
         fit = np.array([m.fit for m in mapped], bool)
-        for p in self.plans:
+        for p in self.by_name.values():
             hw = predictor.registry.hardware_profile(p.hardware)
             on = (self.hw == p.hardware) & self.predicted & fit
             if p.sources:
@@ -325,16 +358,45 @@ class _Folds:
                                                  groups=[g for g in self.groups if g.hardware.name == p.hardware])
             self.base[p.hardware] = {k: float(getattr(hw.efficiency, k)) for k in p.parameters}
         self.fitted = np.zeros(n, bool)
-        for on in self.eligible.values():
-            self.fitted |= on
+        for p in self.plans:
+            self.fitted |= self.eligible[p.hardware]
 
-    def refit(self, plan: FitPlan, train: np.ndarray) -> dict[str, float]:
-        """`plan`'s coefficients fitted to the rows in `train` (the calibration's fit and prior)."""
-        from .calibrate import _fit, identifiable
+    def anchor(self, plan: FitPlan, excluded: np.ndarray, cache: dict, visiting: frozenset = frozenset()) -> dict[str, float]:
+        """The prior `plan`'s fit holds its coefficients towards in a fold leaving out `excluded`:
+        the library's defaults, or its ``--prior-from`` sibling's coefficients in the same fold
+        (refitted without those rows when its own fit saw them), then its ``--prior`` values."""
+        from .calibrate import sibling_prior
 
         defaults = EfficiencySpec()
         anchor = {k: float(getattr(defaults, k)) for k in plan.parameters}
+        if plan.prior_from:
+            if plan.prior_from in visiting:
+                raise ConfigError(f"--prior-from: the recorded fits of {', '.join(sorted(visiting))} name each other "
+                                  "as their prior; one of them must be fitted from the library defaults")
+            sibling = self.predictor.registry.hardware_profile(plan.prior_from)
+            values = attrs.asdict(sibling.efficiency)
+            sib_plan = self.by_name.get(sibling.name)
+            if sib_plan is not None:
+                values.update(self.coefficients(sib_plan, excluded, cache, visiting | {plan.hardware}) or {})
+            anchor.update(sibling_prior(EfficiencySpec(**values), plan.parameters))
         anchor.update({k: v for k, v in plan.priors if k in anchor})
+        return anchor
+
+    def coefficients(self, plan: FitPlan, excluded: np.ndarray, cache: dict,
+                     visiting: frozenset = frozenset()) -> dict[str, float] | None:
+        """`plan`'s coefficients in a fold leaving out `excluded` (memoised in `cache`): refitted
+        without those rows, or None when its fit never saw any of them (the shipped ones stand)."""
+        if plan.hardware not in cache:
+            elig = self.eligible[plan.hardware]
+            cache[plan.hardware] = (self.refit(plan, elig & ~excluded, self.anchor(plan, excluded, cache, visiting))
+                                    if (elig & excluded).any() else None)
+        return cache[plan.hardware]
+
+    def refit(self, plan: FitPlan, train: np.ndarray, anchor: dict[str, float]) -> dict[str, float]:
+        """`plan`'s coefficients fitted to the rows in `train` (the calibration's fit), held towards
+        `anchor` (:meth:`anchor`)."""
+        from .calibrate import _fit, identifiable
+
         if not train.any():
             return anchor
         problem = self.problems[plan.hardware]
@@ -359,14 +421,14 @@ class _Folds:
         excluded = held.copy()
         for i in np.flatnonzero(held):
             excluded[self.twins[i]] = True
-        refits, train_rows = {}, {}
+        refits, train_rows, cache = {}, {}, {}
         for plan in self.plans:
             test = held & (self.hw == plan.hardware) & self.predicted
             elig = self.eligible[plan.hardware]
             if not test.any() or not (elig & excluded).any():
                 continue  # the profile's fit never saw these rows: its shipped prediction stands
             train = elig & ~excluded
-            coeffs = self.refit(plan, train)
+            coeffs = self.coefficients(plan, excluded, cache)
             problem = self.problems[plan.hardware]
             profile = problem.profile(coeffs)
             groups = [g for g in problem.groups if test[g.rows].any()]
@@ -422,7 +484,9 @@ def cross_validate(paths: Iterable[str | Path], predictor=None, *, plans: Sequen
     if bad:
         raise ConfigError(f"--leave-out {bad[0]}: choose from {', '.join(KINDS)}")
     predictor = predictor or Predictor()
-    plans = list(recorded_plans(predictor.registry) if plans is None else plans)
+    recorded = recorded_plans(predictor.registry)
+    plans = list(recorded if plans is None else plans)
+    support = siblings(plans, recorded)
     notes: list[str] = []
     skipped: list[SkippedRow] = []
     if mapped is None:
@@ -430,7 +494,7 @@ def cross_validate(paths: Iterable[str | Path], predictor=None, *, plans: Sequen
         mapped, skipped, notes = map_files(paths, predictor.registry)
         if fit_only is None:
             names = {p.name for p in paths}
-            fit_only = [builtin_data_dir() / f for f in dict.fromkeys(f for p in plans for f in p.files)
+            fit_only = [builtin_data_dir() / f for f in dict.fromkeys(f for p in [*plans, *support] for f in p.files)
                         if f not in names and (builtin_data_dir() / f).exists()]
         extra, _, _ = map_files(list(fit_only), predictor.registry) if fit_only else ([], [], [])
         scored = np.array([True] * len(mapped) + [False] * len(extra))
@@ -438,7 +502,7 @@ def cross_validate(paths: Iterable[str | Path], predictor=None, *, plans: Sequen
     else:
         scored = np.ones(len(mapped), bool)
     mapped = resolve_unstated(list(mapped), predictor)
-    folds = _Folds(mapped, scored, predictor, plans)
+    folds = _Folds(mapped, scored, predictor, plans, support)
     scored_sources = {m.source for m, s in zip(mapped, scored) if s}
     skipped += [s for s in folds.infeasible if s.source in scored_sources]
     if not any(folds.scored & folds.predicted):

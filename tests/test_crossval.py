@@ -23,24 +23,24 @@ def predictor():
     return Predictor()
 
 
-def rows(predictor, source: str, gemm_efficiency: float, framework: str = "", scale: float = 1.0):
-    """Eight jobs whose measured step time is the A100 prediction with `gemm_efficiency` (× `scale`)."""
+def rows(predictor, source: str, gemm_efficiency: float, framework: str = "", scale: float = 1.0, gpu: str = A100):
+    """Eight jobs whose measured step time is the `gpu` prediction with `gemm_efficiency` (× `scale`)."""
     from mofa_framework.types import MappedRow
     from mofa_framework.validate import predict_prepared, prepare
 
     out = []
     for model, gpus, tp, pp, gbs in LAYOUTS:
         for rec in ("full", "selective"):
-            job = {"model": {"name": model}, "hardware": {"name": A100, "num_gpus": gpus},
+            job = {"model": {"name": model}, "hardware": {"name": gpu, "num_gpus": gpus},
                    "parallel": {"tp": tp, "pp": pp, "micro_batch_size": 1, "global_batch_size": gbs,
                                 "sequence_length": 2048, "precision": "fp16"},
                    "features": {"recompute": {"granularity": rec}}}
             out.append(MappedRow(source=source, reference="", row_id=f"{model}-{rec}", job=job, measured_s=1.0,
                                  target="t", framework=framework))
-    hw = predictor.registry.hardware_profile(A100)
+    hw = predictor.registry.hardware_profile(gpu)
     truth = attrs.evolve(hw, efficiency=attrs.evolve(hw.efficiency, gemm_efficiency=gemm_efficiency))
     groups, _ = prepare(out, predictor)
-    t = predict_prepared(groups, predictor, {A100: truth}, n_rows=len(out))["step_s"]
+    t = predict_prepared(groups, predictor, {gpu: truth}, n_rows=len(out))["step_s"]
     return [attrs.evolve(r, measured_s=float(x) * scale) for r, x in zip(out, t)]
 
 
@@ -80,6 +80,55 @@ def test_a_recorded_prior_is_what_each_refit_is_held_towards(predictor, monkeypa
     for r in refits:
         assert r["host_dispatch_s"] == pytest.approx(1.5e-4, rel=0.01)
         assert r["gemm_efficiency"] == pytest.approx(EfficiencySpec().gemm_efficiency, rel=0.01)
+
+
+A800 = "a800-sxm4-80gb"
+
+
+def test_a_gpu_left_without_rows_takes_its_siblings_refit_of_the_same_fold(predictor, monkeypatch):
+    """``--prior-from``: A800's only rows are source x's. Held out, A800 has nothing to fit and
+    takes its prior — its sibling A100's coefficient refitted in the same fold, i.e. without x's A100
+    rows (0.50): 0.62 from source a alone, not the library default (0.80) nor A100's shipped fit.
+    The sibling is refitted for the anchor even when only A800 is cross-validated."""
+    import mofa_framework.calibrate as calibration
+    import mofa_framework.crossval as crossval
+    from mofa_framework.crossval import siblings
+
+    monkeypatch.setattr(calibration, "PRIOR_WEIGHT", 0.0)
+    mapped = rows(predictor, "a", 0.62)[:4] + rows(predictor, "x", 0.50)[:4] + rows(predictor, "x", 0.55, gpu=A800)[:4]
+    sibling = FitPlan(hardware=A100, parameters=("gemm_efficiency",))
+    plan = FitPlan(hardware=A800, parameters=("gemm_efficiency",), prior_from=A100)
+    assert siblings([plan], [sibling, plan]) == [sibling] and siblings([plan, sibling], [sibling, plan]) == []
+    monkeypatch.setattr(crossval, "recorded_plans", lambda registry: [sibling, plan])
+    for plans in ([sibling, plan], [plan]):
+        cv = cross_validate([], predictor, plans=plans, kinds=("source",), mapped=mapped)
+        fold = next(f for f in cv.held_out["source"].folds if f.key == "x")
+        assert fold.train_rows[A800] == 0
+        assert fold.refits[A800]["gemm_efficiency"] == pytest.approx(0.62, abs=0.003)
+    # without the sibling the empty refit is the library default
+    cv = cross_validate([], predictor, plans=[attrs.evolve(plan, prior_from="")], kinds=("source",), mapped=mapped)
+    fold = next(f for f in cv.held_out["source"].folds if f.key == "x")
+    assert fold.refits[A800]["gemm_efficiency"] == pytest.approx(0.80)
+
+
+def test_prior_from_holds_the_fit_towards_the_siblings_coefficients(predictor, monkeypatch):
+    """With the prior weighted far above the rows, ``calibrate(prior_from=…)`` lands on the
+    sibling's shipped coefficient (clipped to the fitting bounds); a profile cannot be its own."""
+    import mofa_framework.calibrate as calibration
+    from mofa_framework.errors import ConfigError
+    from mofa_framework.types import EfficiencySpec
+
+    monkeypatch.setattr(calibration, "PRIOR_WEIGHT", 100.0)
+    mapped = rows(predictor, "x", 0.55, gpu=A800)[:4]
+    res = calibration.calibrate([], A800, predictor, parameters=("gemm_efficiency",), folds=0, mapped=mapped,
+                                prior_from=A100)
+    shipped = predictor.registry.hardware_profile(A100).efficiency.gemm_efficiency
+    assert res.fitted["gemm_efficiency"] == pytest.approx(shipped, rel=0.01)
+    assert calibration.sibling_prior(EfficiencySpec(profiled_gemm_relative_efficiency=1.4),
+                                     ["profiled_gemm_relative_efficiency"]) == {"profiled_gemm_relative_efficiency": 1.1}
+    with pytest.raises(ConfigError, match="--prior-from A800: name another profile than --hardware a800-sxm4-80gb"):
+        calibration.calibrate([], A800, predictor, parameters=("gemm_efficiency",), folds=0, mapped=mapped,
+                              prior_from="A800")
 
 
 def _by_source(scheme, source):
@@ -160,6 +209,10 @@ def test_parse_recorded_command():
                                                              "--write"))
     assert dict(primed.priors) == {"host_dispatch_s": 1e-4, "kernel_launch_s": 2e-6}
     assert primed.parameters == plan.parameters and primed.files == plan.files
+    # a recorded --prior-from names the sibling whose refit anchors this one (either spelling)
+    for flag in ("--prior-from b200-sxm-180gb ", "--prior-from=b200-sxm-180gb "):
+        sib = parse_recorded("x", text.replace("--write", flag + "--write"))
+        assert sib.prior_from == "b200-sxm-180gb" and sib.files == plan.files and plan.prior_from == ""
 
 
 def test_parse_priors_names_the_bad_item():
@@ -182,6 +235,8 @@ def test_cli_cross_validate_refuses_what_it_cannot_do():
     c._builtin_commands()
     res = CliRunner().invoke(c.cli, ["calibrate", "--cross-validate", "--builtin", "--write", "x.toml"])
     assert res.exit_code == 2 and "--write does not go with --cross-validate" in res.output
+    res = CliRunner().invoke(c.cli, ["calibrate", "--cross-validate", "--builtin", "--prior-from", "b200-sxm-180gb"])
+    assert res.exit_code == 2 and "--prior-from does not go with --cross-validate" in res.output
     res = CliRunner().invoke(c.cli, ["calibrate", "--cross-validate", "--builtin", "--param", "gemm_efficiency"])
     assert res.exit_code == 2 and "needs --hardware" in res.output and res.output.strip().count("\n") == 0
 

@@ -228,6 +228,13 @@ def test_calibrate_refuses_a_bad_prior(cli, prior, says):
     assert code == 2 and one_line(out) and says in out and "--prior" in out
 
 
+@pytest.mark.parametrize("sibling, says", [("b9000", "--prior-from"), ("a100", "name another profile than --hardware")])
+def test_calibrate_refuses_a_bad_prior_sibling(cli, sibling, says):
+    code, out, _ = run(cli, "calibrate", "--hardware", "a100", DATA / "megatron_selene_a100.csv",
+                       "--param", "gemm_efficiency", "--prior-from", sibling, "--folds", "0")
+    assert code == 2 and one_line(out) and says in out and sibling in out
+
+
 # ---------------------------------------------------------------------- fuzz
 
 MUTATIONS = ("", "0", "-1", "nan", "inf", "1e400", "NaN", "eight", "1,024", "2.5", "9" * 40, "\x00", "é", " ",

@@ -230,6 +230,11 @@ def validate_cmd(state, files, builtin, builtin_set, reader, fmt, sources, show_
               help="Hold coefficient NAME towards VALUE instead of the library default (repeatable): a "
                    "prior from a published measurement of the mechanism; recorded with the command, and "
                    "used by --cross-validate's refits.")
+@click.option("--prior-from", "prior_from", metavar="PROFILE",
+              help="Hold the coefficients towards this fitted sibling profile's (the same GPU in another "
+                   "system, or its predecessor) instead of the library defaults; --prior still wins for the "
+                   "coefficients it names. Recorded with the command; --cross-validate's refits take the "
+                   "sibling's own refit of the same fold.")
 @click.option("--write", "write", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the profile's TOML with the fitted [efficiency] table to this path.")
 @click.option("--all-rows", "all_rows", is_flag=True,
@@ -248,7 +253,7 @@ def validate_cmd(state, files, builtin, builtin_set, reader, fmt, sources, show_
               show_default=True)
 @pass_state
 def calibrate_cmd(state, files, builtin, builtin_set, reader, hardware, params, folds, seed, sources, hold_out, priors,
-                  write, all_rows, new_name, cross_validate, leave_out, fmt):
+                  prior_from, write, all_rows, new_name, cross_validate, leave_out, fmt):
     """Fit a hardware profile's [efficiency] coefficients to the step times in FILES (or --builtin);
     with --cross-validate, report the error on rows the fits did not see."""
     from ..calibrate import DEFAULT_PARAMETERS, calibrate, parse_priors, write_profile
@@ -258,7 +263,7 @@ def calibrate_cmd(state, files, builtin, builtin_set, reader, hardware, params, 
     if cross_validate:
         return cross_validate_cmd(state, input_files(files, builtin, builtin_set), hardware, params, leave_out,
                                   dict(write=write, name=new_name, hold_out=hold_out, all_rows=all_rows,
-                                       source=sources, reader=reader, prior=priors), fmt)
+                                       source=sources, reader=reader, prior=priors, prior_from=prior_from), fmt)
     if hardware is None:
         raise ConfigError("--hardware: give the profile to fit (`mofa list-hardware`), or --cross-validate")
     if folds < 0 or folds == 1:
@@ -274,13 +279,14 @@ def calibrate_cmd(state, files, builtin, builtin_set, reader, hardware, params, 
     mapped, skipped = select_sources(mapped, skipped, sources)
     report_notes(notes, skipped)
     result = calibrate(files, hardware, predictor, parameters=params or DEFAULT_PARAMETERS, folds=folds, seed=seed,
-                       mapped=mapped, hold_out=hold_out, start=prior)
+                       mapped=mapped, hold_out=hold_out, start=prior, prior_from=prior_from)
     if write:
         argv = ["mofa", "calibrate", *sys.argv[2:]] if sys.argv[1:2] == ["calibrate"] else None
         command = shlex.join(argv) if argv else shlex.join(
             ["mofa", "calibrate", "--hardware", hardware, *(f"--param={p}" for p in params), f"--folds={folds}",
              *(f"--source={s}" for s in sources), *(f"--hold-out={h}" for h in hold_out),
-             *(f"--prior={p}" for p in priors), *(["--all-rows"] if all_rows else []), *(["--builtin"] if builtin else []),
+             *(f"--prior={p}" for p in priors), *([f"--prior-from={prior_from}"] if prior_from else []),
+             *(["--all-rows"] if all_rows else []), *(["--builtin"] if builtin else []),
              *([f"--builtin-set={builtin_set}"] if builtin_set else []), *([f"--reader={reader}"] if reader else []),
              *map(str, given)])
         write_profile(result, write, command, name=new_name, predictor=predictor)
