@@ -211,10 +211,28 @@ def parse_toml(data: bytes, where: str) -> dict:
 # ====================================================================== sections
 
 
+def with_power_limit(hw: HardwareProfile, watts: float, field: str) -> HardwareProfile:
+    """`hw` with its GPUs run at `watts` (``compute.power_limit_w``; the TDP means no limit); a
+    limit the profile cannot take is one line naming `field`."""
+    try:
+        watts = float(watts)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{field} = {watts!r}: give the power limit in watts, e.g. 500") from None
+    try:
+        if not math.isfinite(watts) or watts <= 0.0:
+            raise ValueError(f"compute.power_limit_w = {watts:g} must be a positive number of watts, e.g. 500")
+        limit_w = 0.0 if watts == hw.compute.tdp_w else watts
+        return attrs.evolve(hw, compute=attrs.evolve(hw.compute, power_limit_w=limit_w))
+    except ValueError as exc:
+        raise ConfigError(f"{field}: {hw.name}: {exc}") from None
+
+
 @attrs.frozen(kw_only=True)
 class HardwareSection:
     name: str
     num_gpus: int = attrs.field(validator=limit("hardware.num_gpus"))
+    #: watts: run the GPUs at this power limit instead of the profile's (``compute.power_limit_w``)
+    power_limit_w: float | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -414,6 +432,8 @@ def _feature_options(registry, name: str, table: Mapping[str, Any], where: str):
 def resolve_job(raw: JobFile, registry, where: str) -> TrainingJob:
     model = resolve_model(raw.model, registry, where)
     hw = registry.hardware_profile(raw.hardware.name, field=f"{where}: hardware.name")
+    if raw.hardware.power_limit_w is not None:
+        hw = with_power_limit(hw, raw.hardware.power_limit_w, f"{where}: hardware.power_limit_w")
     par = raw.parallel
     denom = par.tp * par.pp * par.cp
     if raw.hardware.num_gpus % denom:

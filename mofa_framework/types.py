@@ -507,6 +507,31 @@ class ComputeSpec:
     #: GPU architecture ("ampere", "hopper", "blackwell", "cdna3", …; "" = not stated): which published
     #: attention-kernel benchmarks apply (``attention_kernels.toml`` of the built-in plugins)
     architecture: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+    #: watts: the board power the peaks and the microbenchmark tables were measured at (the GPU's
+    #: rated TDP); 0 = not stated (then no power limit can be applied)
+    tdp_w: float = attrs.field(default=0.0, converter=float, validator=attrs.validators.ge(0.0))
+    #: watts: the power limit the job's GPUs run at (``nvidia-smi -pl``; Meta's Grand Teton H100s:
+    #: 500); 0 = the TDP. Below it, tensor-core work runs at :attr:`HardwareProfile.compute_clock_scale`
+    power_limit_w: float = attrs.field(default=0.0, converter=float, validator=attrs.validators.ge(0.0))
+
+    @power_limit_w.validator
+    def _check_power(self, attribute, value):
+        if value <= 0.0:
+            return
+        if self.tdp_w <= 0.0:
+            raise ValueError(f"compute.power_limit_w = {value:g} needs the rated power the profile's peaks and "
+                             "tables were measured at: set compute.tdp_w (the GPU's TDP) too")
+        if value > self.tdp_w:
+            raise ValueError(f"compute.power_limit_w = {value:g} is above the rated compute.tdp_w = {self.tdp_w:g}: "
+                             f"a board cannot be limited above its rating; give at most {self.tdp_w:g}")
+        if value <= IDLE_POWER_FRACTION * self.tdp_w:
+            raise ValueError(f"compute.power_limit_w = {value:g} is at or below the GPU's idle draw "
+                             f"(~{IDLE_POWER_FRACTION * self.tdp_w:g} W of its {self.tdp_w:g} W): give a limit above it")
+
+
+#: a GPU's static (idle and leakage) draw as a fraction of its TDP: an H100 SXM idles at ~70 W of
+#: its 700 W, an A100 SXM at ~50–60 W of 400 W. Only the rest scales with the clock
+IDLE_POWER_FRACTION = 0.1
 
 
 @attrs.frozen(kw_only=True)
@@ -702,6 +727,23 @@ class HardwareProfile:
             if fmt in self.compute.peak_tflops:
                 return tflops_to_flops_per_s(self.compute.peak_tflops[fmt])
         return tflops_to_flops_per_s(self.compute.peak_tflops["bf16"])
+
+    @property
+    def compute_clock_scale(self) -> float:
+        """Tensor-core throughput at the job's power limit relative to the profile's tables (1 when
+        the GPU runs at its rated power).
+
+        Under load a GPU's clock settles where its draw meets the limit. Dynamic power goes as
+        f·V² with the voltage rising with the clock (f³), on top of a static draw P₀ (idle and
+        leakage, :data:`IDLE_POWER_FRACTION` of the TDP), so compute-bound kernels that hold a
+        board at its TDP run at ``((P_limit − P₀)/(TDP − P₀))^(1/3)`` of their rated-power speed
+        under a lower limit: 0.88 at 500 W on a 700 W H100. Memory-bound kernels, which do not
+        reach the limit, keep their speed."""
+        c = self.compute
+        if c.power_limit_w <= 0.0 or c.power_limit_w >= c.tdp_w:
+            return 1.0
+        idle_w = IDLE_POWER_FRACTION * c.tdp_w
+        return ((c.power_limit_w - idle_w) / (c.tdp_w - idle_w)) ** (1.0 / 3.0)
 
     @property
     def hbm_bytes(self) -> float:

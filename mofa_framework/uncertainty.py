@@ -45,6 +45,7 @@ import attrs
 import numpy as np
 
 from .crossval import KINDS, Regime, regime_of, table_gpu_specs, table_records
+from .errors import MofaError
 
 TABLE = Path(__file__).resolve().parent / "data" / "cross_validation.csv"
 #: the central share of the held-out errors a band covers
@@ -197,6 +198,9 @@ def band(step_s: float, regime: Regime, registry, table: ResidualTable | None = 
         flags.append(f"no validated run uses the {regime.schedule} schedule: band widened")
         kinds.update(KINDS)
     seen = frozenset().union(*table.features)
+    power = _power_flag(regime, registry)
+    if power:
+        flags.append(power)
     for f in regime.features:
         if f not in seen:
             flags.append(f"no validated run uses the {f} feature: band widened")
@@ -217,6 +221,22 @@ def band(step_s: float, regime: Regime, registry, table: ResidualTable | None = 
     return Band(low_s=float(step_s * math.exp(-hi_q)), high_s=float(step_s * math.exp(-lo_q)), rows=rows,
                 basis=f"{COVERAGE:.0%} of the {held} errors of {rows} runs on {where} ({what}; {groups} "
                       f"source{'s' if groups != 1 else ''}, spread as for a new one)", flags=tuple(flags))
+
+
+def _power_flag(regime: Regime, registry) -> str:
+    """A flag when the job runs its GPUs at another power limit than the profile's calibration rows
+    (the clock model prices it; no row measures it), else ""."""
+    try:
+        hw = registry.hardware_profile(regime.gpu)
+    except MofaError:
+        return ""
+    if regime.power_limit_w == hw.compute.power_limit_w:
+        return ""
+    c = hw.compute
+    watts = regime.power_limit_w or c.tdp_w
+    scale = attrs.evolve(hw, compute=attrs.evolve(c, power_limit_w=regime.power_limit_w)).compute_clock_scale
+    return (f"GPUs at {watts:g} W (the profile's rows: {c.power_limit_w or c.tdp_w:g} W): tensor-core work modelled "
+            f"at {scale:.2f} of rated speed (docs/cost-model.md, Power limit); band from the profile's rows")
 
 
 def _errors(table: ResidualTable, kinds: set[str]) -> np.ndarray:
@@ -445,7 +465,7 @@ def sensitivities(predictor, jobs, top: int | None = None) -> list[list[Sensitiv
     out: list[list[Sensitivity]] = [[] for _ in jobs]
     groups: dict[tuple[str, str], list[int]] = {}
     for i, j in enumerate(jobs):
-        groups.setdefault((repr(j.model), j.hardware.name), []).append(i)
+        groups.setdefault((repr(j.model), j.hardware.name, j.hardware.compute.power_limit_w), []).append(i)
     for idx in groups.values():
         group = [jobs[i] for i in idx]
         predictor._evaluate_jobs(group)  # the constraints, once: an infeasible job is one clear error

@@ -20,7 +20,9 @@ are priced from them instead of the roofline's ``attention_efficiency``:
   pass only, that pass's rate serves both;
 - ``profiled_attention_relative_efficiency`` (default 1) scales the table: the kernel a framework
   runs (cuDNN's fused attention in Transformer Engine, FlashAttention-3) may be another than the
-  one profiled (FlashAttention-2 in the shipped tables); `mofa calibrate` fits it with a prior at 1.
+  one profiled (FlashAttention-2 in the shipped tables); `mofa calibrate` fits it with a prior at 1;
+- a GPU run below its rated power (``compute.power_limit_w``) runs the kernel at
+  ``hardware.compute_clock_scale`` of the table's rate.
 
 A profile without the table, or an operator whose dtype the table lacks, falls through to the
 next provider.
@@ -84,8 +86,9 @@ def attention_seconds(ops, hardware, default: np.ndarray) -> np.ndarray:
                     for r, direction in ((fwd, "fwd"), (bwd, "bwd")))
         flops = ops.flops[rows]
         t = (flops / fwd + ATTENTION_BWD_FACTOR * flops / bwd) / (1.0 + ATTENTION_BWD_FACTOR)
-        t = t / eff.profiled_attention_relative_efficiency
-        t = np.maximum(t, flops / hardware.peak_flops_per_s("bf16"))  # never above the tensor cores' peak
+        clock = hardware.compute_clock_scale  # the clock the job's power limit allows (1 at rated power)
+        t = t / (eff.profiled_attention_relative_efficiency * clock)
+        t = np.maximum(t, flops / (hardware.peak_flops_per_s("bf16") * clock))  # never above the tensor cores' peak
         kernels = np.broadcast_to(ops.kernels, ops.flops.shape)[rows]
         out[rows] = np.maximum(t + eff.kernel_launch_s * kernels, eff.host_dispatch_s * kernels)
         att = att & ~rows
@@ -127,7 +130,7 @@ def scan_seconds(ops, hardware, default: np.ndarray) -> np.ndarray:
                                             all(p.causal for p in these)))
     fwd, bwd = rate.get("fwd", rate.get("bwd")), rate.get("bwd", rate.get("fwd"))
     flops = ops.flops[rows]
-    t = (flops / fwd + ATTENTION_BWD_FACTOR * flops / bwd) / (1.0 + ATTENTION_BWD_FACTOR)
+    t = (flops / fwd + ATTENTION_BWD_FACTOR * flops / bwd) / (1.0 + ATTENTION_BWD_FACTOR) / hardware.compute_clock_scale
     t = np.maximum(t, ops.bytes[rows] / (eff.memory_efficiency * hardware.hbm_bandwidth_bytes_per_s))
     kernels = np.broadcast_to(ops.kernels, ops.flops.shape)[rows]
     out = np.array(default, dtype=np.float64, copy=True)

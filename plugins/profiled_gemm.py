@@ -42,7 +42,8 @@ scale the fp8 / fp4 tables on top. A regime without step-time rows (bf16 on H100
 every published row is fp8) is therefore priced at its microbenchmarks, not at what fp8 rows left
 over. Each kernel also pays the profile's ``kernel_launch_s`` (default 0: the gaps a training
 framework leaves between kernels beyond the microbenchmark's back-to-back launches — the
-small-GEMM floor step-time calibration may fit), and an operator takes at least
+small-GEMM floor step-time calibration may fit); a GPU run below its rated power
+(``compute.power_limit_w``) reaches ``hardware.compute_clock_scale`` of the tables' rate; and an operator takes at least
 ``kernels × host_dispatch_s`` (the roofline's host floor).
 
 Every other operator, and GEMMs of a dtype the table lacks, fall through to the next provider
@@ -235,7 +236,8 @@ def profiled_seconds(ops, hardware, default: np.ndarray) -> np.ndarray:
         # a grouped GEMM of `count` equal members: each runs at its own (m, n, k)'s rate
         rate = model_tflops(pts, hardware, ops.gemm_m[rows], ops.gemm_n[rows], ops.gemm_k[rows])
         low = {"fp8": eff.fp8_gemm_relative_efficiency, "fp4": eff.fp4_gemm_relative_efficiency}.get(dtype, 1.0)
-        t = ops.flops[rows] / (rate * 1e12 * eff.profiled_gemm_relative_efficiency * low)
+        # the tables' rate at the clock the job's power limit allows (hardware.compute_clock_scale)
+        t = ops.flops[rows] / (rate * 1e12 * eff.profiled_gemm_relative_efficiency * low * hardware.compute_clock_scale)
         # thin GEMMs are bound by HBM bandwidth (the roofline's memory term)
         t = np.maximum(t, ops.bytes[rows] / (eff.memory_efficiency * hardware.hbm_bandwidth_bytes_per_s))
         kernels = np.broadcast_to(ops.kernels, ops.flops.shape)[rows]

@@ -10,7 +10,9 @@ where ``F_½ = gemm_half_efficiency_s · P_peak`` and F is the FLOPs of *one*
 GEMM (a grouped expert GEMM of ``count`` equal GEMMs sees each expert's size); fused attention reaches
 ``attention_efficiency`` of the bf16 peak at head dimension 128, scaled by
 ``r(d) = [d/(d + d½)] / [128/(128 + d½)]`` for head dimension d (``ops.gemm_k``; d½ =
-``attention_half_head_dim``) and capped at the peak; element-wise kernels are bandwidth bound. The
+``attention_half_head_dim``) and capped at the peak — both times ``hardware.compute_clock_scale`` when
+the job's GPUs run below their rated power (``compute.power_limit_w``); element-wise kernels are
+bandwidth bound. The
 coefficients live in the hardware profile's ``[efficiency]`` table. Every operator that
 does any work also pays ``kernel_launch_s`` per kernel it launches (``ops.kernels``), and takes at
 least as long as the host needs to issue those kernels, ``kernels × host_dispatch_s`` (the CPU
@@ -54,7 +56,9 @@ def operator_seconds(ops, hardware) -> np.ndarray:
     fp8 = "fp8" in hardware.compute.peak_tflops
     low = np.where(fp4 & (ops.precision == PRECISIONS.index("fp4")), eff.fp4_gemm_relative_efficiency,
                    np.where(fp8 & (ops.precision == PRECISIONS.index("fp8")), eff.fp8_gemm_relative_efficiency, 1.0))
-    rate = np.where(gemm, eff.gemm_efficiency * low * size_eff * peak, np.where(attention, attn_eff * bf16, np.inf))
+    # tensor-core work runs at the clock the board's power limit allows (1 at its rated power)
+    clock = hardware.compute_clock_scale
+    rate = clock * np.where(gemm, eff.gemm_efficiency * low * size_eff * peak, np.where(attention, attn_eff * bf16, np.inf))
     compute_s = np.where(ops.flops > 0, ops.flops / rate, 0.0)
     memory_s = ops.bytes / bw
     works = (ops.flops > 0) | (ops.bytes > 0)

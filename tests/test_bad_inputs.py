@@ -137,6 +137,11 @@ job_case("parallel.global_batch_size-2**40", with_value(BASE, "parallel.global_b
 job_case("parallel.sequence_length-1e18", with_value(BASE, "parallel.sequence_length", 10**18), "sequence_length")
 job_case("parallel.micro_batch_size-2**40", with_value(BASE, "parallel.micro_batch_size", 2**40), "micro_batch_size")
 job_case("fault.init_s-1e308", with_value(BASE, "fault.init_s", 1e308), "init_s")
+for watts, frag in ((800, "above the rated compute.tdp_w = 700"), (50, "idle draw"), (-3, "positive number of watts"),
+                    (float("nan"), "finite number"), ("500 W", "number")):
+    job_case(f"hardware.power_limit_w-{watts}", with_value(BASE, "hardware.power_limit_w", watts), "power_limit_w", frag)
+job_case("hardware.power_limit_w-no-tdp", with_value(with_value(BASE, "hardware.name", "l40s-48gb"),
+                                                     "hardware.power_limit_w", 300), "power_limit_w", "compute.tdp_w")
 job_case("e2e:training.tokens-inf", with_value(BASE, "training.tokens", float("inf")), "tokens", command="e2e")
 job_case("parallel.precision-bogus", with_value(BASE, "parallel.precision", "fp3"), "precision")
 job_case("parallel.attention_kernel-bogus", with_value(BASE, "parallel.attention_kernel", "fa4"), "attention_kernel")
@@ -257,6 +262,7 @@ for flag, value in (("--tp-values", "0"), ("--tp-values", "99999999999999999999"
                     ("--mbs-values", "1,,-2"), ("--cp-values", "1.5"), ("--vpp-values", "1000000")):
     case(f"tune:{flag}={value}", [*TUNE, flag, value], flag)
 case("tune:--schedules-unknown", [*TUNE, "--schedules", "nonesuch"], "--schedules")
+case("tune:--power-limit-w-above-tdp", [*TUNE, "--power-limit-w", "900"], "--power-limit-w", "at most 700")
 case("tune:--features-unknown", [*TUNE, "--features", "nonesuch"], "--features")
 
 # ---------------------------------------------------------------------- 4. environment variables

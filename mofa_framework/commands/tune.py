@@ -12,6 +12,7 @@ import attrs
 import click
 
 from ..cli import ATTENTION_KERNEL_OPTION, NUM_LAYERS_OPTION, _emit_json, _fmt_s, load_jobs, pass_state
+from ..config import with_power_limit
 from ..errors import ConfigError
 from ..limits import LIMITS, check, short
 from ..tuner import (OBJECTIVES, SearchSpace, TuneRequest, default_space, feature_choices, megatron_arguments,
@@ -61,6 +62,7 @@ def build_request(state, job_files, flags, *, tp, pp, vpp, cp, ep, etp, mbs_list
     tokens = flags.pop("tokens", None)
     flash = flags.get("flash_attention")
     kernel = flags.pop("attention_kernel", None)
+    power_w = flags.pop("power_limit_w", None)
     if job_files:
         if any(flags.get(k) for k in ("model", "hardware", "gpus", "gbs", "seq", "precision", "moe_load_factor")):
             raise ConfigError("give either a job file or --model/--hardware/--gpus/--gbs/--seq, not both "
@@ -73,6 +75,8 @@ def build_request(state, job_files, flags, *, tp, pp, vpp, cp, ep, etp, mbs_list
         job = attrs.evolve(job, parallel=attrs.evolve(job.parallel, flash_attention=flash))
     if kernel is not None:  # likewise [parallel] attention_kernel
         job = attrs.evolve(job, parallel=attrs.evolve(job.parallel, attention_kernel=kernel))
+    if power_w is not None:  # likewise [hardware] power_limit_w
+        job = attrs.evolve(job, hardware=with_power_limit(job.hardware, power_w, "--power-limit-w"))
     reg = state.pm.registry
     srch = job.search
     feats = _names(features) or srch.features
@@ -256,6 +260,9 @@ class _ProgressLine:
 @click.option("--flash-attention/--no-flash-attention", "flash_attention", default=None,
               help="Fused (flash) attention, the default; --no-flash-attention: unfused (Megatron 2021-22).")
 @ATTENTION_KERNEL_OPTION
+@click.option("--power-limit-w", "power_limit_w", type=float, metavar="WATTS",
+              help="Run the GPUs at this power limit (nvidia-smi -pl), e.g. 500 on a 700 W H100: tensor-core "
+                   "work slows to the clock the limit allows (default: the profile's; also [hardware] power_limit_w).")
 @click.option("--moe-load-factor", type=float, metavar="F",
               help="MoE routing imbalance: the busiest EP rank's token-expert pairs over the mean (default 1).")
 @click.option("--tp-values", "tp", help="TP sizes to try, e.g. 1,2,4,8 (default: powers of two in a scale-up domain).")
@@ -284,7 +291,7 @@ class _ProgressLine:
 @NUM_LAYERS_OPTION
 @pass_state
 def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, tokens, flash_attention, attention_kernel,
-             moe_load_factor, tp,
+             power_limit_w, moe_load_factor, tp,
              pp, vpp, cp, ep, etp, mbs_list, schedules, features, objective, top, pareto, fmt, trace_best, lighter_ends,
              time_budget, progress, num_layers=None):
     """Find the best parallel strategy and features for a model, GPUs and global batch.
@@ -295,7 +302,7 @@ def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, token
     """
     flags = dict(model=model, hardware=hardware, gpus=gpus, gbs=gbs, seq=seq, precision=precision, tokens=tokens,
                  moe_load_factor=moe_load_factor, flash_attention=flash_attention, num_layers=num_layers,
-                 attention_kernel=attention_kernel)
+                 attention_kernel=attention_kernel, power_limit_w=power_limit_w)
     if len(job_files) > 1:
         raise ConfigError("mofa tune takes one job file")
     req, job = build_request(state, list(job_files), {k: v for k, v in flags.items()},
