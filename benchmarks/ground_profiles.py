@@ -113,9 +113,11 @@ SOURCES: dict[str, dict] = {
                            attention="h100", coll=["azure-h100-ar", "xla-h100", "aws-p5-ar"], stream="H100-SXM5-80GB",
                            sm=132),
     "h100-sxm-96gb-grandteton": dict(sibling="h100-sxm5-80gb", attention="h100", coll_sibling="h100-sxm5-80gb",
-                                     stream_sibling="h100-sxm5-80gb", sm=132, power_cap=(500.0, 700.0),
-                                     why="the same GH100 SXM part at 500 W instead of 700 W; the only step times on "
-                                         "this part, torchtitan's benchmarks, are held out of every fit, so "
+                                     stream_sibling="h100-sxm5-80gb", sm=132,
+                                     why="the same GH100 SXM part at 500 W instead of 700 W: its tables are H100 "
+                                         "SXM5's as measured at 700 W, and compute.power_limit_w = 500 prices the "
+                                         "cap at run time (HardwareProfile.compute_clock_scale); the only step times "
+                                         "on this part, torchtitan's benchmarks, are held out of every fit, so "
                                          "[efficiency] is H100 SXM5's, copied"),
     "h800-sxm5-80gb": dict(sibling="h100-sxm5-80gb", attention="h100", stream_sibling="h100-sxm5-80gb", sm=132,
                            why="H800 SXM5 has H100 SXM5's compute and HBM3; only NVLink (400 GB/s) differs, so "
@@ -374,28 +376,11 @@ def build(data: Path) -> dict[str, dict]:
             ss = spec["stream_sibling"]
             mem, src = stream_efficiency(data, SOURCES[ss]["stream"], profile_data(ss)["memory"]["hbm_bandwidth_gbps"])
             notes.append(f"memory_efficiency {mem} from sibling: {src}")
-        if "power_cap" in spec:
-            gemm, att, note = power_capped(gemm, att, *spec["power_cap"])
-            notes.append(note)
         if spec.get("why"):
             notes.append(spec["why"])
         out[name] = {"gemm": gemm, "attention": att, "collective": coll, "memory_efficiency": mem,
                      "notes": "; ".join(notes), "sm_count": spec.get("sm")}
     return out
-
-
-def power_capped(gemm: list[dict], att: list[dict], cap_w: float, tdp_w: float) -> tuple[list[dict], list[dict], str]:
-    """A part run below the board power its sibling's tables were measured at: the tensor-core
-    tables scaled by the sustained clock the cap allows, ``f = (cap/TDP)^(1/3)`` (dynamic power
-    ∝ f·V² with V ∝ f across the DVFS range). Static power, which a cap does not lower, would make
-    the clock lower still, so this is the smallest slowdown the cap implies; HBM and the links are
-    not scaled (their clocks are not the SMs')."""
-    f = (cap_w / tdp_w) ** (1.0 / 3.0)
-    gemm = [{**p, "tflops": round(p["tflops"] * f, 3)} for p in gemm]
-    att = [{**p, "tflops": round(p["tflops"] * f, 3)} for p in att]
-    return gemm, att, (f"GEMM and attention tables ×{f:.3f} for the {cap_w:.0f} W cap against the {tdp_w:.0f} W "
-                       f"they were measured at: sustained clock ∝ (cap/TDP)^(1/3) (dynamic power ∝ f·V², V ∝ f; "
-                       f"a prior, no published measurement of the cap on this part)")
 
 
 _CACHE: dict[str, dict] = {}
