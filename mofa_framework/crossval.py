@@ -154,8 +154,8 @@ def parse_recorded(hardware: str, text: str) -> FitPlan | None:
     it = iter(argv)
     for tok in it:
         opt, eq, val = tok.partition("=")
-        if opt in ("--param", "--prior", "--prior-from", "--builtin-set", "--source", "--hold-out", "--folds", "--seed", "--write", "--name",
-                   "--reader", "--hardware", "--format") and not eq:
+        if opt in ("--param", "--prior", "--prior-from", "--builtin-set", "--source", "--hold-out", "--folds", "--seed",
+                   "--write", "--name", "--reader", "--hardware", "--format") and not eq:
             val = next(it, "")
         if opt == "--all-rows":
             return None
@@ -361,7 +361,8 @@ class _Folds:
         for p in self.plans:
             self.fitted |= self.eligible[p.hardware]
 
-    def anchor(self, plan: FitPlan, excluded: np.ndarray, cache: dict, visiting: frozenset = frozenset()) -> dict[str, float]:
+    def anchor(self, plan: FitPlan, excluded: np.ndarray, cache: dict,
+               visiting: frozenset = frozenset()) -> dict[str, float]:
         """The prior `plan`'s fit holds its coefficients towards in a fold leaving out `excluded`:
         the library's defaults, or its ``--prior-from`` sibling's coefficients in the same fold
         (refitted without those rows when its own fit saw them), then its ``--prior`` values."""
