@@ -140,6 +140,16 @@ BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
                  source=_NEMOTRON_3_PRESET),
     BridgeRecipe(models=("nemotron-3-super",), gpus=("b200",), precision=("NVFP4",), layout={"tp": 2},
                  features={"cuda_graphs": _GRAPHS_ATTN_ROUTER}, source=f"{_NEMOTRON_3_PRESET} (B200 NVFP4)"),
+    # Super's NVFP4 runs keep the last 14 of its 88 layers in BF16 (nemotron_3_llm_pretrain.py's
+    # set_nemotron_3_super_common_configs from v0.4.0 = NeMo 26.04 on, every Super NVFP4 row's release:
+    # first_last_layers_bf16, num_layers_at_end_in_bf16 = 14, via mixed_precision.py's
+    # nemotron_3_super_bf16_with_nvfp4_mixed since ecbd4ead5). Its te_quant.cfg also keeps attention's
+    # QKV and output, the latent projections and the MTP layers in BF16 (not modelled: a share of the GEMMs
+    # the nvfp4 feature cannot single out yet)
+    BridgeRecipe(models=("nemotron-3-super",), gpus=(), precision=("NVFP4",),
+                 features={"nvfp4": {"bf16_layers_at_end": 14}},
+                 source=f"{_MB}@v0.4.0 scripts/performance/configs/nemotronh/nemotron_3_llm_pretrain.py and "
+                        f"@ecbd4ead5 src/megatron/bridge/training/mixed_precision.py"),
     # recompute modules: Super on B300 (BF16, NVFP4) and B200 (MXFP8) moe_act + layernorm, B200 BF16 also
     # moe and core_attn; Nano on H100 (FP8_CS) moe, layernorm, core_attn, moe_act (attn graphs off there)
     BridgeRecipe(models=("nemotron-3-super",), gpus=("b300",), precision=("BF16", "NVFP4"),
