@@ -8,7 +8,18 @@ by ``reader_nvidia`` to the MoE rows whose model, GPU, precision and layout matc
 
 from __future__ import annotations
 
+import re
+
 import attrs
+
+_RELEASE = re.compile(r"\b(\d{2})\.(\d{2})\b")
+
+
+def release_key(text: str) -> tuple[int, int] | None:
+    """(year, month) of a NeMo / Megatron-Bridge release named in `text` ("NeMo 26.06.01" → (26, 6));
+    None when it names none."""
+    m = _RELEASE.search(text or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 @attrs.frozen(kw_only=True)
@@ -17,8 +28,10 @@ class BridgeRecipe:
     row's table does not state, applied to the rows whose model, GPU, precision and layout match.
 
     ``layout`` keys: tp, pp, vpp, ep, mbs, gbs (all given must equal the row's); ``precision``:
-    substrings of the row's precision column (any one must occur), empty = any. A layout-matched
-    setting is used only if every preset version read agrees on it for that layout.
+    substrings of the row's precision column (any one must occur), empty = any; ``since``: the
+    first release ("26.06") whose preset has the setting, empty = every release (a row whose
+    release column names none then does not match). A layout-matched setting is used only if every
+    preset version read agrees on it for that layout.
     """
 
     models: tuple[str, ...]
@@ -27,8 +40,13 @@ class BridgeRecipe:
     source: str
     precision: tuple[str, ...] = ()
     layout: dict = attrs.field(factory=dict)
+    since: str = ""
 
-    def matches(self, model: str, hw: str, precision: str, layout: dict) -> bool:
+    def matches(self, model: str, hw: str, precision: str, layout: dict, release: str = "") -> bool:
+        if self.since:
+            row = release_key(release)
+            if row is None or row < release_key(self.since):
+                return False
         return (model in self.models and (not self.gpus or hw.startswith(self.gpus))
                 and (not self.precision or any(p in precision for p in self.precision))
                 and all(layout.get(k) == v for k, v in self.layout.items()))
@@ -114,6 +132,14 @@ BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
     BridgeRecipe(models=("qwen3-30b-a3b",), gpus=("gb300", "b300"), layout={"mbs": 8},
                  features={"cuda_graphs": _GRAPHS_ROUTER},
                  source=f"{_QWEN3_PRESETS} (GB300 MBS 8; B300 only in the newer)"),
+    # from v0.5.0 (NeMo 26.06) the 30B MXFP8 presets on GB300 / GB200 / B300 overlap the EP all-to-all
+    # with the other micro-batch's compute and capture the full iteration in one CUDA graph (also a
+    # CuTe-DSL fused grouped MLP and FP8 attention, not modelled); v0.4.x had neither
+    BridgeRecipe(models=("qwen3-30b-a3b",), gpus=("gb300", "gb200", "b300"), precision=("MX",), since="26.06",
+                 features={"ep_overlap": {}, "cuda_graphs": {"scope": "full_iteration"}},
+                 source=f"{_MB}@v0.5.0 scripts/performance/configs/qwen/qwen3_workload_base_configs.py "
+                        "(QWEN3_30B_A3B_PRETRAIN_CONFIG_{GB300,GB200,B300}_FP8_MX_V1: moe_a2a_overlap, "
+                        "cuda_graph_impl full_iteration; v0.4.1: per-module graphs, no overlap)"),
     BridgeRecipe(models=("qwen3-235b-a22b",), gpus=("gb200",), layout={"tp": 1, "pp": 8, "ep": 32},
                  features={"cuda_graphs": _GRAPHS_ATTN_ROUTER},
                  source=f"{_QWEN3_PRESETS} (GB200 V2, newer only; the older PP8 EP8 GBS1024 layout graphs the full "

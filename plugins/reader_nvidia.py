@@ -226,7 +226,7 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     if ctx.source == "nvidia_megatron_bridge" and model.is_moe and ep > 1:
         layout = {"tp": tp, "pp": pp, "vpp": vpp, "ep": ep, "mbs": mbs, "gbs": gbs}
         for recipe in BRIDGE_RECIPES:
-            if recipe.matches(model.name, hw.name, ctx.text(r, "precision"), layout):
+            if recipe.matches(model.name, hw.name, ctx.text(r, "precision"), layout, ctx.text(r, "release")):
                 feats.update({k: dict(v) for k, v in recipe.features.items()})
     job = {"model": model_section, "hardware": {"name": hw.name, "num_gpus": num_gpus}, "parallel": par,
            "features": feats}

@@ -380,9 +380,28 @@ def test_megatron_bridge_presets_and_stated_dispatchers_map_to_features():
     assert feats["MB-ARC-080"]["cuda_graphs"]["attn"] is False
     assert feats["MB-CUR-006"]["cuda_graphs"] == {}
     assert "cuda_graphs" not in feats["MB-ARC-121"] and "cuda_graphs" not in feats["MB-ARC-073"]
+    # a preset that changed between releases: Qwen3-30B MXFP8 on GB200 overlaps the EP all-to-all and
+    # graphs the full iteration from NeMo 26.06 (Megatron-Bridge v0.5.0) on, per module before
+    assert feats["MB-CUR-008"]["cuda_graphs"] == {"scope": "full_iteration"} and "ep_overlap" in feats["MB-CUR-008"]
+    assert feats["MB-ARC-080"]["cuda_graphs"]["scope"] == "per_module" and "ep_overlap" not in feats["MB-ARC-080"]
+    # Nemotron 3 Super's NVFP4 runs keep their last 14 layers in BF16
+    assert feats["MB-CUR-016"]["nvfp4"] == {"bf16_layers_at_end": 14}
     # Megatron-Core model zoo: "dispatcher=DeepEP" → flex (deepep); "dispatcher=A2A" → none
     assert feats["MCORE-MZOO-001"]["flex_dispatcher"] == {"backend": "deepep"}
     assert "flex_dispatcher" not in feats["MCORE-MZOO-004"]
+
+
+def test_bridge_presets_match_a_release_window():
+    from mofa_plugins._bridge_presets import BridgeRecipe, release_key
+
+    assert release_key("NeMo 26.06.01") == (26, 6) and release_key("26.08") == (26, 8)
+    assert release_key("") is None and release_key("NeMo") is None
+    r = BridgeRecipe(models=("m",), gpus=("gb200",), features={}, source="s", since="26.06")
+    assert r.matches("m", "gb200-nvl72", "MXFP8", {}, "NeMo 26.06")
+    assert r.matches("m", "gb200-nvl72", "MXFP8", {}, "NeMo 26.08")
+    assert not r.matches("m", "gb200-nvl72", "MXFP8", {}, "NeMo 26.04.01")
+    assert not r.matches("m", "gb200-nvl72", "MXFP8", {}, "")  # a release bound needs a stated release
+    assert BridgeRecipe(models=("m",), gpus=(), features={}, source="s").matches("m", "h100", "BF16", {})
 
 
 def test_nemo_model_flops_is_nemos_llama2_formula(mofa_predictor):
