@@ -144,6 +144,23 @@ BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
                  features={"cuda_graphs": _GRAPHS_ATTN_ROUTER},
                  source=f"{_QWEN3_PRESETS} (GB200 V2, newer only; the older PP8 EP8 GBS1024 layout graphs the full "
                         "iteration)"),
+    # v0.5.0 (NeMo 26.06) gave the MXFP8 runs of Qwen3-235B (V2: 256 GPUs, GBS 8192) and DeepSeek-V3 on
+    # GB300 / GB200 the EP all-to-all overlap and a full-iteration CUDA graph (and a CuTe-DSL fused grouped
+    # MLP, FP8 attention on GB300: not modelled); DeepSeek-V3 on GB300 also went to MBS 1 without recompute
+    BridgeRecipe(models=("qwen3-235b-a22b",), gpus=("gb300", "gb200"), precision=("MX",), layout={"gbs": 8192},
+                 since="26.06", features={"ep_overlap": {}, "cuda_graphs": {"scope": "full_iteration"}},
+                 source=f"{_MB}@v0.5.0 scripts/performance/configs/qwen/qwen3_workload_base_configs.py "
+                        "(QWEN3_235B_A22B_PRETRAIN_CONFIG_{GB300,GB200}_FP8_MX_V2; v0.4.1: neither)"),
+    BridgeRecipe(models=_DSV3, gpus=("gb300",), precision=("MX",), layout={"tp": 1, "pp": 2, "vpp": 8, "ep": 32, "mbs": 1},
+                 since="26.06", features={"cuda_graphs": {"scope": "full_iteration"}},
+                 source=f"{_MB}@v0.5.0 scripts/performance/configs/deepseek/deepseek_workload_base_configs.py "
+                        "(DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V1/V2: full_iteration, moe_a2a_overlap, MBS 1, "
+                        "no recompute)"),
+    BridgeRecipe(models=_DSV3, gpus=("gb200",), precision=("MX",), layout={"tp": 1, "pp": 4, "vpp": 4, "ep": 64, "mbs": 1},
+                 since="26.06", features={"cuda_graphs": {"scope": "full_iteration"}},
+                 source=f"{_MB}@v0.5.0 scripts/performance/configs/deepseek/deepseek_workload_base_configs.py "
+                        "(DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_FP8_MX_V1/V2: full_iteration, moe_a2a_overlap, "
+                        "mla_up_proj recompute)"),
     # GPT-OSS (one version read): the full iteration for MXFP8 on GB300/GB200, per module for BF16 on GB300
     # and for both precisions on B300
     BridgeRecipe(models=("gpt-oss-120b",), gpus=("gb300", "gb200"), precision=("MX",),

@@ -384,6 +384,10 @@ def test_megatron_bridge_presets_and_stated_dispatchers_map_to_features():
     # graphs the full iteration from NeMo 26.06 (Megatron-Bridge v0.5.0) on, per module before
     assert feats["MB-CUR-008"]["cuda_graphs"] == {"scope": "full_iteration"} and "ep_overlap" in feats["MB-CUR-008"]
     assert feats["MB-ARC-080"]["cuda_graphs"]["scope"] == "per_module" and "ep_overlap" not in feats["MB-ARC-080"]
+    # likewise Qwen3-235B's 256-GPU MXFP8 runs on GB200 (26.08, not 26.04.01) and DeepSeek-V3 MXFP8 on GB300
+    assert feats["MB-CUR-010"]["cuda_graphs"] == {"scope": "full_iteration"} and "ep_overlap" in feats["MB-CUR-010"]
+    assert feats["MB-ARC-085"]["cuda_graphs"]["scope"] == "per_module" and "ep_overlap" not in feats["MB-ARC-085"]
+    assert feats["MB-CUR-001"]["cuda_graphs"] == {"scope": "full_iteration"}
     # Nemotron 3 Super's NVFP4 runs keep their last 14 layers in BF16
     assert feats["MB-CUR-016"]["nvfp4"] == {"bf16_layers_at_end": 14}
     # Megatron-Core model zoo: "dispatcher=DeepEP" → flex (deepep); "dispatcher=A2A" → none
