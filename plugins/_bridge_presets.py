@@ -28,9 +28,9 @@ class BridgeRecipe:
     row's table does not state, applied to the rows whose model, GPU, precision and layout match.
 
     ``layout`` keys: tp, pp, vpp, ep, mbs, gbs (all given must equal the row's); ``precision``:
-    substrings of the row's precision column (any one must occur), empty = any; ``since``: the
-    first release ("26.06") whose preset has the setting, empty = every release (a row whose
-    release column names none then does not match). A layout-matched setting is used only if every
+    substrings of the row's precision column (any one must occur), empty = any; ``since`` /
+    ``until``: the first / last release ("26.06") whose preset has the setting, empty = no bound (a
+    row whose release column names none does not match a bounded preset). A layout-matched setting is used only if every
     preset version read agrees on it for that layout.
     """
 
@@ -41,11 +41,13 @@ class BridgeRecipe:
     precision: tuple[str, ...] = ()
     layout: dict = attrs.field(factory=dict)
     since: str = ""
+    until: str = ""
 
     def matches(self, model: str, hw: str, precision: str, layout: dict, release: str = "") -> bool:
-        if self.since:
+        if self.since or self.until:
             row = release_key(release)
-            if row is None or row < release_key(self.since):
+            if (row is None or (self.since and row < release_key(self.since))
+                    or (self.until and row > release_key(self.until))):
                 return False
         return (model in self.models and (not self.gpus or hw.startswith(self.gpus))
                 and (not self.precision or any(p in precision for p in self.precision))
@@ -99,10 +101,24 @@ BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
                  features={"recompute": {"granularity": "selective", "mla_up_proj": True}},
                  source=f"{_MB}@042641823051ce167c52b0ae289941a227c11535 and @f0e2c37e3f82c57f9d0e95aa8ae98b3470a91107 "
                         "scripts/performance/configs/deepseek/deepseek_workload_base_configs.py (GB300 FP8-CS)"),
+    # DeepSeek-V3 MXFP8 on GB200 (TP1 PP4 VP4 EP64) by release (deepseek_workload_base_configs.py at the
+    # tags): 26.02 (v0.3.x) recomputes mla_up_proj, 26.04 (v0.4.x) the MLP, both with TE per-module graphs
+    # of attention, router and permutation and no all-to-all overlap; 26.06 on (v0.5.0) the overlap,
+    # mla_up_proj and the full iteration in one graph (below)
     BridgeRecipe(models=_DSV3, gpus=("gb200",), precision=("MX",), layout={"tp": 1, "pp": 4, "vpp": 4, "ep": 64, "mbs": 1},
-                 features={"ep_overlap": {}, "recompute": {"granularity": "selective", "mla_up_proj": True}},
-                 source=f"{_MB}@042641823051ce167c52b0ae289941a227c11535 scripts/performance/configs/deepseek/"
-                        "deepseek_workload_base_configs.py (GB200 FP8-MX)"),
+                 until="26.02", features={"recompute": {"granularity": "selective", "mla_up_proj": True},
+                                          "cuda_graphs": _GRAPHS_ATTN_ROUTER},
+                 source=f"{_MB}@v0.3.0 scripts/performance/configs/deepseek/deepseek_workload_base_configs.py "
+                        "(DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_V1)"),
+    BridgeRecipe(models=_DSV3, gpus=("gb200",), precision=("MX",), layout={"tp": 1, "pp": 4, "vpp": 4, "ep": 64, "mbs": 1},
+                 since="26.04", until="26.04", features={"recompute": {"granularity": "selective", "mlp": True},
+                                                         "cuda_graphs": _GRAPHS_ATTN_ROUTER},
+                 source=f"{_MB}@v0.4.1 scripts/performance/configs/deepseek/deepseek_workload_base_configs.py "
+                        "(DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_V1)"),
+    BridgeRecipe(models=_DSV3, gpus=("gb200",), precision=("MX",), layout={"tp": 1, "pp": 4, "vpp": 4, "ep": 64, "mbs": 1},
+                 since="26.06", features={"ep_overlap": {}, "recompute": {"granularity": "selective", "mla_up_proj": True}},
+                 source=f"{_MB}@v0.5.0 scripts/performance/configs/deepseek/deepseek_workload_base_configs.py "
+                        "(DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_FP8_MX_V1)"),
     BridgeRecipe(models=_DSV3, gpus=("b200", "b300"), layout={"tp": 1, "pp": 16, "ep": 8, "mbs": 1},
                  features={"recompute": {"granularity": "selective", "mla_up_proj": True}},
                  source=f"{_MB}@042641823051ce167c52b0ae289941a227c11535 and @f0e2c37e3f82c57f9d0e95aa8ae98b3470a91107 "

@@ -388,6 +388,13 @@ def test_megatron_bridge_presets_and_stated_dispatchers_map_to_features():
     assert feats["MB-CUR-010"]["cuda_graphs"] == {"scope": "full_iteration"} and "ep_overlap" in feats["MB-CUR-010"]
     assert feats["MB-ARC-085"]["cuda_graphs"]["scope"] == "per_module" and "ep_overlap" not in feats["MB-ARC-085"]
     assert feats["MB-CUR-001"]["cuda_graphs"] == {"scope": "full_iteration"}
+    # DeepSeek-V3 MXFP8 on GB200 by release: 26.02 mla_up_proj, 26.04 the MLP recomputed, per-module graphs
+    # and no overlap; 26.08 the overlap, mla_up_proj and the full iteration
+    for rid, module in (("MB-ARC-198", "mla_up_proj"), ("MB-ARC-117", "mlp")):
+        assert feats[rid]["recompute"] == {"granularity": "selective", module: True} and "ep_overlap" not in feats[rid]
+        assert feats[rid]["cuda_graphs"]["scope"] == "per_module"
+    assert feats["MB-CUR-002"]["recompute"] == {"granularity": "selective", "mla_up_proj": True}
+    assert "ep_overlap" in feats["MB-CUR-002"] and feats["MB-CUR-002"]["cuda_graphs"] == {"scope": "full_iteration"}
     # Nemotron 3 Super's NVFP4 runs keep their last 14 layers in BF16
     assert feats["MB-CUR-016"]["nvfp4"] == {"bf16_layers_at_end": 14}
     # Megatron-Core model zoo: "dispatcher=DeepEP" → flex (deepep); "dispatcher=A2A" → none
@@ -406,6 +413,9 @@ def test_bridge_presets_match_a_release_window():
     assert not r.matches("m", "gb200-nvl72", "MXFP8", {}, "NeMo 26.04.01")
     assert not r.matches("m", "gb200-nvl72", "MXFP8", {}, "")  # a release bound needs a stated release
     assert BridgeRecipe(models=("m",), gpus=(), features={}, source="s").matches("m", "h100", "BF16", {})
+    window = BridgeRecipe(models=("m",), gpus=(), features={}, source="s", since="26.04", until="26.04")
+    assert [window.matches("m", "b200", "", {}, f"NeMo {r}") for r in ("26.02.01", "26.04", "26.04.01", "26.06")] == [
+        False, True, True, False]
 
 
 def test_nemo_model_flops_is_nemos_llama2_formula(mofa_predictor):
