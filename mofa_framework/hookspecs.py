@@ -199,7 +199,8 @@ class MofaSpecs:
         type of every candidate stacked into one :class:`~mofa_framework.batch.OperatorBatch`
         (flat arrays: FLOPs, bytes moved, operator kind, numeric format, GEMM shape). Returns
         a float64 array of the same length, seconds, finite and ≥ 0; ``None`` defers to the
-        next provider.
+        next provider. Tensor-core work runs at ``hardware.compute_clock_scale`` of the rated-power
+        rate (a GPU run below its TDP, ``compute.power_limit_w``); the built-in providers apply it.
         """
 
     @hookspec(firstresult=True)
