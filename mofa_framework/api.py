@@ -66,6 +66,8 @@ class PredictionResult:
     band_basis: str = ""
     #: where the job lies outside the calibrated regimes, one sentence each (empty: inside)
     extrapolation: tuple[str, ...] = ()
+    #: watts the GPUs are limited to (``compute.power_limit_w``; 0 = their rated power)
+    power_limit_w: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -131,7 +133,7 @@ class Predictor:
         """Predict each job; jobs sharing a model and hardware are evaluated as one batch."""
         jobs = [jobs] if isinstance(jobs, TrainingJob) else list(jobs)
         results: list[PredictionResult | None] = [None] * len(jobs)
-        groups: dict[tuple[str, str], list[int]] = {}
+        groups: dict[tuple[str, str, float], list[int]] = {}
         for i, j in enumerate(jobs):
             groups.setdefault((repr(j.model), j.hardware.name, j.hardware.compute.power_limit_w), []).append(i)
         for idx in groups.values():
@@ -188,6 +190,7 @@ def _result(job: TrainingJob, pred: Prediction, k: int) -> PredictionResult:
                           if np.isfinite(pred.stage_memory_bytes[i, k])},
         critical_stage=STAGES[int(pred.critical_stage[k])],
         mfu_precision=PRECISIONS[int(pred.mfu_precision[k])], mfu_bf16_peak=f(pred.mfu_bf16_peak),
+        power_limit_w=float(job.hardware.compute.power_limit_w),
     )
 
 

@@ -294,7 +294,7 @@ def _opts_text(opts: dict) -> str:
 
 def job_dict_from_flags(model, hardware, gpus, tp, pp, vpp, cp, ep, etp, mbs, gbs, seq, precision, schedule,
                         sequence_parallel, features, tokens, moe_load_factor=None, flash_attention=None,
-                        attention_kernel=None) -> dict:
+                        attention_kernel=None, power_limit_w=None) -> dict:
     if not (model and hardware) or None in (gpus, gbs, seq):  # 0 or -1 reach the bounds, which name them
         raise ConfigError("give a job file, or --model, --hardware, --gpus, --gbs and --seq")
     model_section = {"config": model} if model.endswith(".json") else {"name": model}
@@ -306,6 +306,8 @@ def job_dict_from_flags(model, hardware, gpus, tp, pp, vpp, cp, ep, etp, mbs, gb
                                   attention_kernel=attention_kernel).items()
            if v is not None}
     data = {"name": "cli", "model": model_section, "hardware": {"name": hardware, "num_gpus": gpus}, "parallel": par}
+    if power_limit_w is not None:
+        data["hardware"]["power_limit_w"] = power_limit_w
     if schedule:
         data["pipeline"] = {"schedule": schedule}
     if features:
@@ -343,6 +345,13 @@ def with_num_layers(jobs: list, n: int | None) -> list:
         raise ConfigError(f"--num-layers {n}: {exc.args[0] if exc.args else exc}") from None
 
 
+#: ``--power-limit-w``: the GPUs' power limit (``[hardware] power_limit_w``)
+POWER_LIMIT_OPTION = click.option(
+    "--power-limit-w", "power_limit_w", type=float, metavar="WATTS",
+    help="Run the GPUs at this power limit (nvidia-smi -pl), e.g. 500 on a 700 W H100: tensor-core work slows "
+         "to the clock the limit allows ([hardware] power_limit_w; default: the profile's).")
+
+
 def job_options(f):
     """The flags that describe a job without a file (shared by predict, e2e and tune)."""
     opts = [
@@ -362,6 +371,7 @@ def job_options(f):
                           "core attention of Megatron 2021-22 runs, keeping the s×s scores ([parallel] "
                           "flash_attention)."),
         ATTENTION_KERNEL_OPTION,
+        POWER_LIMIT_OPTION,
         click.option("--feature", "features", multiple=True, metavar="NAME[:key=value,...]",
                      help="Enable a feature plugin with options (repeatable)."),
         click.option("--tokens", type=float, help="Tokens to train on (end-to-end time)."),
@@ -433,7 +443,8 @@ SENSITIVITY_TOP = 8
 
 def _prediction_head(r) -> tuple[str, str]:
     p = r.parallel
-    head = (f"{r.job}: {r.model} on {r.num_gpus} × {r.hardware} — TP{p['tp']} PP{p['pp']} VPP{p['vpp']} "
+    watts = f" at {r.power_limit_w:g} W" if r.power_limit_w else ""
+    head = (f"{r.job}: {r.model} on {r.num_gpus} × {r.hardware}{watts} — TP{p['tp']} PP{p['pp']} VPP{p['vpp']} "
             f"CP{p['cp']} EP{p['ep']} DP{p['dp']}, mbs {p['micro_batch_size']}, gbs {p['global_batch_size']}, "
             f"seq {p['sequence_length']}, {p['precision']}, schedule {r.schedule}, "
             f"features: {', '.join(r.features) or 'none'}")

@@ -108,3 +108,21 @@ def test_a_job_at_another_limit_than_the_profiles_rows_is_flagged(mofa_predictor
     # the Grand Teton profile's own 500 W rows: no flag
     gt = {**job, "hardware": {"name": "h100-sxm-96gb-grandteton", "num_gpus": 8}}
     assert not any("GPUs at" in f for f in mofa_predictor.predict(mofa_predictor.job(gt))[0].extrapolation)
+
+
+def test_predict_flag_reaches_the_result_and_its_json():
+    import json
+
+    from click.testing import CliRunner
+
+    import mofa_framework.cli as c
+
+    c._builtin_commands()
+    args = ["predict", "--model", "llama3.1-8b", "--hardware", H100, "--gpus", "8", "--gbs", "16", "--seq", "8192",
+            "--format", "json"]
+    full, capped = (json.loads(CliRunner().invoke(c.cli, [*args, *extra]).output)
+                    for extra in ([], ["--power-limit-w", "500"]))
+    assert (full["power_limit_w"], capped["power_limit_w"]) == (0.0, 500.0)
+    assert 1.0 < capped["step_time_s"] / full["step_time_s"] <= 1.0 / 0.880459 + 1e-9
+    table = CliRunner().invoke(c.cli, [*args[:-2], "--power-limit-w", "500"]).output
+    assert f"8 × {H100} at 500 W" in table.splitlines()[0]

@@ -11,7 +11,7 @@ from pathlib import Path
 import attrs
 import click
 
-from ..cli import ATTENTION_KERNEL_OPTION, NUM_LAYERS_OPTION, _emit_json, _fmt_s, load_jobs, pass_state
+from ..cli import ATTENTION_KERNEL_OPTION, NUM_LAYERS_OPTION, POWER_LIMIT_OPTION, _emit_json, _fmt_s, load_jobs, pass_state
 from ..config import with_power_limit
 from ..errors import ConfigError
 from ..limits import LIMITS, check, short
@@ -191,7 +191,8 @@ def _print_table(result, req, reg, fmt: str = "table") -> None:
 
     con = console(170)
     rows = []
-    con.print(f"[bold]{req.model.name}[/] on {req.num_gpus} × {req.hardware.name}, global batch "
+    watts = f" at {req.hardware.compute.power_limit_w:g} W" if req.hardware.compute.power_limit_w else ""
+    con.print(f"[bold]{req.model.name}[/] on {req.num_gpus} × {req.hardware.name}{watts}, global batch "
               f"{req.global_batch_size}, sequence {req.sequence_length}, objective {req.objective}: "
               + _headline(result, req))
     t = Table(header_style="bold")
@@ -260,9 +261,7 @@ class _ProgressLine:
 @click.option("--flash-attention/--no-flash-attention", "flash_attention", default=None,
               help="Fused (flash) attention, the default; --no-flash-attention: unfused (Megatron 2021-22).")
 @ATTENTION_KERNEL_OPTION
-@click.option("--power-limit-w", "power_limit_w", type=float, metavar="WATTS",
-              help="Run the GPUs at this power limit (nvidia-smi -pl), e.g. 500 on a 700 W H100: tensor-core "
-                   "work slows to the clock the limit allows (default: the profile's; also [hardware] power_limit_w).")
+@POWER_LIMIT_OPTION
 @click.option("--moe-load-factor", type=float, metavar="F",
               help="MoE routing imbalance: the busiest EP rank's token-expert pairs over the mean (default 1).")
 @click.option("--tp-values", "tp", help="TP sizes to try, e.g. 1,2,4,8 (default: powers of two in a scale-up domain).")
