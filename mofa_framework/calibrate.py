@@ -290,7 +290,7 @@ def parse_priors(items: Iterable[str]) -> dict[str, float]:
 
 def sibling_prior(efficiency: EfficiencySpec, parameters: Sequence[str]) -> dict[str, float]:
     """A fitted sibling's coefficients as the prior of `parameters` (``--prior-from``), each within
-    its fitting bounds: the same GPU in another system, or its successor, is a better guess for
+    its fitting bounds: the same GPU in another system, or its predecessor, is a better guess for
     what no row of this profile constrains than the library's default (which prices an unfitted
     GPU at its microbenchmarks' burst speed with no framework overhead)."""
     out = {}
