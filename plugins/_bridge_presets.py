@@ -93,10 +93,12 @@ BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
                            "recompute": {"granularity": "selective", "mla_up_proj": True, "mlp": True}},
                  source=f"{_MB}@042641823051ce167c52b0ae289941a227c11535 scripts/performance/configs/deepseek/"
                         "deepseek_workload_base_configs.py (B200 FP8-MX V2)"),
+    # DeepSeek-V3 MXFP8 on GB300 at MBS 1 (26.06 on, v0.5.0): the all-to-all overlap, the full iteration in
+    # one graph, no recompute (26.02-26.04 ran MBS 2 with mla_up_proj recompute, below)
     BridgeRecipe(models=_DSV3, gpus=("gb300",), precision=("MX",), layout={"tp": 1, "pp": 2, "vpp": 8, "ep": 32, "mbs": 1},
-                 features={"ep_overlap": {}},
-                 source=f"{_MB}@042641823051ce167c52b0ae289941a227c11535 scripts/performance/configs/deepseek/"
-                        "deepseek_workload_base_configs.py (GB300 FP8-MX)"),
+                 since="26.06", features={"ep_overlap": {}, "cuda_graphs": {"scope": "full_iteration"}},
+                 source=f"{_MB}@v0.5.0 scripts/performance/configs/deepseek/deepseek_workload_base_configs.py "
+                        "(DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V1/V2; also @042641823051ce167c52b0ae289941a227c11535)"),
     BridgeRecipe(models=_DSV3, gpus=("gb300",), layout={"tp": 1, "pp": 2, "vpp": 8, "ep": 32, "mbs": 2},
                  features={"recompute": {"granularity": "selective", "mla_up_proj": True}},
                  source=f"{_MB}@042641823051ce167c52b0ae289941a227c11535 and @f0e2c37e3f82c57f9d0e95aa8ae98b3470a91107 "
@@ -116,7 +118,8 @@ BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
                  source=f"{_MB}@v0.4.1 scripts/performance/configs/deepseek/deepseek_workload_base_configs.py "
                         "(DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_V1)"),
     BridgeRecipe(models=_DSV3, gpus=("gb200",), precision=("MX",), layout={"tp": 1, "pp": 4, "vpp": 4, "ep": 64, "mbs": 1},
-                 since="26.06", features={"ep_overlap": {}, "recompute": {"granularity": "selective", "mla_up_proj": True}},
+                 since="26.06", features={"ep_overlap": {}, "recompute": {"granularity": "selective", "mla_up_proj": True},
+                                          "cuda_graphs": {"scope": "full_iteration"}},
                  source=f"{_MB}@v0.5.0 scripts/performance/configs/deepseek/deepseek_workload_base_configs.py "
                         "(DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_FP8_MX_V1)"),
     BridgeRecipe(models=_DSV3, gpus=("b200", "b300"), layout={"tp": 1, "pp": 16, "ep": 8, "mbs": 1},
@@ -160,23 +163,13 @@ BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
                  features={"cuda_graphs": _GRAPHS_ATTN_ROUTER},
                  source=f"{_QWEN3_PRESETS} (GB200 V2, newer only; the older PP8 EP8 GBS1024 layout graphs the full "
                         "iteration)"),
-    # v0.5.0 (NeMo 26.06) gave the MXFP8 runs of Qwen3-235B (V2: 256 GPUs, GBS 8192) and DeepSeek-V3 on
-    # GB300 / GB200 the EP all-to-all overlap and a full-iteration CUDA graph (and a CuTe-DSL fused grouped
-    # MLP, FP8 attention on GB300: not modelled); DeepSeek-V3 on GB300 also went to MBS 1 without recompute
+    # v0.5.0 (NeMo 26.06) gave the MXFP8 runs of Qwen3-235B (V2: 256 GPUs, GBS 8192) on GB300 / GB200 the EP
+    # all-to-all overlap and a full-iteration CUDA graph (and a CuTe-DSL fused grouped MLP and FP8 attention:
+    # not modelled); DeepSeek-V3's are above
     BridgeRecipe(models=("qwen3-235b-a22b",), gpus=("gb300", "gb200"), precision=("MX",), layout={"gbs": 8192},
                  since="26.06", features={"ep_overlap": {}, "cuda_graphs": {"scope": "full_iteration"}},
                  source=f"{_MB}@v0.5.0 scripts/performance/configs/qwen/qwen3_workload_base_configs.py "
                         "(QWEN3_235B_A22B_PRETRAIN_CONFIG_{GB300,GB200}_FP8_MX_V2; v0.4.1: neither)"),
-    BridgeRecipe(models=_DSV3, gpus=("gb300",), precision=("MX",), layout={"tp": 1, "pp": 2, "vpp": 8, "ep": 32, "mbs": 1},
-                 since="26.06", features={"cuda_graphs": {"scope": "full_iteration"}},
-                 source=f"{_MB}@v0.5.0 scripts/performance/configs/deepseek/deepseek_workload_base_configs.py "
-                        "(DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V1/V2: full_iteration, moe_a2a_overlap, MBS 1, "
-                        "no recompute)"),
-    BridgeRecipe(models=_DSV3, gpus=("gb200",), precision=("MX",), layout={"tp": 1, "pp": 4, "vpp": 4, "ep": 64, "mbs": 1},
-                 since="26.06", features={"cuda_graphs": {"scope": "full_iteration"}},
-                 source=f"{_MB}@v0.5.0 scripts/performance/configs/deepseek/deepseek_workload_base_configs.py "
-                        "(DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_FP8_MX_V1/V2: full_iteration, moe_a2a_overlap, "
-                        "mla_up_proj recompute)"),
     # GPT-OSS (one version read): the full iteration for MXFP8 on GB300/GB200, per module for BF16 on GB300
     # and for both precisions on B300
     BridgeRecipe(models=("gpt-oss-120b",), gpus=("gb300", "gb200"), precision=("MX",),
