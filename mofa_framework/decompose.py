@@ -33,6 +33,17 @@ ATTENTION_BWD_FACTOR = 2.5
 CAUSAL_FRACTION = 0.5
 #: bytes an unfused softmax/dropout chain moves per score element, in units of the dtype
 UNFUSED_SCORE_PASSES = 6.0
+#: the longest key sequence Megatron's fused scale-mask-softmax kernel takes (Megatron-LM 2021/22 and
+#: Megatron-DeepSpeed, ``megatron/model/fused_softmax.py``; later Megatron-LM raised it to 4,096 and
+#: 16,384, but MoFa's unfused attention is that era's)
+FUSED_SOFTMAX_MAX_KEYS = 2048
+#: the PyTorch softmax Megatron falls back to when its fused kernel cannot run, over the fused kernel:
+#: extra bytes per score element (forward, backward) and extra kernels per pass. Forward
+#: ``x.float()`` (read 2, write 4 B), ``· scale`` (4 + 4), ``masked_fill_`` (4 + 1 mask + 4),
+#: ``Softmax`` (4 + 4), ``.half()`` (4 + 2) = 37 B in 5 kernels against the fused 2 + 2 = 4 B in
+#: one; backward the five backwards (6 + 12 + 9 + 8 + 6 = 41 B) against the fused 2 + 2 + 2 = 6 B
+SOFTMAX_FALLBACK_BYTES = (37.0 - 4.0, 41.0 - 6.0)
+SOFTMAX_FALLBACK_KERNELS = 4.0
 #: the chunked scans of the recurrent mixers (Mamba-2's SSD, gated DeltaNet): backward over forward
 #: time. **Choice**: as fused attention's, whose kernels they resemble (chunk-wise matmuls that
 #: recompute the chunk states in backward)
@@ -237,9 +248,23 @@ def attention_mixer_operators(model: ModelSpec, g: Geometry, block: BlockSpec = 
                   m=T, n=np.where(g.flash, keys_causal, s_kv), k=np.where(g.flash, 0.5 * (dq + dv), float(dq)),
                   bwd_input=ATTENTION_BWD_FACTOR, bwd_weight=0.0, group="core_attn"))
     ops.append(_elementwise("softmax_dropout", np.where(g.flash, 0.0, score_bytes), "core_attn"))
+    torch_softmax = ~g.flash & ~fused_softmax_available(g.b, heads_q / t, g.s / g.c, s_kv)
+    fwd_b, bwd_b = SOFTMAX_FALLBACK_BYTES
+    ops.append(_elementwise("softmax_fallback", np.where(torch_softmax, fwd_b * T * s_kv * heads_q / t, 0.0),
+                            "core_attn", bwd=bwd_b / fwd_b, kernels=SOFTMAX_FALLBACK_KERNELS))
     if block.output_gate:  # sigmoid(gate) ⊙ attention output: read 2, write 1
         ops.append(_elementwise("output_gate", 3.0 * T * a * dv / t * dt, "gate"))
     return [*ops, *output_projection(model, g, a * dv)]
+
+
+def fused_softmax_available(b, heads_per_rank, sq, sk) -> np.ndarray:
+    """Whether Megatron's fused scale-mask-softmax kernel runs on the unfused attention's scores
+    ``[b, np, sq, sk]`` (``FusedScaleMaskSoftmax``: ``16 < sk ≤`` :data:`FUSED_SOFTMAX_MAX_KEYS`,
+    ``sq % 4 == 0`` and ``b·np % 4 == 0``, np the heads on one TP rank); otherwise the scores go
+    through PyTorch's softmax in fp32 (:data:`SOFTMAX_FALLBACK_BYTES`). So TP 8 with 16 heads at
+    micro-batch 1 (b·np = 2) falls back, while micro-batch 2 does not."""
+    b, heads, sq, sk = (np.asarray(x, dtype=np.float64) for x in (b, heads_per_rank, sq, sk))
+    return (sk > 16) & (sk <= FUSED_SOFTMAX_MAX_KEYS) & (np.mod(sq, 4.0) == 0) & (np.mod(b * heads, 4.0) == 0)
 
 
 def kv_projections(model: ModelSpec) -> float:
@@ -824,7 +849,12 @@ def attention_saved_bytes(model: ModelSpec, g: Geometry, block: BlockSpec):
         qkv = qkv + compressor_saved_bytes(model, g, block)
     s_kv, _ = attended_keys(model, g.s, block)
     scores = T * s_kv * heads / t
-    unfused = dt * scores + drop * (scores + dt * scores)  # softmax output, dropout mask and output
+    # the softmax output (kept by the fused kernel, and by the probabilities' GEMM without dropout),
+    # dropout's mask and output; PyTorch's fallback softmax keeps its own output in fp32 and, without
+    # dropout, the GEMM keeps the cast copy
+    torch_softmax = ~fused_softmax_available(g.b, heads / t, g.s / g.c, s_kv)
+    probs = np.where(torch_softmax, 4.0 + (1.0 - drop) * dt, dt)
+    unfused = probs * scores + drop * (scores + dt * scores)
     fused = 4.0 * T * heads / t  # fp32 log-sum-exp per query and head
     return np.where(g.flash, fused, unfused), (qkv, o_in)
 
