@@ -53,8 +53,9 @@ def test_throughput_order(report, results):
     # with the fitted A100 profile: median |error| 3.0 % (gate just above). It was 1.9 % before the
     # host overhead split into a per-micro-batch and a per-chunk term (docs/cost-model.md): the A100
     # fit, led by vTrain's 1,440 rows, moved its GEMM and bus coefficients; the pairwise order of
-    # these rows went 94 → 99 % at the same time
-    assert s["tput_median_abs_err"] <= 0.031, s
+    # these rows went 94 → 99 % at the same time. 3.12 % after the A100 refit with Megatron's softmax
+    # fallback (vTrain's TP-8 micro-batch-1 rows; the fitted NVLink efficiency 0.77 → 0.70)
+    assert s["tput_median_abs_err"] <= 0.032, s
 
 
 def test_schedules_doc_is_current(report):
