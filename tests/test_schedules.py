@@ -267,3 +267,33 @@ def test_csv_names_resolve(mofa_predictor):
     assert reg.schedule("ZB-1p").name == "zb-h1"
     assert reg.schedule("ZB-2p").name == "zb-h2"
     assert reg.schedule("ZB-V").name == "zb-v"
+
+
+# ------------------------------------------------------------------ ZB-2p's automatic schedule
+def test_adaptive_bubble_by_hand():
+    # p 8, F 1, B 1.3, W 0.4: handcrafted (p−1)(F+B−2W) = 10.5; floor (p−1)(B−F) = 2.1
+    # m 32: 10.5 − 0.4·(32 − 15) = 3.7 (above the floor); m 64: 10.5 − 19.6 < 2.1, so the floor
+    assert zb.adaptive_bubble(10.5, 7.0, 9.1, 0.4, 32, 8) == pytest.approx(3.7)
+    assert zb.adaptive_bubble(10.5, 7.0, 9.1, 0.4, 64, 8) == pytest.approx(2.1)
+    # p 4, F 1, B 2, W 1.5: the handcrafted form says 0, the memory floor (p−1)(B−F) = 3
+    assert zb.adaptive_bubble(0.0, 3.0, 6.0, 1.5, 16, 4) == pytest.approx(3.0)
+    # up to 2p − 1 micro-batches nothing changes
+    assert zb.adaptive_bubble(10.5, 7.0, 9.1, 0.4, 15, 8) == pytest.approx(10.5)
+
+
+def test_zb_2p_follows_its_greedy_schedule_at_real_times():
+    """The paper's ZB-2p is its heuristic run on the profiled F, B, W: the closed form tracks the
+    simulated greedy order at those times better than the handcrafted ZB-H2 bubble does."""
+    rng = np.random.default_rng(7)
+    new_err, old_err = [], []
+    for p in (4, 8):
+        for _ in range(4):
+            F, B, W = 1.0, float(rng.uniform(0.8, 1.6)), float(rng.uniform(0.3, 1.1))
+            for m in (2 * p - 1, 3 * p, 4 * p, 8 * p):
+                sim = simulate(zb.op_order_h2(p, 1, m, F=F, B=B, W=W), p=p, m=m, F=F, B=B, W=W).max_span_s
+                busy = m * (F + B + W)
+                credit = 1.0 + min(max((m - p) / (p - 1), 0.0), 1.0)
+                handcrafted = (p - 1) * max(F + B - credit * W, 0.0)
+                new_err.append(abs(closed(zb.ZB_H2, p, 1, m, F, B, W) - sim) / busy)
+                old_err.append(abs(busy + handcrafted - sim) / busy)
+    assert np.mean(new_err) < 0.015 and np.mean(new_err) < 0.5 * np.mean(old_err)
