@@ -7,8 +7,10 @@ chunk F, B, W and p2p time τ, busy time is ``m·v·(F+B+W)`` and the bubbles ar
 - ``zb-h1`` (alias ``zb-1p``, the paper's automatic schedule at 1F1B's memory):
   ``(p−1)(F+B−W)`` — a third of 1F1B's when F = B = W — holding 1F1B's ``min(m, p−j)``
   micro-batches on stage j;
-- ``zb-h2`` (alias ``zb-2p``): ``(p−1)·max(F+B−2W, 0)`` once ``m ≥ 2p−1``, zero when
-  ``2W ≥ F+B``; it warms up with up to ``2(p−j)−1`` forwards on stage j, so the first stage
+- ``zb-h2`` (alias ``zb-2p``): the handcrafted ``(p−1)·max(F+B−2W, 0)`` at ``m = 2p−1``, zero
+  when ``2W ≥ F+B``, and beyond it the paper's automatic schedule (:func:`adaptive_bubble`): one W
+  less per further micro-batch, down to the memory floor ``(p−1)·max(B−F, 0)``; it warms up with
+  up to ``2(p−j)−1`` forwards on stage j, so the first stage
   holds ``min(m, 2p−1)`` micro-batches — about twice 1F1B's activations. It needs that
   memory headroom: the engine's ``fits_in_memory`` tells. With fewer micro-batches the
   extra warmup forwards run out: the W credit shrinks linearly from 2 (``m ≥ 2p−1``) to
