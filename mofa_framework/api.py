@@ -135,7 +135,7 @@ class Predictor:
         results: list[PredictionResult | None] = [None] * len(jobs)
         groups: dict[tuple[str, str, float], list[int]] = {}
         for i, j in enumerate(jobs):
-            groups.setdefault((repr(j.model), j.hardware.name, j.hardware.compute.power_limit_w), []).append(i)
+            groups.setdefault(j.batch_key, []).append(i)
         for idx in groups.values():
             group = [jobs[i] for i in idx]
             model, hw = group[0].model, group[0].hardware

@@ -367,6 +367,12 @@ class TrainingJob:
         p = self.parallel
         return self.num_gpus // (p.tp * p.pp * p.cp)
 
+    @property
+    def batch_key(self) -> tuple[str, str, float]:
+        """Jobs with equal keys share a model and a hardware profile as run (its power limit
+        included), so one candidate batch prices them together."""
+        return repr(self.model), self.hardware.name, float(self.hardware.compute.power_limit_w)
+
 
 # ====================================================================== models
 

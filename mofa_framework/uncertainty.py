@@ -463,9 +463,9 @@ def sensitivities(predictor, jobs, top: int | None = None) -> list[list[Sensitiv
 
     jobs = list(jobs)
     out: list[list[Sensitivity]] = [[] for _ in jobs]
-    groups: dict[tuple[str, str], list[int]] = {}
+    groups: dict[tuple[str, str, float], list[int]] = {}
     for i, j in enumerate(jobs):
-        groups.setdefault((repr(j.model), j.hardware.name, j.hardware.compute.power_limit_w), []).append(i)
+        groups.setdefault(j.batch_key, []).append(i)
     for idx in groups.values():
         group = [jobs[i] for i in idx]
         predictor._evaluate_jobs(group)  # the constraints, once: an infeasible job is one clear error

@@ -176,7 +176,7 @@ def prepare(mapped: Sequence[MappedRow], predictor) -> tuple[list[PreparedGroup]
             infeasible.append(SkippedRow(source=m.source, reference=m.reference, row_id=m.row_id,
                                          model=str(m.job["model"].get("name")), reason=str(exc), kind="infeasible"))
             continue
-        groups[(repr(job.model), job.hardware.name, job.hardware.compute.power_limit_w)].append((i, job))
+        groups[job.batch_key].append((i, job))
     out: list[PreparedGroup] = []
     for members in groups.values():
         jobs = [j for _, j in members]
