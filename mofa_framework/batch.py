@@ -92,11 +92,15 @@ class CandidateBatch:
     features: Mapping[str, FeatureRows] = attrs.field(factory=dict)
     #: index into :data:`ATTENTION_KERNELS` of the fused kernel; None = "auto" on every row
     attention_kernel: IntArray = attrs.field(default=None, converter=lambda x: None if x is None else frozen_i64(x))
+    #: packed sequences' mean document length, tokens (THD attention within each document);
+    #: 0 = one document per sequence. None = 0 on every row
+    document_length: IntArray = attrs.field(default=None, converter=lambda x: None if x is None else frozen_i64(x))
 
     def __attrs_post_init__(self):
         n = len(self.tp)
-        if self.attention_kernel is None:
-            object.__setattr__(self, "attention_kernel", frozen_i64(np.zeros(n, np.int64)))
+        for name in ("attention_kernel", "document_length"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, frozen_i64(np.zeros(n, np.int64)))
         for f in attrs.fields(type(self)):
             if f.name != "features" and len(getattr(self, f.name)) != n:
                 raise ValueError(f"batch field {f.name} has length {len(getattr(self, f.name))}, expected {n}")
@@ -203,3 +207,12 @@ class CollectiveBatch:
     @property
     def intra(self) -> BoolArray:
         return self.nodes <= 1
+
+
+def sequence_shapes(batch: CandidateBatch) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+    """The distinct (sequence length, document length) pairs of `batch` and each row's index among them."""
+    s, d = np.asarray(batch.sequence_length), np.asarray(batch.document_length)
+    if len(s) and (s == s[0]).all() and (d == d[0]).all():  # the usual case: one shape
+        return (s[:1].astype(np.float64), d[:1].astype(np.float64)), np.zeros(len(s), np.int64)
+    pairs, inv = np.unique(np.stack([s, d]), axis=1, return_inverse=True)
+    return (pairs[0].astype(np.float64), pairs[1].astype(np.float64)), np.asarray(inv).reshape(-1)

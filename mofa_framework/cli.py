@@ -294,7 +294,7 @@ def _opts_text(opts: dict) -> str:
 
 def job_dict_from_flags(model, hardware, gpus, tp, pp, vpp, cp, ep, etp, mbs, gbs, seq, precision, schedule,
                         sequence_parallel, features, tokens, moe_load_factor=None, flash_attention=None,
-                        attention_kernel=None, power_limit_w=None) -> dict:
+                        attention_kernel=None, power_limit_w=None, document_length=None) -> dict:
     if not (model and hardware) or None in (gpus, gbs, seq):  # 0 or -1 reach the bounds, which name them
         raise ConfigError("give a job file, or --model, --hardware, --gpus, --gbs and --seq")
     model_section = {"config": model} if model.endswith(".json") else {"name": model}
@@ -303,7 +303,7 @@ def job_dict_from_flags(model, hardware, gpus, tp, pp, vpp, cp, ep, etp, mbs, gb
     par = {k: v for k, v in dict(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, micro_batch_size=mbs,
                                   global_batch_size=gbs, sequence_length=seq, precision=precision,
                                   sequence_parallel=sequence_parallel, flash_attention=flash_attention,
-                                  attention_kernel=attention_kernel).items()
+                                  attention_kernel=attention_kernel, document_length=document_length).items()
            if v is not None}
     data = {"name": "cli", "model": model_section, "hardware": {"name": hardware, "num_gpus": gpus}, "parallel": par}
     if power_limit_w is not None:
@@ -333,6 +333,13 @@ ATTENTION_KERNEL_OPTION = click.option(
     "--attention-kernel", "attention_kernel", type=click.Choice(ATTENTION_KERNELS),
     help="Fused-attention kernel: auto (default: cuDNN on Hopper and later, else FlashAttention-2, as "
          "Megatron-Core runs), fa2, fa3, cudnn, triton ([parallel] attention_kernel; docs/profiling.md).")
+
+
+#: ``--document-length``: packed sequences' mean document length (``[parallel] document_length``)
+DOCUMENT_LENGTH_OPTION = click.option(
+    "--document-length", "document_length", type=click.IntRange(min=0), metavar="TOKENS",
+    help="Sequences packed from documents of this mean length (SFT with packing): fused attention keeps to each "
+         "document (THD, cu_seqlens). 0 / not given: one document per sequence ([parallel] document_length).")
 
 
 def with_num_layers(jobs: list, n: int | None) -> list:
@@ -371,6 +378,7 @@ def job_options(f):
                           "core attention of Megatron 2021-22 runs, keeping the s×s scores ([parallel] "
                           "flash_attention)."),
         ATTENTION_KERNEL_OPTION,
+        DOCUMENT_LENGTH_OPTION,
         POWER_LIMIT_OPTION,
         click.option("--feature", "features", multiple=True, metavar="NAME[:key=value,...]",
                      help="Enable a feature plugin with options (repeatable)."),

@@ -258,6 +258,9 @@ class ParallelConfig:
     #: fused-attention kernel (:data:`~mofa_framework.batch.ATTENTION_KERNELS`); "auto" = what a
     #: Megatron-Core-style framework runs on the GPU (cuDNN on Hopper and later, else FlashAttention-2)
     attention_kernel: str = attrs.field(default="auto", validator=v.in_(ATTENTION_KERNELS))
+    #: packed sequences: the mean length of the documents packed into each sequence, whose fused
+    #: attention (THD, ``cu_seqlens``) keeps to each document; 0 = one document per sequence
+    document_length: int = attrs.field(default=0, validator=limit("parallel.document_length"))
 
 
 @attrs.frozen(kw_only=True)
@@ -539,5 +542,6 @@ def jobs_to_batch(jobs: list[TrainingJob], registry) -> CandidateBatch:
         last_stage_layers=col(lambda j: j.parallel.last_stage_layers),
         flash_attention=col(lambda j: j.parallel.flash_attention),
         attention_kernel=col(lambda j: ATTENTION_KERNELS.index(j.parallel.attention_kernel)),
+        document_length=col(lambda j: j.parallel.document_length),
         features=encode_features(jobs, registry),
     )

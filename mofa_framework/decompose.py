@@ -111,6 +111,15 @@ class Geometry:
     flash: np.ndarray
     #: fused-attention kernel (index into ATTENTION_KERNELS; 0 = "auto")
     kernel: np.ndarray | int = 0
+    #: packed sequences' mean document length (0 = one document per sequence)
+    doc: np.ndarray | float = 0.0
+
+    @functools.cached_property
+    def document(self) -> FloatArray:
+        """Tokens a fused (THD) attention kernel keeps each query to: the packed document, at most the
+        sequence."""
+        d = np.asarray(self.doc, dtype=np.float64)
+        return np.where(d > 0, np.minimum(d, self.s), self.s)
 
     @functools.cached_property
     def tokens(self) -> FloatArray:
@@ -136,7 +145,8 @@ class Geometry:
         return cls(b=f(batch.micro_batch_size), s=f(batch.sequence_length), t=f(batch.tp), c=f(batch.cp),
                    e=f(batch.ep), etp=f(batch.etp), dp=f(batch.dp), sp=np.asarray(batch.sequence_parallel),
                    dt=np.full(len(batch), 2.0), precision=np.asarray(batch.precision),
-                   flash=np.asarray(batch.flash_attention), kernel=np.asarray(batch.attention_kernel))
+                   flash=np.asarray(batch.flash_attention), kernel=np.asarray(batch.attention_kernel),
+                   doc=f(batch.document_length))
 
 
 def _gemm(name, m, n, k, dt, group, *, bwd_weight=1.0) -> Op:
@@ -234,6 +244,8 @@ def attention_mixer_operators(model: ModelSpec, g: Geometry, block: BlockSpec = 
     if block.attention == "compressed":
         ops.extend(compressor_operators(model, g, block))
     s_kv, keys_causal = attended_keys(model, g.s, block)
+    if np.any(np.asarray(g.doc) > 0):  # packed documents: a fused (THD) kernel keeps each query to its own
+        keys_causal = attended_keys(model, g.document, block)[1]
     # core attention: T queries of this CP rank against the whole sequence's keys, causal
     core_flops = 2.0 * T * s_kv * heads_q * (dq + dv) / t
     io = (T * heads_q * (dq + dv) / t + kv_projections(model) * T * heads_kv * (dq + dv) / kv_shards(model, g)) * dt
@@ -1094,24 +1106,63 @@ def total_params(model: ModelSpec) -> dict[str, float]:
 SCAN_OPS = ("ssd_scan", "selective_scan", "delta_rule_scan", "linear_attention_scan")
 
 
-def model_flops_per_sequence(model: ModelSpec, seq: FloatArray) -> FloatArray:
+def _forward_flops_parts(model: ModelSpec, s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Forward FLOPs of one sequence per length in `s`: (weight GEMMs with the LM heads, the attention
+    core, the recurrent scans and other weightless GEMMs)."""
+    g = Geometry.unit(s)
+    weights, attention, other = np.zeros_like(s), np.zeros_like(s), np.zeros_like(s)
+    for kind, count in model.executed_kind_counts.items():
+        for op in layer_operators(model, g, kind):
+            if not (np.all(np.asarray(op.kind) == GEMM) or op.name in SCAN_OPS):
+                continue
+            f = count * np.asarray(op.flops)
+            if op.bwd_weight:
+                weights += f
+            elif op.name == "core_attention":
+                attention += f
+            else:
+                other += f
+    weights += 2.0 * s * model.hidden_size * model.vocab_size * (1 + model.num_mtp_layers)
+    return weights, attention, other
+
+
+def forward_flops_split(model: ModelSpec, seq: FloatArray, doc=None) -> tuple[np.ndarray, np.ndarray]:
+    """(weight GEMMs, weightless operators) of :func:`model_flops_per_sequence`. Packed documents of
+    mean length `doc` (0 or None: one per sequence) count their attention per document: a sequence
+    of s tokens is s/d documents, each the full d×d square."""
+    s = np.asarray(seq, dtype=np.float64)
+    weights, attention, other = _forward_flops_parts(model, s)
+    if doc is not None and np.any(np.asarray(doc) > 0):
+        d = np.broadcast_to(np.asarray(doc, dtype=np.float64), s.shape)
+        d = np.where(d > 0, np.minimum(d, s), s)
+        attention = np.where(d < s, s / d * _forward_flops_parts(model, d)[1], attention)
+    return weights, attention + other
+
+
+def model_flops_per_sequence(model: ModelSpec, seq: FloatArray, doc=None) -> FloatArray:
     """Forward FLOPs of one sequence through the whole model, unsharded.
 
     Attention counts the full s×s square (the Megatron/PaLM convention behind eq. 3 of
     Narayanan et al.: 72·B·L·s·h²·(1 + s/6h + V/12hL) = 3 × this for GPT), no recompute; the
     recurrent mixers count their GEMMs and scans. Each MTP module counts its layers
     (``mtp_layer_pattern``, else one of the stack's last kind; ``executed_kind_counts``) and one
-    more LM head.
+    more LM head. With packed documents (`doc`), each document's own square
+    (:func:`forward_flops_split`).
     """
-    s = np.asarray(seq, dtype=np.float64)
-    g = Geometry.unit(s)
-    total = np.zeros_like(s)
-    for kind, count in model.executed_kind_counts.items():
-        for op in layer_operators(model, g, kind):
-            if np.all(np.asarray(op.kind) == GEMM) or op.name in SCAN_OPS:
-                total += count * np.asarray(op.flops)
-    total += 2.0 * s * model.hidden_size * model.vocab_size * (1 + model.num_mtp_layers)
-    return total
+    weights, weightless = forward_flops_split(model, seq, doc)
+    return weights + weightless
+
+
+def training_flops_per_sequence(model: ModelSpec, seq: FloatArray, frozen=False, doc=None) -> FloatArray:
+    """Model FLOPs of one sequence's training step: forward + backward, 3 × the forward's. Where
+    `frozen` (rows that train none of the model's own weights, e.g. LoRA) no weight gradient is
+    computed: each weight GEMM counts its forward and input gradient (2×), the weightless
+    operators (attention core, scans) still 3× — ``2·F_weights + 3·F_weightless``."""
+    weights, weightless = forward_flops_split(model, seq, doc)
+    full = 3.0 * (weights + weightless)
+    if not np.any(frozen):
+        return full
+    return np.where(frozen, 2.0 * weights + 3.0 * weightless, full)
 
 
 def precision_name(code) -> str:

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 import attrs
 import numpy as np
 
-from .batch import PRECISIONS, CandidateBatch, CollectiveBatch, OperatorBatch
+from .batch import PRECISIONS, CandidateBatch, CollectiveBatch, OperatorBatch, sequence_shapes
 from .decompose import (
     ALL_REDUCE,
     Coll,
@@ -37,9 +37,9 @@ from .decompose import (
     layer_operators,
     layer_params,
     mtp_module_params,
-    model_flops_per_sequence,
     recurrent_state_bytes,
     saved_activation_bytes,
+    training_flops_per_sequence,
 )
 from . import invariants
 from .errors import PluginError, PluginResultError
@@ -815,6 +815,9 @@ def _stage_components(state: CostState, priced: Mapping) -> dict[str, np.ndarray
     n = len(batch)
     emb_f, emb_b = priced["emb_f"], priced["emb_b"]
     head_f, head_bi, head_bw, head_comm = priced["head_f"], priced["head_bi"], priced["head_bw"], priced["head_comm"]
+    frozen = frozen_weight_rows(batch, state.ctx.pm.registry)
+    if frozen.any():  # a frozen embedding has no backward at all (its backward is its weight gradient)
+        emb_b, head_bw = np.where(frozen, 0.0, emb_b), np.where(frozen, 0.0, head_bw)
     L = state.layers
     mtp = float(model.num_mtp_layers)
     getters = {
@@ -1070,12 +1073,7 @@ def finish(pl: Pipelined, trail: dict | None = None, lean: bool = False, check: 
     tokens = batch.global_batch_size * batch.sequence_length
     n_gpus = batch.num_gpus.astype(np.float64)
     seq = batch.sequence_length
-    if len(seq) and (seq == seq[0]).all():  # the usual case: one sequence length
-        per_seq = np.full(n, model_flops_per_sequence(model, seq[:1])[0])
-    else:
-        uniq, inv = np.unique(seq, return_inverse=True)
-        per_seq = model_flops_per_sequence(model, uniq)[inv]
-    model_flops = 3.0 * per_seq * batch.global_batch_size
+    model_flops = training_flops_per_step(model, batch, frozen_weight_rows(batch, registry))
     hw_flops = model_flops + recompute_flops_per_step(state, lay)
     mfu_code = mfu_precision(batch, hardware, registry)
     peak_flops = np.array([hardware.peak_flops_per_s(p) for p in PRECISIONS])[mfu_code]
@@ -1097,6 +1095,27 @@ def finish(pl: Pipelined, trail: dict | None = None, lean: bool = False, check: 
     if check:
         invariants.check_prediction(pred, pm)
     return pred
+
+
+def frozen_weight_rows(batch: CandidateBatch, registry) -> BoolArray:
+    """Rows with a feature on that trains none of the model's own weights
+    (:attr:`~mofa_framework.types.Feature.frozen_weights`)."""
+    out = np.zeros(len(batch), bool)
+    for feat in registry.features.values():
+        if feat.frozen_weights:
+            out = out | batch.feature(feat.name).enabled
+    return out
+
+
+def training_flops_per_step(model: ModelSpec, batch: CandidateBatch, frozen: BoolArray) -> FloatArray:
+    """Model FLOPs of each row's step (:func:`~mofa_framework.decompose.training_flops_per_sequence`
+    × the global batch), priced once per (sequence length, document length)."""
+    (seq, doc), inv = sequence_shapes(batch)
+    per_seq = training_flops_per_sequence(model, seq, doc=doc)[inv]
+    if frozen.any():
+        per_seq = np.where(frozen, training_flops_per_sequence(model, seq, True, doc)[inv], per_seq)
+    return per_seq * batch.global_batch_size
+
 
 
 def mfu_precision(batch: CandidateBatch, hardware: HardwareProfile, registry) -> IntArray:

@@ -40,7 +40,8 @@ from collections.abc import Mapping
 import attrs
 import numpy as np
 
-from .decompose import ATTENTION_BWD_FACTOR, Geometry, attention_mixer_operators, model_flops_per_sequence
+from .batch import sequence_shapes
+from .decompose import ATTENTION_BWD_FACTOR, Geometry, attention_mixer_operators, training_flops_per_sequence
 from .errors import PluginError, PluginResultError
 
 #: relative tolerance of the additivity checks (float64 sums of a few dozen terms)
@@ -163,21 +164,25 @@ def check_transform(feature: str, plugin: str, phase: str, new, old) -> None:
 # ====================================================================== the prediction
 
 
-def mfu_ceiling(model, batch) -> np.ndarray:
+def mfu_ceiling(model, batch, frozen=None) -> np.ndarray:
     """Per row, the largest MFU the kernels allow: model FLOPs over the FLOPs they execute at least
-    (attention causal with fused kernels, the full square without); 1 without attention savings."""
-    seq = np.asarray(batch.sequence_length, dtype=np.float64)
-    uniq, inv = np.unique(seq, return_inverse=True)
-    one = np.ones_like(uniq)
-    geo = lambda flash: Geometry(b=one, s=uniq, t=one, c=one, e=one, etp=one, dp=one,  # noqa: E731
-                                 sp=np.zeros(len(uniq), bool), dt=2.0 * one, precision=np.zeros(len(uniq), int),
-                                 flash=np.full(len(uniq), flash))
-    attn_model = 3.0 * _core_attention_flops(model, geo(False))
-    attn_exec = (1.0 + ATTENTION_BWD_FACTOR) * _core_attention_flops(model, geo(True))
-    total = 3.0 * model_flops_per_sequence(model, uniq)
+    (attention causal with fused kernels, the full square without); 1 without attention savings.
+    `frozen` marks rows that train none of the model's weights (their model FLOPs lack the weight
+    gradients: ``decompose.training_flops_per_sequence``)."""
+    (seq, doc), inv = sequence_shapes(batch)
+    d = np.where(doc > 0, np.minimum(doc, seq), seq)  # packed documents: s/d sequences of d tokens each
+    one = np.ones_like(seq)
+    geo = lambda flash: Geometry(b=one, s=d, t=one, c=one, e=one, etp=one, dp=one,  # noqa: E731
+                                 sp=np.zeros(len(seq), bool), dt=2.0 * one, precision=np.zeros(len(seq), int),
+                                 flash=np.full(len(seq), flash))
+    attn_model = 3.0 * seq / d * _core_attention_flops(model, geo(False))
+    attn_exec = (1.0 + ATTENTION_BWD_FACTOR) * seq / d * _core_attention_flops(model, geo(True))
     saved = np.maximum(attn_model - attn_exec, 0.0)
-    ceiling = total / np.maximum(total - saved, 1e-300)
-    return np.where(np.asarray(batch.flash_attention, bool), ceiling[inv], 1.0)
+    ratio = lambda total: total / np.maximum(total - saved, 1e-300)  # noqa: E731
+    ceiling = ratio(training_flops_per_sequence(model, seq, doc=doc))[inv]
+    if frozen is not None and np.any(frozen):
+        ceiling = np.where(frozen, ratio(training_flops_per_sequence(model, seq, True, doc))[inv], ceiling)
+    return np.where(np.asarray(batch.flash_attention, bool), ceiling, 1.0)
 
 
 def _core_attention_flops(model, g: Geometry) -> np.ndarray:
@@ -243,7 +248,9 @@ def violations(pred) -> list[Violation]:
                                                   f"{peak[i]!r}")
     tok = pred.tokens_per_s_per_gpu
     first(np.isfinite(tok) & (tok > 0), "tokens", lambda i: f"tokens/s/GPU is {tok[i]!r}")
-    ceiling = mfu_ceiling(pred.model, pred.batch)
+    from .engine import frozen_weight_rows
+
+    ceiling = mfu_ceiling(pred.model, pred.batch, frozen_weight_rows(pred.batch, pred.state.ctx.pm.registry))
     mfu, hfu = pred.mfu, pred.hfu
     first(np.isfinite(mfu) & (mfu > 0) & (mfu <= ceiling * (1 + REL_TOL)), "mfu",
           lambda i: f"MFU {mfu[i]:.4g} exceeds what the peak allows ({ceiling[i]:.4g})")

@@ -81,6 +81,7 @@ LIMITS: dict[str, Bound] = {
     "parallel.micro_batch_size": _count(1, MAX_BATCH, "sequences per micro-batch"),
     "parallel.global_batch_size": _count(1, MAX_BATCH, "sequences per step"),
     "parallel.sequence_length": _count(1, MAX_SEQUENCE, "tokens per sequence"),
+    "parallel.document_length": _count(0, MAX_SEQUENCE, "mean tokens per packed document; 0 = one per sequence"),
     "parallel.first_stage_layers": _count(0, MAX_LAYERS, "0 = balanced"),
     "parallel.last_stage_layers": _count(0, MAX_LAYERS, "0 = balanced"),
     "training.tokens": _real(0.0, MAX_TOKENS, "0 = not given"),

@@ -53,7 +53,7 @@ IGNORED_FLAGS = frozenset("""
 --high-priority-stream-groups --tp-comm-overlap-cfg --tp-comm-bootstrap-backend --moe-router-topk-limited-devices
 """.split())
 #: prefixes of Megatron-LM flag families that change nothing MoFa models
-IGNORED_PREFIXES = ("--log-", "--save", "--load", "--eval-", "--tensorboard", "--wandb", "--data-", "--tokenizer",
+IGNORED_PREFIXES = ("--lora-", "--log-", "--save", "--load", "--eval-", "--tensorboard", "--wandb", "--data-", "--tokenizer",
                     "--lr-", "--ckpt-", "--dist-ckpt", "--profile", "--distributed-", "--exit-", "--rerun-",
                     "--inprocess-", "--straggler", "--non-persistent", "--one-logger", "--no-one-logger",
                     "--record-memory", "--memory-snapshot", "--start-weight-decay", "--end-weight-decay",
@@ -197,12 +197,18 @@ def flags_from_config(text: str) -> tuple[dict[str, tuple[str, ...]], int | None
     except Exception:  # noqa: BLE001 - not YAML: a printed config or overrides
         data = None
     if isinstance(data, Mapping) and any(isinstance(v, Mapping) for v in data.values()):
-        pairs = [(path[-1], v) for path, v in _config_leaves(data) if path and not path[-1].startswith("_")]
+        for path, v in _config_leaves(data):
+            key = _peft_key(path, v) if path else ""
+            if key == "lora" or (path and not path[-1].startswith("_")):
+                pairs.append((key, True if key == "lora" else v))
         top = dict(data)
         if isinstance(top.get("mixed_precision"), str):
             pairs.append(("mixed_precision", top["mixed_precision"]))
     else:
-        pairs = [(k, _scalar(v)) for k, v in _repr_pairs(text)]
+        # a printed NeMo 2 recipe (peft=Config[LoRA](dim=...)) or NeMo 1 overrides (model.peft.peft_scheme=lora)
+        lora = re.search(r"\bLoRA\b|peft_scheme\s*=\s*['\"]?lora\b", text, re.I) is not None
+        pairs = [(PEFT_KEYS.get(k, k) if lora else k, _scalar(v)) for k, v in _repr_pairs(text)]
+        pairs += [("lora", True)] if lora else []
         if not pairs:
             raise ConfigError("no configuration found: give a NeMo / Megatron-Bridge YAML file, a printed recipe "
                               "(key=value, ...) or overrides such as model.tensor_model_parallel_size=8")
@@ -216,10 +222,38 @@ def flags_from_config(text: str) -> tuple[dict[str, tuple[str, ...]], int | None
         if key == "devices" and isinstance(value, int):
             devices = value
             continue
+        if key in PACKED_KEYS:
+            if value and PACKED_NOTE not in notes:
+                notes.append(PACKED_NOTE)
+            continue
         for flag, vals in _config_flag(key, value):
             flags[flag] = vals
     gpus = nodes * devices if nodes and devices else None
     return flags, gpus, notes
+
+
+#: a fine-tuning config's sequence packing (Megatron-Bridge ``packed_sequence_specs``, NeMo 1's
+#: ``packed_sequence``): its documents' length is the data's, not the config's
+PACKED_KEYS = ("packed_sequence_size", "packed_sequence")
+PACKED_NOTE = ("the sequences are packed: set [parallel] document_length to the mean length of the documents "
+               "(NVIDIA's packed SQuAD: 210 tokens; docs/features/fine-tuning.md)")
+#: keys of a PEFT section (NeMo 2 / Megatron-Bridge ``peft: LoRA(dim, target_modules)``; NeMo 1
+#: ``model.peft.lora_tuning``) and the flags they become: Megatron-LM has no LoRA, so these are MoFa's
+#: own, read by the ``lora`` feature
+PEFT_KEYS = {"dim": "lora_rank", "adapter_dim": "lora_rank", "target_modules": "lora_target_modules"}
+
+
+def _peft_key(path: tuple[str, ...], value) -> str:
+    """The key a config leaf counts as: PEFT options under a ``peft`` section get the names of
+    :data:`PEFT_KEYS`, the section's LoRA class (``_target_: ...LoRA``) or NeMo 1's
+    ``peft_scheme: lora`` the key ``lora``, its other options (alpha, dropout: no cost) ``lora_*``."""
+    key = path[-1]
+    if "peft" not in path[:-1]:
+        return key
+    if (key == "_target_" and str(value).split(".")[-1] == "LoRA") or (key == "peft_scheme" and str(value).lower()
+                                                                        == "lora"):
+        return "lora"
+    return PEFT_KEYS.get(key, key if key.startswith("lora_") else f"lora_{key}")
 
 
 def _config_flag(key: str, value) -> list[tuple[str, tuple[str, ...]]]:
@@ -229,6 +263,8 @@ def _config_flag(key: str, value) -> list[tuple[str, tuple[str, ...]]]:
             return [("--no-overlap-p2p-communication", ())]
         if key == "share_embeddings_and_output_weights" and value is False:
             return [("--untie-embeddings-and-output-weights", ())]
+        return []
+    if key == "peft_scheme":  # NeMo 1 overrides: read as the key "lora" (flags_from_config)
         return []
     if key == "gated_linear_unit":
         return [("--swiglu", ())] if value is True else []

@@ -159,6 +159,8 @@ class TuneRequest:
     flash_attention: bool = True
     #: the fused-attention kernel (a job property, not searched)
     attention_kernel: str = attrs.field(default="auto", validator=attrs.validators.in_(ATTENTION_KERNELS))
+    #: packed sequences' mean document length (a job property, not searched; 0 = unpacked)
+    document_length: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     #: stop after this many seconds (wall clock) with the best found so far, not proven optimal (if
     #: nothing that fits was found by then, the search dives to the first configuration that does)
     time_budget_s: float | None = attrs.field(default=None, validator=attrs.validators.optional(
@@ -331,7 +333,8 @@ def _structure_batch(req: TuneRequest, registry) -> tuple[CandidateBatch, dict[s
         global_batch_size=np.full(n, req.global_batch_size), sequence_length=np.full(n, req.sequence_length),
         sequence_parallel=tp > 1, precision=np.full(n, PRECISIONS.index(req.precision)), schedule=sched,
         first_stage_layers=ends, last_stage_layers=ends, flash_attention=np.full(n, req.flash_attention),
-        attention_kernel=np.full(n, ATTENTION_KERNELS.index(req.attention_kernel)))
+        attention_kernel=np.full(n, ATTENTION_KERNELS.index(req.attention_kernel)),
+        document_length=np.full(n, req.document_length))
     return batch, removed
 
 

@@ -866,6 +866,12 @@ class Feature:
     #: by its time with these off and tries them only where that bound can still win; False (the
     #: default) is always safe
     adds_time_only: bool = False
+    #: whether its rows train none of the model's own weights (parameter-efficient fine-tuning:
+    #: the feature prices its adapters itself). The core then prices no weight gradient for the
+    #: embedding and the LM head, and counts model FLOPs as forward + input gradient for every
+    #: weight GEMM (``decompose.training_flops_per_sequence``); the layers' own weight gradients,
+    #: gradients and optimizer state are the feature's transforms to remove
+    frozen_weights: bool = False
 
     def acts_in(self, phase: Phase) -> Callable | None:
         return getattr(self, phase.value)

@@ -14,7 +14,9 @@ zoo (``megatron_core_moe.csv``) and torchtitan's tables. What it knows:
 - TFLOPS-only rows: NeMo's tables under NeMo's FLOPs formula, Megatron-Core's under
   Megatron-LM's count (the ``flops_conventions`` plugin);
 - reduced-layer proxy runs: the layer count their notes state, as a ``[model] num_layers`` override;
-- rows the source flags as a known performance regression, and fine-tuning rows, are listed.
+- fine-tuning rows: SFT priced as pretraining of the same layout (NVIDIA packs SFT sequences to the
+  stated length), LoRA with the ``lora`` feature at NVIDIA's recipe (rank 32 on the QKV projection);
+- rows the source flags as a known performance regression are listed, not predicted.
 """
 
 from __future__ import annotations
@@ -110,6 +112,30 @@ def _guide_step_features(notes: str) -> dict[str, dict]:
     return guide_features(known[-1] if "hybridep" in notes.lower() else known[0])
 
 
+#: NVIDIA's published LoRA runs adapt the fused QKV projection at rank 32: NeMo 1's
+#: ``peft.lora_tuning`` (``target_modules: [attention_qkv]``, ``adapter_dim: 32``) and
+#: Megatron-Bridge's performance scripts (``cfg.peft.target_modules = ["linear_qkv"]`` over
+#: ``LoRA(dim=32)``, scripts/performance/configs/llama/llama3_llm_finetune.py)
+NVIDIA_LORA = {"rank": 32, "targets": "qkv"}
+#: NVIDIA's fine-tuning runs (SFT and LoRA) train on SQuAD packed to the sequence length with
+#: per-document attention (NeMo's packed-sequence SFT; Megatron-Bridge ``default_squad_config(...,
+#: packed_sequence=True)``, THD ``cu_seqlens``). A SQuAD v1.1 example is ≈ 210 tokens: the training
+#: split is 79.3 MB for 87,599 examples (the dataset card), ≈ 906 bytes each, of which ≈ 850 are the
+#: context, question and answer text at ≈ 4.2 bytes per Llama token (≈ 200 tokens), plus NeMo's prompt
+#: template and the BOS/EOS tokens
+NVIDIA_FINETUNE_DOCUMENT_LENGTH = 210
+
+
+def fine_tuning(task: str) -> str | None:
+    """The row's task: ``pretrain`` (also when not stated), ``sft`` (full-parameter fine-tuning,
+    priced as pretraining of the same layout: NVIDIA's SFT rows pack sequences to the stated length),
+    ``lora``, or None for another (unsupported) task."""
+    t = task.strip().lower().replace("-", "").replace("_", "")
+    if not t or "pretrain" in t:
+        return "pretrain"
+    return {"sft": "sft", "lora": "lora"}.get(t)
+
+
 def _target(r: dict, ctx: ReadContext, model, fw: str, num_gpus: int, gbs, seq) -> tuple[float, str] | str:
     """The measured or derived step time, else one from the TFLOPS under the framework's convention."""
     for col in ("step_time_s", "step_time_s_derived"):
@@ -146,9 +172,9 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     if "performance regression" in low and "known issue" in low:
         return skip("the source flags this measurement as a known performance regression (a software bug, "
                     "fixed in a later release), not the hardware's speed")
-    task = ctx.text(r, "task").lower()
-    if task and "pretrain" not in task.replace("-", ""):
-        return skip(f"task {ctx.text(r, 'task')!r} is fine-tuning, not pretraining")
+    task = fine_tuning(ctx.text(r, "task"))
+    if task is None:
+        return skip(f"task {ctx.text(r, 'task')!r} is neither pretraining nor SFT / LoRA fine-tuning")
     fsdp = ctx.text(r, "fsdp").lower()
     # Megatron-FSDP (optim_grads_params) / torchtitan FSDP2: the `fsdp` feature
     full_shard = fsdp not in ("", "0", "off", "no", "n") or "torchtitan" in fw.lower()
@@ -187,6 +213,10 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     timed = _target(r, ctx, model, fw, num_gpus, gbs, seq)
     if isinstance(timed, str):
         return skip(timed)
+    if task != "pretrain" and timed[1] == "model_tflops_per_gpu":
+        return skip(f"{task.upper()} row with only model TFLOPS: NVIDIA counts fine-tuning FLOPs over the packed "
+                    "documents (and LoRA without weight gradients), not the pretraining convention MoFa derives "
+                    "step times with")
     measured, target = timed
     if not ctx.text(r, "precision"):
         return skip("precision not given")
@@ -223,6 +253,10 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     feats.update(_note_features(notes, model, ep))
     feats.update(_guide_step_features(notes))
     feats.update(loss_features(fw, f"{notes} {ctx.text(r, 'release')} {ctx.text(r, 'source')}"))
+    if task == "lora":
+        feats["lora"] = dict(NVIDIA_LORA)
+    if task in ("sft", "lora"):
+        par["document_length"] = NVIDIA_FINETUNE_DOCUMENT_LENGTH
     if ctx.source == "nvidia_megatron_bridge" and model.is_moe and ep > 1:
         layout = {"tp": tp, "pp": pp, "vpp": vpp, "ep": ep, "mbs": mbs, "gbs": gbs}
         for recipe in BRIDGE_RECIPES:
@@ -236,7 +270,7 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     assumed = "; ".join(filter(None, (layout_note, f"reduced-layer proxy: {proxy} layers" if proxy else "",
                                       "a step of the source's optimisation history: not for fitting" if history
                                       else "")))
-    group = (ctx.source, model.name, hw.name, num_gpus, seq, ctx.text(r, "precision"))
+    group = (ctx.source, model.name, hw.name, num_gpus, seq, ctx.text(r, "precision"), task)
     return MappedRow(source=ctx.source, reference=ref, row_id=rid, job=job, measured_s=measured, target=target,
                      group=group, measured_tflops=ctx.number(r, "model_tflops_per_gpu"),
                      tflops_convention="model FLOPs (NVIDIA)", measured_memory_gib=ctx.number(r, "peak_mem_gib"),

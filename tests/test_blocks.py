@@ -266,7 +266,7 @@ def test_mfu_ceiling_counts_each_attention_kind_by_its_own_keys():
     s, ad = 8192.0, 16 * 256
     saved = 21 * ad * s * (5 * s + 6144)
     M = 3 * float(model_flops_per_sequence(m, [s])[0])
-    batch = SimpleNamespace(sequence_length=np.array([s]), flash_attention=np.array([True]))
+    batch = SimpleNamespace(sequence_length=np.array([s]), document_length=np.array([0]), flash_attention=np.array([True]))
     assert mfu_ceiling(m, batch)[0] == pytest.approx(M / (M - saved), rel=1e-12)
     # a Mamba layer runs what model FLOPs count: Nemotron-H 8B's ceiling is its 4 attention layers'
     h = REG.model("nemotron-h-8b")

@@ -11,7 +11,7 @@ from pathlib import Path
 import attrs
 import click
 
-from ..cli import ATTENTION_KERNEL_OPTION, NUM_LAYERS_OPTION, POWER_LIMIT_OPTION, _emit_json, _fmt_s, load_jobs, pass_state
+from ..cli import ATTENTION_KERNEL_OPTION, DOCUMENT_LENGTH_OPTION, NUM_LAYERS_OPTION, POWER_LIMIT_OPTION, _emit_json, _fmt_s, load_jobs, pass_state
 from ..config import with_power_limit
 from ..errors import ConfigError
 from ..limits import LIMITS, check, short
@@ -62,6 +62,7 @@ def build_request(state, job_files, flags, *, tp, pp, vpp, cp, ep, etp, mbs_list
     tokens = flags.pop("tokens", None)
     flash = flags.get("flash_attention")
     kernel = flags.pop("attention_kernel", None)
+    doc_len = flags.pop("document_length", None)
     power_w = flags.pop("power_limit_w", None)
     if job_files:
         if any(flags.get(k) for k in ("model", "hardware", "gpus", "gbs", "seq", "precision", "moe_load_factor")):
@@ -75,6 +76,8 @@ def build_request(state, job_files, flags, *, tp, pp, vpp, cp, ep, etp, mbs_list
         job = attrs.evolve(job, parallel=attrs.evolve(job.parallel, flash_attention=flash))
     if kernel is not None:  # likewise [parallel] attention_kernel
         job = attrs.evolve(job, parallel=attrs.evolve(job.parallel, attention_kernel=kernel))
+    if doc_len is not None:  # and [parallel] document_length
+        job = attrs.evolve(job, parallel=attrs.evolve(job.parallel, document_length=doc_len))
     if power_w is not None:  # likewise [hardware] power_limit_w
         job = attrs.evolve(job, hardware=with_power_limit(job.hardware, power_w, "--power-limit-w"))
     reg = state.pm.registry
@@ -115,7 +118,7 @@ def build_request(state, job_files, flags, *, tp, pp, vpp, cp, ep, etp, mbs_list
                       global_batch_size=job.parallel.global_batch_size, sequence_length=job.parallel.sequence_length,
                       precision=job.parallel.precision, space=space, objective=objective, top_k=top, e2e=e2e,
                       pareto=pareto, flash_attention=job.parallel.flash_attention, time_budget_s=time_budget,
-                      attention_kernel=job.parallel.attention_kernel)
+                      attention_kernel=job.parallel.attention_kernel, document_length=job.parallel.document_length)
     return req, job
 
 
@@ -261,6 +264,7 @@ class _ProgressLine:
 @click.option("--flash-attention/--no-flash-attention", "flash_attention", default=None,
               help="Fused (flash) attention, the default; --no-flash-attention: unfused (Megatron 2021-22).")
 @ATTENTION_KERNEL_OPTION
+@DOCUMENT_LENGTH_OPTION
 @POWER_LIMIT_OPTION
 @click.option("--moe-load-factor", type=float, metavar="F",
               help="MoE routing imbalance: the busiest EP rank's token-expert pairs over the mean (default 1).")
@@ -290,7 +294,7 @@ class _ProgressLine:
 @NUM_LAYERS_OPTION
 @pass_state
 def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, tokens, flash_attention, attention_kernel,
-             power_limit_w, moe_load_factor, tp,
+             document_length, power_limit_w, moe_load_factor, tp,
              pp, vpp, cp, ep, etp, mbs_list, schedules, features, objective, top, pareto, fmt, trace_best, lighter_ends,
              time_budget, progress, num_layers=None):
     """Find the best parallel strategy and features for a model, GPUs and global batch.
@@ -301,7 +305,7 @@ def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, token
     """
     flags = dict(model=model, hardware=hardware, gpus=gpus, gbs=gbs, seq=seq, precision=precision, tokens=tokens,
                  moe_load_factor=moe_load_factor, flash_attention=flash_attention, num_layers=num_layers,
-                 attention_kernel=attention_kernel, power_limit_w=power_limit_w)
+                 attention_kernel=attention_kernel, power_limit_w=power_limit_w, document_length=document_length)
     if len(job_files) > 1:
         raise ConfigError("mofa tune takes one job file")
     req, job = build_request(state, list(job_files), {k: v for k, v in flags.items()},

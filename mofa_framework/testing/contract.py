@@ -41,7 +41,7 @@ def assert_outputs_possible(pred) -> None:
     the peak; 0 < MFU ≤ the MFU ceiling; HFU ≥ MFU; the stages hold the model's layers once."""
     import numpy as np
 
-    from ..engine import stage_layer_totals
+    from ..engine import frozen_weight_rows, stage_layer_totals
     from ..invariants import mfu_ceiling
 
     step = pred.step_time_s
@@ -58,6 +58,6 @@ def assert_outputs_possible(pred) -> None:
         mem = mem + (a if k != "host" else 0.0)
     np.testing.assert_allclose(mem, pred.peak_memory_bytes, rtol=1e-9)
     assert np.all(np.isfinite(pred.tokens_per_s_per_gpu) & (pred.tokens_per_s_per_gpu > 0))
-    assert np.all((pred.mfu > 0) & (pred.mfu <= mfu_ceiling(pred.model, pred.batch) * (1 + 1e-9))), pred.mfu
+    assert np.all((pred.mfu > 0) & (pred.mfu <= mfu_ceiling(pred.model, pred.batch, frozen_weight_rows(pred.batch, pred.state.ctx.pm.registry)) * (1 + 1e-9))), pred.mfu
     assert np.all(pred.hfu >= pred.mfu * (1 - 1e-12)), (pred.hfu, pred.mfu)
     assert np.all(stage_layer_totals(pred.batch, pred.state.layout.total) == pred.model.num_layers)
