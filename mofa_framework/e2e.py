@@ -314,6 +314,20 @@ def policy_options(job: TrainingJob, registry):
     return policy, structure(dict(job.fault.options), policy.options_type, f"{job.name}: fault.options")
 
 
+#: bytes per parameter of frozen (not trained) weights loaded at start-up: bf16
+FROZEN_BYTES_PER_PARAM = 2.0
+
+
+def trained_params(job: TrainingJob, registry, params: float) -> float:
+    """Parameters the job trains: all `params`, or what an enabled feature that freezes the model's
+    weights says it trains (``Feature.trainable_params``: LoRA's adapters)."""
+    for name, opts in job.features.items():
+        feat = registry.features.get(name)
+        if feat is not None and feat.frozen_weights and feat.trainable_params is not None:
+            return min(float(feat.trainable_params(job.model, opts)), params)
+    return params
+
+
 def e2e_inputs(job: TrainingJob, registry) -> E2EInputs:
     """Resolve a job's end-to-end inputs; ConfigError names the missing or bad key."""
     from .decompose import total_params
@@ -329,8 +343,11 @@ def e2e_inputs(job: TrainingJob, registry) -> E2EInputs:
     hw, fault = job.hardware, job.fault
     gpn = hw.gpus_per_node
     # the getattr defaults are the module constants until [fault] grows these keys
-    ckpt = checkpoint_bytes(total_params(job.model)["total"],
-                            getattr(fault, "checkpoint_bytes_per_param", CHECKPOINT_BYTES_PER_PARAM))
+    params = total_params(job.model)["total"]
+    trained = trained_params(job, registry, params)
+    ckpt = checkpoint_bytes(trained, getattr(fault, "checkpoint_bytes_per_param", CHECKPOINT_BYTES_PER_PARAM))
+    # a job that trains part of the model (LoRA) also loads the frozen rest at start-up, in its weights' dtype
+    frozen_bytes = (params - trained) * FROZEN_BYTES_PER_PARAM
     if fault.checkpoint_save_s is not None:
         save, save_src = float(fault.checkpoint_save_s), "given"
     else:
@@ -341,7 +358,7 @@ def e2e_inputs(job: TrainingJob, registry) -> E2EInputs:
     if fault.init_s is not None:
         init, init_src = float(fault.init_s), "given"
     else:
-        init = derived_init_s(ckpt, num_gpus=job.num_gpus, gpus_per_node=gpn, disk_read_gbps=hw.host.disk_read_gbps,
+        init = derived_init_s(ckpt + frozen_bytes, num_gpus=job.num_gpus, gpus_per_node=gpn, disk_read_gbps=hw.host.disk_read_gbps,
                               startup_s=getattr(fault, "startup_s", STARTUP_S),
                               startup_per_node_s=getattr(fault, "startup_per_node_s", STARTUP_PER_NODE_S))
         init_src = "derived"

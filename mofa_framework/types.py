@@ -872,6 +872,9 @@ class Feature:
     #: weight GEMM (``decompose.training_flops_per_sequence``); the layers' own weight gradients,
     #: gradients and optimizer state are the feature's transforms to remove
     frozen_weights: bool = False
+    #: with ``frozen_weights``: ``(model, options) -> float``, the parameters its rows train (what a
+    #: checkpoint holds; the end-to-end model sizes checkpoints by it). None: all of the model's
+    trainable_params: Callable | None = None
 
     def acts_in(self, phase: Phase) -> Callable | None:
         return getattr(self, phase.value)

@@ -134,17 +134,31 @@ def layer(state, rows):
     return attrs.evolve(state, layers=out)
 
 
+def module_widths(model) -> dict[str, float]:
+    """Per target module, Σ (in + out) over the model's adaptable GEMMs (unsharded; every expert):
+    an adapter of rank r on them holds r × this many parameters."""
+    key = ("lora_module_widths",)
+    if key not in model.derived:
+        widths = dict.fromkeys(("qkv", "proj", "fc1", "fc2"), 0.0)
+        unit = Geometry.unit(np.array([1.0]))
+        for kind, count in model.executed_kind_counts.items():
+            for o in layer_operators(model, unit, kind):
+                module = module_of(o)
+                if module is not None:
+                    widths[module] += count * float(np.asarray(o.count).ravel()[0]) * float(
+                        np.asarray(o.n).ravel()[0] + np.asarray(o.k).ravel()[0])
+        model.derived[key] = widths
+    return dict(model.derived[key])
+
+
+def adapter_params(model, options) -> float:
+    """Parameters of the adapters for one set of options (what a LoRA checkpoint holds)."""
+    return float(options.rank) * sum(module_widths(model)[m] for m in TARGETS[options.targets])
+
+
 def adapter_fraction(model, rows) -> np.ndarray:
     """Per row, f = adapter parameters / model parameters (unsharded), for its rank and targets."""
-    per_module = dict.fromkeys(("qkv", "proj", "fc1", "fc2"), 0.0)  # Σ (in + out) over adapted GEMMs
-    unit = Geometry.unit(np.array([1.0]))
-    for kind, count in model.executed_kind_counts.items():
-        for o in layer_operators(model, unit, kind):
-            module = module_of(o)
-            if module is not None:
-                per_module[module] += count * float(np.asarray(o.count).ravel()[0]) * float(
-                    np.asarray(o.n).ravel()[0] + np.asarray(o.k).ravel()[0])
-    width = sum((np.where(_targeted(rows, mod), w, 0.0) for mod, w in per_module.items()), 0.0)
+    width = sum((np.where(_targeted(rows, mod), w, 0.0) for mod, w in module_widths(model).items()), 0.0)
     return np.asarray(rows.options["rank"], dtype=np.float64) * width / total_params(model)["total"]
 
 
@@ -217,6 +231,7 @@ FEATURE = CostTransform(
     tunable=False,  # the job's choice (a fine-tuning method), held on when the job sets it
     may_reduce_compute=True,
     frozen_weights=True,
+    trainable_params=adapter_params,
 )
 
 

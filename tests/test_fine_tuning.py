@@ -291,3 +291,21 @@ def test_target_module_names():
     assert targets_of(["linear_fc1", "linear_fc2"]) == "mlp" and targets_of(["all"]) == targets_of([]) == "all"
     assert targets_of(["linear_fc1"]) == "mlp"  # the smallest choice covering it
     assert targets_of(["linear_qkv", "linear_fc2"]) == "all"
+
+
+def test_lora_checkpoints_hold_the_adapters_and_start_up_loads_the_base():
+    """e2e: a LoRA checkpoint is its adapters (47,185,920 parameters × 14 bytes = 660,602,880 for
+    Llama 3 70B, rank 32 on QKV); start-up still reads the frozen base in bf16."""
+    from mofa_framework.e2e import FROZEN_BYTES_PER_PARAM, STARTUP_PER_NODE_S, STARTUP_S, e2e_inputs
+    from mofa_framework.units import gbps_to_bytes_per_s
+
+    job = attrs.evolve(_job(gpus=64, tp=4, pp=2, gbs=64, features={"lora": {"targets": "qkv"}}),
+                       training=attrs.evolve(_job().training, tokens=1e9))
+    inputs = e2e_inputs(job, REG)
+    assert inputs.checkpoint_bytes == pytest.approx(660_602_880.0, rel=1e-12)
+    params = total_params(job.model)["total"]
+    base = (params - 47_185_920.0) * FROZEN_BYTES_PER_PARAM
+    read = gbps_to_bytes_per_s(job.hardware.host.disk_read_gbps) * 8
+    assert inputs.init_s == pytest.approx(STARTUP_S + 8 * STARTUP_PER_NODE_S + (660_602_880.0 + base) / read)
+    full = e2e_inputs(attrs.evolve(job, features={}), REG)
+    assert full.checkpoint_bytes == pytest.approx(params * 14.0) and full.init_s > inputs.init_s

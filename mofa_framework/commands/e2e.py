@@ -117,6 +117,11 @@ def _pct(x: float, diverged: bool) -> str:
     return "0 (diverged)" if diverged else f"{x:.4%}"
 
 
+def _bytes(n: float) -> str:
+    """A checkpoint's size in TB, or GB below 0.1 TB (a LoRA checkpoint holds only its adapters)."""
+    return f"{n / 1e12:.2f} TB" if n >= 1e11 else f"{n / 1e9:.2f} GB"
+
+
 def _summary_rows(inputs: E2EInputs, r: E2EResult, fits: bool | None) -> list[list[str]]:
     fit_note = "  (does NOT fit in memory)" if fits is False else ""
     rows = [
@@ -127,7 +132,7 @@ def _summary_rows(inputs: E2EInputs, r: E2EResult, fits: bool | None) -> list[li
         ["expected failures", "∞" if r.diverged else f"{r.failures:,.1f}"],
         ["MTTR", f"{r.mttr_s:.1f} s ({inputs.policy})"],
         ["checkpoint save", f"{r.checkpoint_save_s:.3f} s ({inputs.checkpoint_save_source}; "
-                            f"checkpoint {inputs.checkpoint_bytes / 1e12:.2f} TB)"],
+                            f"checkpoint {_bytes(inputs.checkpoint_bytes)})"],
         ["init", f"{r.init_s:.1f} s ({inputs.init_source})"],
         ["checkpoint interval", f"{r.checkpoint_interval_steps:,} steps"
                                 + (" (optimal)" if inputs.checkpoint_interval_steps == 0 else "")],
