@@ -106,31 +106,42 @@ def _issued_ahead(ctx):
     return attrs.evolve(ctx, hardware=attrs.evolve(ctx.hardware, efficiency=attrs.evolve(eff, host_dispatch_s=0.0)))
 
 
+def without_weight_gradients(ctx, c, ops):
+    """Layer costs `c` with no weight gradient: backward-weight time 0, and the TP-GEMM and expert
+    groups (which the overlap features read) without their weight-gradient share. The share is
+    each group's priced W scaled to the layer's current W (after FP8 or faster kernels)."""
+    n = len(np.asarray(c.bwd_weight_s))
+    weighted = [o for o in ops if o.bwd_weight]
+    base_w = [t * o.bwd_weight for t, o in zip(price_operators(ctx, weighted), weighted)]
+    total_w = sum(base_w, np.zeros(n))
+    scale = np.where(total_w > 0, np.asarray(c.bwd_weight_s) / np.where(total_w > 0, total_w, 1.0), 0.0)
+    group_w = lambda groups: scale * sum((w for w, o in zip(base_w, weighted) if o.group in groups),  # noqa: E731
+                                         np.zeros(n))
+    return attrs.evolve(c, bwd_weight_s=np.zeros(n), tp_gemm_bwd_s=np.maximum(c.tp_gemm_bwd_s - group_w(TP_GROUPS), 0.0),
+                        expert_bwd_s=np.maximum(c.expert_bwd_s - group_w(("expert",)), 0.0))
+
+
+def with_adapters(ctx, c, ops, rows):
+    """Layer costs `c` plus the adapters of the modules each row targets (forward, input and weight
+    gradient), priced without the host floor."""
+    rank = np.asarray(rows.options["rank"], dtype=np.float64)
+    adapters, masks = [], []
+    for o in ops:
+        module = module_of(o)
+        if module is not None:
+            pair = adapter_operators(o, rank)
+            adapters += pair
+            masks += [_targeted(rows, module)] * len(pair)
+    times = price_operators(_issued_ahead(ctx), adapters) if adapters else []
+    return with_op_deltas(c, adapters, [np.where(mk, t, 0.0) for t, mk in zip(times, masks)])
+
+
 def layer(state, rows):
     ctx = state.ctx
-    n = len(state.batch)
-    rank = np.asarray(rows.options["rank"], dtype=np.float64)
     out = {}
     for kind, c in state.layers.items():
         ops = layer_operators(ctx.model, ctx.geometry, kind)
-        weighted = [o for o in ops if o.bwd_weight]
-        base_w = [t * o.bwd_weight for t, o in zip(price_operators(ctx, weighted), weighted)]
-        total_w = sum(base_w, np.zeros(n))
-        # what the layer's backward-weight time is now (after FP8 or faster kernels) per priced second
-        scale = np.where(total_w > 0, np.asarray(c.bwd_weight_s) / np.where(total_w > 0, total_w, 1.0), 0.0)
-        tp_w = scale * sum((w for w, o in zip(base_w, weighted) if o.group in TP_GROUPS), np.zeros(n))
-        ex_w = scale * sum((w for w, o in zip(base_w, weighted) if o.group == "expert"), np.zeros(n))
-        frozen = attrs.evolve(c, bwd_weight_s=np.zeros(n), tp_gemm_bwd_s=np.maximum(c.tp_gemm_bwd_s - tp_w, 0.0),
-                              expert_bwd_s=np.maximum(c.expert_bwd_s - ex_w, 0.0))
-        adapters, masks = [], []
-        for o in ops:
-            module = module_of(o)
-            if module is not None:
-                pair = adapter_operators(o, rank)
-                adapters += pair
-                masks += [_targeted(rows, module)] * len(pair)
-        times = price_operators(_issued_ahead(ctx), adapters) if adapters else []
-        out[kind] = with_op_deltas(frozen, adapters, [np.where(mk, t, 0.0) for t, mk in zip(times, masks)])
+        out[kind] = with_adapters(ctx, without_weight_gradients(ctx, c, ops), ops, rows)
     return attrs.evolve(state, layers=out)
 
 
