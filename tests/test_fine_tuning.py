@@ -309,3 +309,15 @@ def test_lora_checkpoints_hold_the_adapters_and_start_up_loads_the_base():
     assert inputs.init_s == pytest.approx(STARTUP_S + 8 * STARTUP_PER_NODE_S + (660_602_880.0 + base) / read)
     full = e2e_inputs(attrs.evolve(job, features={}), REG)
     assert full.checkpoint_bytes == pytest.approx(params * 14.0) and full.init_s > inputs.init_s
+
+
+def test_the_documented_fine_tuning_table_is_current():
+    """docs/features/fine-tuning.md's per-row table is what benchmarks/fine_tuning_report.py prints
+    with the shipped profiles (regenerate with --write after a refit)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import fine_tuning_report
+
+    assert fine_tuning_report.main(["--check"]) == 0
