@@ -242,7 +242,8 @@ def hardware_for(registry, name: str):
 #: the plain schema's columns (docs/validation.md, "Your own measurements"): required ...
 PLAIN_REQUIRED = ("model", "hardware", "num_gpus", "global_batch_size", "sequence_length")
 #: ... and optional: layout and features named as in a job file, and one target
-PLAIN_LAYOUT = ("tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size", "first_stage_layers", "last_stage_layers")
+PLAIN_LAYOUT = ("tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size", "first_stage_layers", "last_stage_layers",
+                "document_length")
 PLAIN_OPTIONAL = (*PLAIN_LAYOUT, "precision", "sequence_parallel", "flash_attention", "schedule", "features",
                   "num_layers", "step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "flops_convention",
                   "measured_memory_gib", "row_id", "reference", "notes", "framework")
@@ -315,7 +316,7 @@ def map_plain_row(row: Mapping[str, str], ctx: ReadContext) -> MappedRow | Skipp
         if col == "vpp" and auto_vpp:
             continue
         try:
-            x = cell_count(row, col, minimum=0 if col == "etp" else 1)
+            x = cell_count(row, col, minimum=0 if col in ("etp", "document_length") else 1)
         except CellError as exc:
             if col != "vpp":
                 raise

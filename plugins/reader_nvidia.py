@@ -130,10 +130,14 @@ def fine_tuning(task: str) -> str | None:
     """The row's task: ``pretrain`` (also when not stated), ``sft`` (full-parameter fine-tuning,
     priced as pretraining of the same layout: NVIDIA's SFT rows pack sequences to the stated length),
     ``lora``, or None for another (unsupported) task."""
-    t = task.strip().lower().replace("-", "").replace("_", "")
+    t = re.sub(r"[^a-z]", "", task.lower())
     if not t or "pretrain" in t:
         return "pretrain"
-    return {"sft": "sft", "lora": "lora"}.get(t)
+    if "lora" in t or "peft" in t:  # "LoRA", "PEFT (LoRA)": NVIDIA's parameter-efficient runs are LoRA
+        return "lora"
+    if "sft" in t or "finetun" in t:  # "SFT", "Fine-tuning", "full fine-tune"
+        return "sft"
+    return None
 
 
 def _target(r: dict, ctx: ReadContext, model, fw: str, num_gpus: int, gbs, seq) -> tuple[float, str] | str:

@@ -209,7 +209,9 @@ def test_tune_holds_the_document_length_and_lora(tmp_path):
 
 def test_task_names():
     assert fine_tuning("") == fine_tuning("Pretrain") == fine_tuning("pre-train") == "pretrain"
-    assert fine_tuning("SFT") == "sft" and fine_tuning("LoRA") == "lora" and fine_tuning("DPO") is None
+    assert fine_tuning("SFT") == fine_tuning("Fine-tuning") == fine_tuning("full fine-tune") == "sft"
+    assert fine_tuning("LoRA") == fine_tuning("PEFT (LoRA)") == fine_tuning("lora") == "lora"
+    assert fine_tuning("DPO") is None and fine_tuning("RLHF") is None
 
 
 FINETUNE_IDS = ({f"NEMO2407-{rev}-0{i}" for rev in ("164b009", "ccef6aa", "9c5c5e9") for i in range(13, 19)}
@@ -321,3 +323,18 @@ def test_the_documented_fine_tuning_table_is_current():
     import fine_tuning_report
 
     assert fine_tuning_report.main(["--check"]) == 0
+
+
+def test_plain_schema_reads_document_length_and_lora(tmp_path):
+    """Your own fine-tuning runs: the plain schema's document_length column and a lora feature."""
+    from mofa_framework.validate import validate
+
+    f = tmp_path / "ft.csv"
+    f.write_text("model,hardware,num_gpus,tp,pp,vpp,global_batch_size,sequence_length,document_length,features,"
+                 "tokens_per_s_per_gpu\n"
+                 'llama3-70b,h100-sxm5-80gb,8,2,4,20,32,4096,210,"fp8; lora:rank=32,targets=qkv; '
+                 'distributed_optimizer; dp_overlap; tp_overlap; pp_overlap",2643\n'
+                 "llama3-70b,h100-sxm5-80gb,8,2,4,20,32,4096,-3,fp8,2643\n")
+    res = validate([f])
+    assert len(res.rows) == 1 and abs(res.rows[0].predicted_s / res.rows[0].measured_s - 1) < 0.1
+    assert len(res.skipped) == 1 and "document_length" in res.skipped[0].reason
