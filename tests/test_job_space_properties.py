@@ -116,7 +116,9 @@ def layouts(draw, spec, hardware) -> tuple[dict, int, str | None]:
            "vpp": vpp, "micro_batch_size": draw(pow2(2)),
            "sequence_length": draw(st.sampled_from([256, 1024, 2048, 4096, 8192, 32768])),
            "precision": draw(st.sampled_from(formats)), "sequence_parallel": draw(st.booleans()),
-           "flash_attention": draw(st.booleans())}
+           "flash_attention": draw(st.booleans()),
+           # packed documents, sometimes longer than the sequence (cut to it)
+           "document_length": draw(st.sampled_from([0, 0, 0, 64, 1000, 100_000]))}
     if spec.is_moe:
         dp = max(dp, ep)  # ep × etp folds into tp × cp × dp
     par["global_batch_size"] = dp * par["micro_batch_size"] * draw(st.sampled_from([1, 2, 4, 8, 16]))
