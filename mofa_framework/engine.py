@@ -723,8 +723,22 @@ def _expand(obj, inverse: np.ndarray):
     if isinstance(obj, Mapping):
         return {k: _expand(v, inverse) for k, v in obj.items()}
     if attrs.has(type(obj)):
-        return type(obj)(**{a: _expand(getattr(obj, k), inverse) for k, a in _init_fields(type(obj))})
+        fields = _init_fields(type(obj))
+        values = [getattr(obj, k) for k, _ in fields]
+        flat = _stacked_take(values, inverse)
+        return type(obj)(**{a: flat[i] if i in flat else _expand(v, inverse)
+                            for i, ((_, a), v) in enumerate(zip(fields, values))})
     return obj
+
+
+def _stacked_take(values: list, inverse: np.ndarray) -> dict[int, np.ndarray]:
+    """The 1-D float64 arrays of `values` of one length, repeated to the rows in one gather: {index:
+    row of the result}. Fewer than four such arrays are left to :func:`_expand` one by one."""
+    idx = [i for i, v in enumerate(values) if isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype == np.float64]
+    if len(idx) < 4 or len({len(values[i]) for i in idx}) != 1:
+        return {}
+    taken = np.stack([values[i] for i in idx]).take(inverse, axis=1)
+    return dict(zip(idx, taken))
 
 
 def _priced(ctx: Context, batch: CandidateBatch, layers_only: bool = False) -> dict:
