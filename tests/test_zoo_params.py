@@ -93,6 +93,10 @@ PUBLISHED = [
     ("qwen3-8b", "non-embedding", 6.95 * B, 0.01 * B, "Qwen3 report, Table 1: 6.95B non-embedding"),
     ("qwen3-32b", "total", 32.8 * B, 0.1 * B, "Qwen3 report, Table 1: 32.8B"),
     ("qwen3-32b", "non-embedding", 31.2 * B, 0.1 * B, "Qwen3 report, Table 1: 31.2B non-embedding"),
+    ("gpt-oss-120b", "total", 116.8 * B, 0.1 * B, "OpenAI gpt-oss model card: 116.8B total"),
+    ("gpt-oss-120b", "active-no-lookup", 5.1 * B, 0.1 * B, "the same card: 5.1B active (embedding lookup not counted)"),
+    ("gpt-oss-20b", "total", 20.9 * B, 0.1 * B, "OpenAI gpt-oss model card: 20.9B total"),
+    ("gpt-oss-20b", "active-no-lookup", 3.6 * B, 0.1 * B, "the same card: 3.6B active (embedding lookup not counted)"),
 ]
 
 
