@@ -127,5 +127,7 @@ def test_benchmark_spellings_resolve():
                         ("Llama 3.1 70B", "llama3.1-70b"), ("Nemotron_3_Nano", "nemotron-3-nano"),
                         ("Llama 3.3 70B", "llama3.1-70b"), ("GLM4.5 355B", "glm-4.5"), ("GLM 4.5 Air", "glm-4.5-air"),
                         ("Mistral 7B", "mistral-7b"), ("LLaMA 65B", "llama-65b"), ("DeepSeek V2", "deepseek-v2"),
-                        ("Qwen2.5 72B", "qwen2.5-72b"), ("Qwen3 32B", "qwen3-32b"), ("OPT 175B", "opt-175b")):
+                        ("Qwen2.5 72B", "qwen2.5-72b"), ("Qwen3 32B", "qwen3-32b"), ("OPT 175B", "opt-175b"),
+                        # Megatron-Bridge's recipe names (llama31_405b_pretrain_config, gpt_oss_20b_...)
+                        ("LLAMA31_405B", "llama3.1-405b"), ("llama31_8b", "llama3.1-8b"), ("GPT_OSS_20B", "gpt-oss-20b")):
         assert REG.model(alias).name == name
