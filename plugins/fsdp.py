@@ -45,6 +45,9 @@ MTP heads) are reduce-scattered and all-gathered once, as by the distributed opt
 Adam update touches ``P/D`` parameters. The per-step gradient all-reduce of the base model is gone.
 ``dp_overlap`` (which runs after this) hides that small remainder like the distributed optimizer's.
 
+Rows that train none of the model's weights (``Feature.frozen_weights``: ``lora``) gather the
+frozen layers exactly as above but reduce-scatter no gradient of theirs and hold no unsharded one.
+
 Conflicts with ``distributed_optimizer`` (it is its ZeRO-1/2 special case) and ``cpu_optimizer``.
 Runs after ``fp8``, ``kernel_scaling``, ``memfine`` and ``recompute`` (the overlap sees their compute
 times); **choice**:
@@ -58,7 +61,7 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.decompose import ALL_GATHER, REDUCE_SCATTER, Coll, layer_params
-from mofa_framework.engine import _dp_groups, _grad_bytes_per_param, _params_on_stages
+from mofa_framework.engine import _dp_groups, _grad_bytes_per_param, _params_on_stages, frozen_weight_rows
 from mofa_framework.limits import MAX_LAYERS, between
 from mofa_framework.types import MemoryOptimizer, option
 from mofa_plugins._overlap import ContentionOptions, contention, opt
@@ -87,6 +90,13 @@ def grad_bytes(batch, rows) -> np.ndarray:
     if "grad_reduce_dtype" in rows.options:
         gb = np.where(rows.enabled & rows.choice("grad_reduce_dtype", "bf16"), 2.0, gb)
     return gb
+
+
+def reduced_grad_bytes(state, rows) -> np.ndarray:
+    """d_g of the gradients each row reduce-scatters: 0 where a feature freezes the model's weights
+    (``Feature.frozen_weights``: LoRA's adapters, a fraction of a per cent of the parameters, are
+    left out), else :func:`grad_bytes`."""
+    return np.where(frozen_weight_rows(state.batch, state.ctx.pm.registry), 0.0, grad_bytes(state.batch, rows))
 
 
 def layer_shards(state, kind: str):
@@ -122,7 +132,7 @@ def layer_gather_s(state, kind: str, prefix: str = "fsdp", pieces=None) -> np.nd
 
 def layer_comm(state, rows, kind: str):
     """(forward, backward) seconds of one layer's gathers and scatters per micro-batch."""
-    gb = grad_bytes(state.batch, rows)
+    gb = reduced_grad_bytes(state, rows)
     reshard = opt(rows, "reshard_after_forward", 1.0) > 0.5
     fwd = layer_gather_s(state, kind)
     bwd = np.where(reshard, fwd, 0.0)
@@ -130,7 +140,7 @@ def layer_comm(state, rows, kind: str):
         rs = Coll(name=f"fsdp_{kind}_{label}_rs", parallel="dp", kind=REDUCE_SCATTER, bytes=params * gb,
                   group_size=size, stride=stride)
         # the gradient bytes depend on an option: priced per row
-        bwd = bwd + np.where(params > 0, state.ctx.collective_s(rs), 0.0)
+        bwd = bwd + np.where((params > 0) & (gb > 0), state.ctx.collective_s(rs), 0.0)
     return fwd, bwd
 
 
@@ -175,7 +185,7 @@ def optimizer(state, rows):
     d_dense, d_expert = dp_sizes(state)
     frac = shard_fraction(p_dense, p_expert, d_dense, d_expert)
     rest_d, rest_e = _rest_params(state)
-    gb = grad_bytes(batch, rows)
+    gb = reduced_grad_bytes(state, rows)
     (d_size, d_stride), (e_size, e_stride) = _dp_groups(ctx, batch)
     comm = np.zeros(len(batch))
     for label, params, size, stride in (("dense", rest_d, d_size, d_stride), ("expert", rest_e, e_size, e_stride)):
@@ -183,7 +193,7 @@ def optimizer(state, rows):
                   group_size=size, stride=stride)
         ag = Coll(name=f"fsdp_rest_{label}_ag", parallel="dp", kind=ALL_GATHER, bytes=params * PARAM_BYTES,
                   group_size=size, stride=stride)
-        comm = comm + np.where(params > 0, ctx.collective_s(rs) + ctx.collective_s(ag), 0.0)
+        comm = comm + np.where(params > 0, np.where(gb > 0, ctx.collective_s(rs), 0.0) + ctx.collective_s(ag), 0.0)
     new = attrs.evolve(o, dp_comm_s=comm, dp_exposed_s=comm, update_s=o.update_s * frac,
                        dense_grad_bytes=rest_d * gb_main, expert_grad_bytes=rest_e * gb_main)
     return attrs.evolve(state, opt=new)
@@ -195,6 +205,7 @@ def memory(state, rows):
     frac = shard_fraction(mem.dense_params, mem.expert_params, d_dense[None, :], d_expert[None, :])
     gb_main = _grad_bytes_per_param(batch)
     gb = grad_bytes(batch, rows)
+    held_gb = reduced_grad_bytes(state, rows)  # no unsharded gradient of frozen weights
     reshard = (opt(rows, "reshard_after_forward", 1.0) > 0.5)[None, :]
     weights = np.where(reshard, mem.weights_bytes * frac, mem.weights_bytes)
     grads = mem.grads_bytes * frac * (gb / gb_main)[None, :]
@@ -207,7 +218,7 @@ def memory(state, rows):
     root = root_params(state)
     # the root unit (embedding, final norm, output layer) stays gathered from its forward to its
     # backward; the unsharded gradient is the larger unit's
-    held = np.where(reshard, root * PARAM_BYTES, 0.0) + gathered[None, :] + np.maximum(p_layer[None, :], root) * gb[None, :]
+    held = np.where(reshard, root * PARAM_BYTES, 0.0) + gathered[None, :] + np.maximum(p_layer[None, :], root) * held_gb[None, :]
     buffers = mem.buffers_bytes + held
     return attrs.evolve(state, mem=attrs.evolve(mem, weights_bytes=weights, grads_bytes=grads,
                                                   optimizer_bytes=mem.optimizer_bytes * frac, buffers_bytes=buffers))

@@ -37,9 +37,14 @@ Megatron-Bridge's default; on MoE layers FC1/FC2 adapt every expert and the shar
 ``qkv`` (Megatron-Bridge's LoRA performance recipes); ``attention`` (QKV + output projection);
 ``mlp`` (FC1 + FC2). A Mamba mixer's in/out projections count as QKV / output projection.
 
+With ``fsdp`` (Megatron-FSDP, FSDP2: HF PEFT's and NeMo AutoModel's LoRA) the frozen weights stay
+sharded and are gathered for every layer as before, but no gradient of theirs is reduce-scattered
+or held unsharded (``fsdp`` reads ``frozen_weights``).
+
 Not modelled (each ≤ r/h of its frozen layer's cost): the adapters' own TP collectives (an
-all-reduce or gather of the m × r latent) and their saved m × r latents; LoRA dropout (NeMo's
-default 0); DoRA. Full-parameter fine-tuning (SFT) needs no feature: it is priced as pretraining.
+all-reduce or gather of the m × r latent), their saved m × r latents and, under ``fsdp``, their
+gradients' reduce-scatter; LoRA dropout (NeMo's default 0); DoRA. Full-parameter fine-tuning (SFT)
+needs no feature: it is priced as pretraining.
 """
 
 from __future__ import annotations
@@ -237,8 +242,8 @@ FEATURE = CostTransform(
     optimizer=optimizer,
     memory=memory,
     after=("fp8", "nvfp4"),
-    before=(*REPRICE_BEFORE, "distributed_optimizer", "dp_overlap"),
-    conflicts=("fsdp", "deepspeed_zero", "cpu_optimizer"),
+    before=(*REPRICE_BEFORE, "distributed_optimizer", "dp_overlap", "fsdp"),
+    conflicts=("deepspeed_zero", "cpu_optimizer"),
     tunable=False,  # the job's choice (a fine-tuning method), held on when the job sets it
     may_reduce_compute=True,
     frozen_weights=True,

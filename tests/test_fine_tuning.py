@@ -118,11 +118,28 @@ def test_lora_model_flops_skip_the_weight_gradients():
         32 * float(2 * w[0] + 3 * wl[0]), rel=1e-9)
 
 
-def test_lora_conflicts_with_sharded_parameters():
+def test_lora_conflicts_with_deepspeed_zero():
     res = CliRunner().invoke(cli, ["predict", "--model", "llama3-8b", "--hardware", "h100-sxm5-80gb", "--gpus", "8",
-                                   "--gbs", "32", "--seq", "4096", "--feature", "lora", "--feature", "fsdp"])
-    assert res.exit_code == 2 and "lora" in res.output and "fsdp" in res.output
+                                   "--gbs", "32", "--seq", "4096", "--feature", "lora", "--feature", "deepspeed_zero"])
+    assert res.exit_code == 2 and "lora" in res.output and "deepspeed_zero" in res.output
     assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_lora_under_fsdp_gathers_the_frozen_weights_but_reduces_no_gradient():
+    """FSDP2 / Megatron-FSDP with LoRA (HF PEFT, NeMo AutoModel): every layer still all-gathers its
+    sharded frozen weights, forward and backward, but reduce-scatters no gradient of theirs and keeps
+    no unsharded gradient; the per-step remainder (embedding, head) is gathered, not reduced."""
+    kw = dict(model="llama3-8b", gpus=8, tp=1, pp=1, gbs=32, seq=4096)
+    full = _predict(_job(**kw, features={"fsdp": {}}))
+    lora = _predict(_job(**kw, features={"fsdp": {}, "lora": {"targets": "qkv"}}))
+    s_full, s_lora = full.state.layers["dense"], lora.state.layers["dense"]
+    # forward: the same gathers; backward: the gather again (resharded), no reduce-scatter
+    assert s_lora.dp_fwd_s[0] == pytest.approx(s_full.dp_fwd_s[0])
+    assert s_lora.dp_bwd_s[0] == pytest.approx(s_full.dp_fwd_s[0])
+    assert s_full.dp_bwd_s[0] > 1.5 * s_full.dp_fwd_s[0]  # all-gather + fp32 reduce-scatter
+    assert lora.memory_breakdown["gradients"][0] < 0.01 * full.memory_breakdown["gradients"][0]
+    assert lora.peak_memory_bytes[0] < full.peak_memory_bytes[0]
+    assert lora.step_time_s[0] < full.step_time_s[0]
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
