@@ -14,7 +14,6 @@ Models the zoo lacks (BLOOM, the README's GPT sizes) are read from
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 
@@ -61,10 +60,9 @@ def markdown(result, mapped: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--write", action="store_true", help=f"replace the table between the markers of {DOC.name}")
-    ap.add_argument("--check", action="store_true", help="exit 1 if that section is out of date")
-    args = ap.parse_args(argv)
+    from korthikanti_report import table_parser
+
+    args = table_parser(__doc__.splitlines()[0], DOC).parse_args(argv)
     from mofa_framework.measurements import map_files
     from mofa_framework.api import Predictor
 

@@ -11,7 +11,6 @@ it is stale.
 
 from __future__ import annotations
 
-import argparse
 from collections import defaultdict
 from pathlib import Path
 
@@ -62,10 +61,9 @@ def markdown(mapped: dict, rows) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--write", action="store_true", help=f"replace the table between the markers of {DOC.name}")
-    ap.add_argument("--check", action="store_true", help="exit 1 if that section is out of date")
-    args = ap.parse_args(argv)
+    from korthikanti_report import table_parser
+
+    args = table_parser(__doc__.splitlines()[0], DOC).parse_args(argv)
     mapped, rows = fine_tuning_rows()
     if len(rows) != len(mapped):
         raise SystemExit(f"rows not predicted: {sorted(set(mapped) - {r.row_id for r in rows})}")

@@ -105,11 +105,18 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "features" / "memory.md"
 BEGIN, END = "<!-- korthikanti-report:begin -->", "<!-- korthikanti-report:end -->"
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--csv", type=Path, default=DEFAULT_CSV)
-    ap.add_argument("--write", action="store_true", help=f"replace the tables between the markers of {DOC.name}")
+def table_parser(description: str, doc: Path) -> argparse.ArgumentParser:
+    """The options of a report that writes a generated section of `doc`: ``--write`` and ``--check``
+    (for :func:`print_or_write`)."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--write", action="store_true", help=f"replace the section between the markers of {doc.name}")
     ap.add_argument("--check", action="store_true", help="exit 1 if that section is out of date")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = table_parser(__doc__.splitlines()[0], DOC)
+    ap.add_argument("--csv", type=Path, default=DEFAULT_CSV)
     args = ap.parse_args(argv)
     from mofa_framework import Predictor
 
