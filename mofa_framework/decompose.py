@@ -94,6 +94,14 @@ class Coll:
     passes: str = "fwd+bwd"  # fwd | bwd | fwd+bwd
 
 
+def document_tokens(seq, doc) -> FloatArray:
+    """A packed sequence's mean document length: `doc`, at most the sequence; `doc` 0 (one document
+    per sequence) is the sequence."""
+    s = np.asarray(seq, dtype=np.float64)
+    d = np.broadcast_to(np.asarray(doc, dtype=np.float64), s.shape)
+    return np.where(d > 0, np.minimum(d, s), s)
+
+
 @attrs.frozen(kw_only=True, eq=False)
 class Geometry:
     """Per-row sizes every formula below needs (float64 arrays)."""
@@ -116,10 +124,8 @@ class Geometry:
 
     @functools.cached_property
     def document(self) -> FloatArray:
-        """Tokens a fused (THD) attention kernel keeps each query to: the packed document, at most the
-        sequence."""
-        d = np.asarray(self.doc, dtype=np.float64)
-        return np.where(d > 0, np.minimum(d, self.s), self.s)
+        """Tokens a fused (THD) attention kernel keeps each query to (:func:`document_tokens`)."""
+        return document_tokens(self.s, self.doc)
 
     @functools.cached_property
     def tokens(self) -> FloatArray:
@@ -1133,8 +1139,7 @@ def forward_flops_split(model: ModelSpec, seq: FloatArray, doc=None) -> tuple[np
     s = np.asarray(seq, dtype=np.float64)
     weights, attention, other = _forward_flops_parts(model, s)
     if doc is not None and np.any(np.asarray(doc) > 0):
-        d = np.broadcast_to(np.asarray(doc, dtype=np.float64), s.shape)
-        d = np.where(d > 0, np.minimum(d, s), s)
+        d = document_tokens(s, doc)
         attention = np.where(d < s, s / d * _forward_flops_parts(model, d)[1], attention)
     return weights, attention + other
 

@@ -41,7 +41,8 @@ import attrs
 import numpy as np
 
 from .batch import sequence_shapes
-from .decompose import ATTENTION_BWD_FACTOR, Geometry, attention_mixer_operators, training_flops_per_sequence
+from .decompose import (ATTENTION_BWD_FACTOR, Geometry, attention_mixer_operators, document_tokens,
+                        training_flops_per_sequence)
 from .errors import PluginError, PluginResultError
 
 #: relative tolerance of the additivity checks (float64 sums of a few dozen terms)
@@ -170,7 +171,7 @@ def mfu_ceiling(model, batch, frozen=None) -> np.ndarray:
     `frozen` marks rows that train none of the model's weights (their model FLOPs lack the weight
     gradients: ``decompose.training_flops_per_sequence``)."""
     (seq, doc), inv = sequence_shapes(batch)
-    d = np.where(doc > 0, np.minimum(doc, seq), seq)  # packed documents: s/d sequences of d tokens each
+    d = document_tokens(seq, doc)  # packed documents: s/d sequences of d tokens each
     one = np.ones_like(seq)
     geo = lambda flash: Geometry(b=one, s=d, t=one, c=one, e=one, etp=one, dp=one,  # noqa: E731
                                  sp=np.zeros(len(seq), bool), dt=2.0 * one, precision=np.zeros(len(seq), int),

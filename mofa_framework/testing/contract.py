@@ -58,6 +58,7 @@ def assert_outputs_possible(pred) -> None:
         mem = mem + (a if k != "host" else 0.0)
     np.testing.assert_allclose(mem, pred.peak_memory_bytes, rtol=1e-9)
     assert np.all(np.isfinite(pred.tokens_per_s_per_gpu) & (pred.tokens_per_s_per_gpu > 0))
-    assert np.all((pred.mfu > 0) & (pred.mfu <= mfu_ceiling(pred.model, pred.batch, frozen_weight_rows(pred.batch, pred.state.ctx.pm.registry)) * (1 + 1e-9))), pred.mfu
+    ceiling = mfu_ceiling(pred.model, pred.batch, frozen_weight_rows(pred.batch, pred.state.ctx.pm.registry))
+    assert np.all((pred.mfu > 0) & (pred.mfu <= ceiling * (1 + 1e-9))), pred.mfu
     assert np.all(pred.hfu >= pred.mfu * (1 - 1e-12)), (pred.hfu, pred.mfu)
     assert np.all(stage_layer_totals(pred.batch, pred.state.layout.total) == pred.model.num_layers)
