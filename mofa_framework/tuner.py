@@ -55,6 +55,13 @@ OBJECTIVES = ("step_time", "e2e_time", "gpu_hours")
 _REL_EPS = 1e-9
 #: batches at least this large are split by the exclusive features they turn on
 _GROUP_ROWS = 4096
+#: candidates per engine call, best-first: small enough that the incumbent the first chunks find
+#: prunes the later ones (65,536 or 131,072 evaluate 1.1–3.0× the candidates in 0.9–1.6× the CPU time)
+CHUNK_ROWS = 32_768
+#: candidates per engine call for a Pareto front, where every leaf is evaluated and nothing prunes:
+#: fewer, larger calls (+20 % candidates per CPU-second on the exhaustive sub-spaces of
+#: ``benchmarks/tune_benchmark.py``; peak 211 MiB on DeepSeek-V3's, against 638 MiB at 524,288)
+PARETO_CHUNK_ROWS = 131_072
 
 
 def _pow2_upto(n: int) -> tuple[int, ...]:
@@ -153,8 +160,9 @@ class TuneRequest:
     top_k: int = attrs.field(default=10, validator=attrs.validators.ge(1))
     #: e2e objectives: ``(step_time_s array, batch) -> E2EResult`` (or the total seconds array)
     e2e: Callable | None = None
-    #: candidates per engine call (bounds peak memory)
-    chunk_rows: int = attrs.field(default=32_768, validator=attrs.validators.ge(1))
+    #: candidates per engine call (bounds peak memory); None: :data:`CHUNK_ROWS` with bounds,
+    #: :data:`PARETO_CHUNK_ROWS` for a Pareto front
+    chunk_rows: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
     pareto: bool = False
     flash_attention: bool = True
     #: the fused-attention kernel (a job property, not searched)
@@ -664,6 +672,7 @@ class _Search:
     def __init__(self, predictor, req: TuneRequest, structs: CandidateBatch, groups: list[_Group],
                  group_of: np.ndarray, all_names: list[str]):
         self.predictor, self.req, self.structs = predictor, req, structs
+        self.chunk_rows = req.chunk_rows or (PARETO_CHUNK_ROWS if req.pareto else CHUNK_ROWS)
         self.groups, self.group_of = groups, group_of
         self.registry = predictor.registry
         self.all_names = all_names
@@ -943,7 +952,7 @@ class _Search:
             # the smallest bound first; on a tie the deepest level (it reaches a leaf sooner). Out of
             # time with nothing that fits yet: dive (deepest level first) to the first that does
             depth = max(live) if out_of_time else min(live, key=lambda i: (levels[i].min(), -i))
-            self.expand(depth, *levels[depth].pop(limit, req.chunk_rows))
+            self.expand(depth, *levels[depth].pop(limit, self.chunk_rows))
             now = time.perf_counter()
             if progress is not None and now - last_report > 0.25:
                 last_report = now

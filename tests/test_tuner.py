@@ -10,7 +10,8 @@ from click.testing import CliRunner
 
 from mofa_framework.cli import _builtin_commands, cli
 from mofa_framework.errors import ConfigError
-from mofa_framework.tuner import SearchSpace, TuneRequest, default_space, feature_choices, megatron_arguments, tune
+from mofa_framework.tuner import (CHUNK_ROWS, SearchSpace, TuneRequest, default_space, feature_choices, megatron_arguments,
+                                  tune)
 
 _builtin_commands()
 
@@ -268,6 +269,12 @@ def test_chunk_size_does_not_change_the_answer(mofa_predictor):
     large = tune(mofa_predictor, TuneRequest(**common, chunk_rows=1 << 20))
     assert [c.step_time_s for c in small.best] == [c.step_time_s for c in large.best]
     assert [c.parallel for c in small.best] == [c.parallel for c in large.best]
+    # a Pareto front evaluates every leaf in chunks of PARETO_CHUNK_ROWS unless told otherwise:
+    # the same front and the same leaves as at the best-first chunk size
+    front = {n: tune(mofa_predictor, TuneRequest(**common, pareto=True, chunk_rows=n)) for n in (None, CHUNK_ROWS)}
+    assert [(c.step_time_s, c.peak_memory_gib) for c in front[None].pareto] == \
+        [(c.step_time_s, c.peak_memory_gib) for c in front[CHUNK_ROWS].pareto]
+    assert front[None].pareto and front[None].evaluated == front[CHUNK_ROWS].evaluated > CHUNK_ROWS
 
 
 # ---------------------------------------------------------------- exactness on an MoE model, every objective
