@@ -63,7 +63,7 @@ def _request(spec, narrow=None, pareto=False):
     predictor = Predictor()
     reg = predictor.registry
     model, hw = reg.model(model_name), reg.hardware_profile(hw_name)
-    space = default_space(reg, model, hw, gpus, seq, features=[n for n, f in reg.features.items() if f.tunable])
+    space = default_space(reg, model, hw, gpus, seq)
     if narrow:
         space = attrs.evolve(space, **narrow)
     return predictor, TuneRequest(model=model, hardware=hw, num_gpus=gpus, global_batch_size=gbs,

@@ -129,8 +129,10 @@ def feature_choices(registry, name: str, fixed: Mapping[str, Any] | None = None,
 
 def default_space(registry, model: ModelSpec, hardware: HardwareProfile, num_gpus: int, seq: int,
                   features: Iterable[str] | None = None) -> SearchSpace:
-    """The paper's space: powers of two within sensible bounds, every schedule and feature, and
-    end stages balanced or one layer lighter (where that divides)."""
+    """The paper's space: powers of two within sensible bounds, every schedule, end stages balanced
+    or one layer lighter (where that divides), and the `features` named (default: every *tunable*
+    feature, what ``mofa tune`` searches; numerics such as fp8, software-stack settings and LoRA
+    are searched only when named)."""
     G = hardware.scaleup_domain_gpus
     tp = tuple(t for t in _pow2_upto(min(G, num_gpus, model.num_attention_heads)))
     pp = tuple(sorted({p for p in (*_pow2_upto(min(num_gpus, model.num_layers)),
@@ -141,7 +143,7 @@ def default_space(registry, model: ModelSpec, hardware: HardwareProfile, num_gpu
     ep = tuple(e for e in _pow2_upto(min(model.num_experts, num_gpus)) if model.num_experts % e == 0) \
         if model.is_moe else (1,)
     etp = (1,) if not model.is_moe else (1, 2, 4, 8)
-    names = list(registry.features) if features is None else list(features)
+    names = [n for n, f in registry.features.items() if f.tunable] if features is None else list(features)
     return SearchSpace(tp=tp, pp=pp, vpp=vpp, cp=cp or (1,), ep=ep, etp=etp, micro_batch_size=(1, 2, 4),
                        schedules=tuple(registry.schedules), lighter_ends=(0, 1),
                        features={n: feature_choices(registry, n) for n in names if n in registry.features})

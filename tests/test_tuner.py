@@ -257,6 +257,18 @@ def test_disabled_plugin_leaves_prediction_and_tuning(monkeypatch):
     assert bad.exit_code == 2 and "tp_overlap" in bad.output
 
 
+def test_default_space_searches_what_mofa_tune_searches(mofa_predictor):
+    """`default_space` without `features` is `mofa tune`'s default: every tunable feature, never
+    numerics (fp8, nvfp4), fine-tuning methods (lora) or software-stack settings (cuda_graphs),
+    which a programmatic tune would otherwise search on and off (all 22 features: 3.2 M feature
+    combinations per structure and a minute of set-up; the 14 tunable ones: 26,112)."""
+    reg = mofa_predictor.registry
+    space = default_space(reg, reg.model("gpt-oss-20b"), reg.hardware_profile("h100-sxm5-80gb"), 64, 4096)
+    assert set(space.features) == {n for n, f in reg.features.items() if f.tunable}
+    assert not {"lora", "fp8", "nvfp4", "cuda_graphs", "kernel_scaling"} & set(space.features)
+    assert {"recompute", "distributed_optimizer", "tp_overlap"} <= set(space.features)
+
+
 def test_chunk_size_does_not_change_the_answer(mofa_predictor):
     """Best-first expansion pops nodes in chunks of about `chunk_rows` candidates; how many at a
     time changes the order of work, never the answer (the bounds are exact)."""
