@@ -373,18 +373,22 @@ def _combos(req: TuneRequest, registry, names: list[str]) -> np.ndarray:
     """Conflict-free combinations of the given features' choices: an int array (combinations ×
     features) of indices into ``req.space.features[name]`` (whose ``None`` = off), in
     lexicographic order."""
-    if not names:
-        return np.zeros((1, 0), np.int64)
     choices = [req.space.features[n] for n in names]
-    grid = np.indices([len(c) for c in choices]).reshape(len(names), -1).T
-    on = np.stack([np.array([o is not None for o in c])[grid[:, j]] for j, c in enumerate(choices)], axis=1)
-    ok = np.ones(len(grid), bool)
+    on = [np.array([o is not None for o in c]) for c in choices]
     pos = {n: j for j, n in enumerate(names)}
-    for j, n in enumerate(names):
-        for other in registry.features[n].conflicts:
-            if other in pos:
-                ok &= ~(on[:, j] & on[:, pos[other]])
-    return grid[ok]
+    clash = {(min(j, pos[o]), max(j, pos[o])) for j, n in enumerate(names)
+             for o in registry.features[n].conflicts if o in pos and pos[o] != j}
+    # one feature at a time, rows dropped as soon as a conflict shows: never the whole product
+    # (22 features: 170 M combinations, 3.2 M of them conflict-free)
+    small = np.int8 if max((len(c) for c in choices), default=0) < 128 else np.int64
+    grid = np.zeros((1, 0), small)
+    for j, c in enumerate(choices):
+        grid = np.column_stack([np.repeat(grid, len(c), axis=0), np.tile(np.arange(len(c), dtype=small), len(grid))])
+        bad = np.zeros(len(grid), bool)
+        for i in (i for i, k in clash if k == j):
+            bad |= on[j][grid[:, j]] & on[i][grid[:, i]]
+        grid = grid[~bad]
+    return grid.astype(np.int64)
 
 
 def _count_combos(req: TuneRequest, registry, names: list[str]) -> int:
@@ -860,10 +864,12 @@ class _Search:
             self.top.offer(float(val[t]), same, tie, (int(g_idx[t]), int(s_idx[t]), int(c_idx[t])))
         if req.pareto:
             ok_rows = np.flatnonzero(fits)
-            for t in _pareto(out.step_time_s[ok_rows], out.peak_memory_bytes[ok_rows]):
+            n_on = np.array([int(self.groups[g].n_on[c]) for g, c in zip(g_idx[ok_rows], c_idx[ok_rows])], np.int64)
+            tie = np.stack([n_on, s_idx[ok_rows], c_idx[ok_rows]]) if len(ok_rows) else np.zeros((3, 0), np.int64)
+            for t in _pareto(out.step_time_s[ok_rows], out.peak_memory_bytes[ok_rows], tie):
                 r = int(ok_rows[t])
                 self.pareto.append((float(out.step_time_s[r]), float(out.peak_memory_bytes[r]), float(val[r]),
-                                    (int(g_idx[r]), int(s_idx[r]), int(c_idx[r]))))
+                                    (int(g_idx[r]), int(s_idx[r]), int(c_idx[r])), tuple(int(x) for x in tie[:, t])))
 
     def _finish(self, pl, parent: np.ndarray, batch: CandidateBatch, s_idx: np.ndarray, choice: np.ndarray):
         """Step time, peak memory and fit of leaves (rows of `batch`, sorted by structure) that
@@ -925,7 +931,7 @@ class _Search:
             return ()
         t = np.array([x[0] for x in self.pareto])
         mem = np.array([x[1] for x in self.pareto])
-        keep = sorted(_pareto(t, mem), key=lambda i: t[i])
+        keep = sorted(_pareto(t, mem, np.array([x[4] for x in self.pareto]).T), key=lambda i: t[i])
         return tuple(self.candidates([self.pareto[i][3] for i in keep], [self.pareto[i][2] for i in keep]))
 
     # ---- the loop
@@ -1053,9 +1059,12 @@ def _lower_bounds(predictor, req: TuneRequest, structs: CandidateBatch, names: l
     return _objective(req, lb, structs)
 
 
-def _pareto(time_s: np.ndarray, mem: np.ndarray) -> list[int]:
-    """Indices on the front of (step time, memory), both minimised."""
-    order = np.lexsort((mem, time_s))
+def _pareto(time_s: np.ndarray, mem: np.ndarray, tie: np.ndarray | None = None) -> list[int]:
+    """Indices on the front of (step time, memory), both minimised. Of configurations equal in
+    both, the one first in `tie` (rows of keys, most significant first: features on, structure,
+    leaf) stands for them, whatever order they were evaluated in."""
+    keys = () if tie is None else tuple(np.asarray(tie)[::-1])
+    order = np.lexsort((*keys, mem, time_s))
     m = np.asarray(mem, dtype=np.float64)[order]
     below = m < np.minimum.accumulate(np.r_[np.inf, m[:-1]]) if len(m) else np.zeros(0, bool)
     return [int(i) for i in order[below]]

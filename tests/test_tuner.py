@@ -7,11 +7,13 @@ import attrs
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mofa_framework.cli import _builtin_commands, cli
 from mofa_framework.errors import ConfigError
-from mofa_framework.tuner import (CHUNK_ROWS, SearchSpace, TuneRequest, default_space, feature_choices, megatron_arguments,
-                                  tune)
+from mofa_framework.tuner import (CHUNK_ROWS, SearchSpace, TuneRequest, _combos, _count_combos, default_space,
+                                  feature_choices, megatron_arguments, tune)
 
 _builtin_commands()
 
@@ -257,6 +259,28 @@ def test_disabled_plugin_leaves_prediction_and_tuning(monkeypatch):
     assert bad.exit_code == 2 and "tp_overlap" in bad.output
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_feature_combinations_are_the_conflict_free_product(mofa_predictor, data):
+    """`_combos` builds the conflict-free combinations one feature at a time; they are exactly the
+    rows of the full product (itertools) that turn on no two conflicting features, in its order,
+    and `_count_combos` counts them."""
+    reg = mofa_predictor.registry
+    names = data.draw(st.lists(st.sampled_from(sorted(reg.features)), min_size=0, max_size=6, unique=True))
+    model, hw = reg.model("mixtral-8x7b"), reg.hardware_profile("h100-sxm5-80gb")
+    space = default_space(reg, model, hw, 64, 4096, features=names)
+    req = TuneRequest(model=model, hardware=hw, num_gpus=64, global_batch_size=128, sequence_length=4096, space=space)
+    choices = [space.features[n] for n in names]
+    expected = [row for row in itertools.product(*(range(len(c)) for c in choices))
+                if not any(choices[i][row[i]] is not None and choices[j][row[j]] is not None
+                           and (names[j] in reg.features[names[i]].conflicts or names[i] in reg.features[names[j]].conflicts)
+                           for i in range(len(names)) for j in range(i + 1, len(names)))]
+    got = _combos(req, reg, names)
+    assert got.shape == (len(expected), len(names))
+    assert [tuple(r) for r in got.tolist()] == expected
+    assert _count_combos(req, reg, names) == len(expected)
+
+
 def test_default_space_searches_what_mofa_tune_searches(mofa_predictor):
     """`default_space` without `features` is `mofa tune`'s default: every tunable feature, never
     numerics (fp8, nvfp4), fine-tuning methods (lora) or software-stack settings (cuda_graphs),
@@ -281,11 +305,13 @@ def test_chunk_size_does_not_change_the_answer(mofa_predictor):
     large = tune(mofa_predictor, TuneRequest(**common, chunk_rows=1 << 20))
     assert [c.step_time_s for c in small.best] == [c.step_time_s for c in large.best]
     assert [c.parallel for c in small.best] == [c.parallel for c in large.best]
-    # a Pareto front evaluates every leaf in chunks of PARETO_CHUNK_ROWS unless told otherwise:
-    # the same front and the same leaves as at the best-first chunk size
-    front = {n: tune(mofa_predictor, TuneRequest(**common, pareto=True, chunk_rows=n)) for n in (None, CHUNK_ROWS)}
-    assert [(c.step_time_s, c.peak_memory_gib) for c in front[None].pareto] == \
-        [(c.step_time_s, c.peak_memory_gib) for c in front[CHUNK_ROWS].pareto]
+    # a Pareto front evaluates every leaf in chunks of PARETO_CHUNK_ROWS unless told otherwise: the
+    # same front, configurations and leaves as at the best-first chunk size (of configurations equal
+    # in time and memory the one with fewer features on stands, whatever order they were evaluated in)
+    front = {n: tune(mofa_predictor, TuneRequest(**common, pareto=True, chunk_rows=n)) for n in (None, CHUNK_ROWS, 4096)}
+    rows = {n: [(c.step_time_s, c.peak_memory_gib, c.parallel, c.schedule, c.features) for c in f.pareto]
+            for n, f in front.items()}
+    assert rows[None] == rows[CHUNK_ROWS] == rows[4096]
     assert front[None].pareto and front[None].evaluated == front[CHUNK_ROWS].evaluated > CHUNK_ROWS
 
 
