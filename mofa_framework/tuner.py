@@ -864,8 +864,12 @@ class _Search:
             self.top.offer(float(val[t]), same, tie, (int(g_idx[t]), int(s_idx[t]), int(c_idx[t])))
         if req.pareto:
             ok_rows = np.flatnonzero(fits)
-            n_on = np.array([int(self.groups[g].n_on[c]) for g, c in zip(g_idx[ok_rows], c_idx[ok_rows])], np.int64)
-            tie = np.stack([n_on, s_idx[ok_rows], c_idx[ok_rows]]) if len(ok_rows) else np.zeros((3, 0), np.int64)
+            g_ok, c_ok = g_idx[ok_rows], c_idx[ok_rows]
+            n_on = np.zeros(len(ok_rows), np.int64)
+            for gi in np.unique(g_ok):  # per group of structures, not per row
+                sel = g_ok == gi
+                n_on[sel] = self.groups[gi].n_on[c_ok[sel]]
+            tie = np.stack([n_on, s_idx[ok_rows], c_ok])
             for t in _pareto(out.step_time_s[ok_rows], out.peak_memory_bytes[ok_rows], tie):
                 r = int(ok_rows[t])
                 self.pareto.append((float(out.step_time_s[r]), float(out.peak_memory_bytes[r]), float(val[r]),
@@ -1063,11 +1067,18 @@ def _pareto(time_s: np.ndarray, mem: np.ndarray, tie: np.ndarray | None = None) 
     """Indices on the front of (step time, memory), both minimised. Of configurations equal in
     both, the one first in `tie` (rows of keys, most significant first: features on, structure,
     leaf) stands for them, whatever order they were evaluated in."""
-    keys = () if tie is None else tuple(np.asarray(tie)[::-1])
-    order = np.lexsort((*keys, mem, time_s))
-    m = np.asarray(mem, dtype=np.float64)[order]
+    order = np.lexsort((mem, time_s))
+    t, m = np.asarray(time_s, dtype=np.float64)[order], np.asarray(mem, dtype=np.float64)[order]
     below = m < np.minimum.accumulate(np.r_[np.inf, m[:-1]]) if len(m) else np.zeros(0, bool)
-    return [int(i) for i in order[below]]
+    if tie is None or not below.any():
+        return [int(i) for i in order[below]]
+    # rows equal in both sit next to the front point that opens their run: the first in `tie` wins
+    run = np.cumsum(np.r_[True, (t[1:] != t[:-1]) | (m[1:] != m[:-1])]) - 1
+    rows = np.flatnonzero(np.isin(run, run[below]))
+    keys = np.asarray(tie)[:, order[rows]]
+    pick = rows[np.lexsort((*keys[::-1], run[rows]))]
+    first = np.r_[True, run[pick[1:]] != run[pick[:-1]]]
+    return [int(i) for i in order[pick[first]]]
 
 
 def _candidate(rank, pred: Prediction, row: int, names, registry, req: TuneRequest, value, e2e=None) -> Candidate:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from mofa_framework.cli import _builtin_commands, cli
 from mofa_framework.errors import ConfigError
-from mofa_framework.tuner import (CHUNK_ROWS, SearchSpace, TuneRequest, _combos, _count_combos, default_space,
+from mofa_framework.tuner import (CHUNK_ROWS, SearchSpace, TuneRequest, _combos, _count_combos, _pareto, default_space,
                                   feature_choices, megatron_arguments, tune)
 
 _builtin_commands()
@@ -271,14 +271,28 @@ def test_feature_combinations_are_the_conflict_free_product(mofa_predictor, data
     space = default_space(reg, model, hw, 64, 4096, features=names)
     req = TuneRequest(model=model, hardware=hw, num_gpus=64, global_batch_size=128, sequence_length=4096, space=space)
     choices = [space.features[n] for n in names]
+    clash = lambda a, b: b in reg.features[a].conflicts or a in reg.features[b].conflicts  # noqa: E731
     expected = [row for row in itertools.product(*(range(len(c)) for c in choices))
                 if not any(choices[i][row[i]] is not None and choices[j][row[j]] is not None
-                           and (names[j] in reg.features[names[i]].conflicts or names[i] in reg.features[names[j]].conflicts)
+                           and clash(names[i], names[j])
                            for i in range(len(names)) for j in range(i + 1, len(names)))]
     got = _combos(req, reg, names)
     assert got.shape == (len(expected), len(names))
     assert [tuple(r) for r in got.tolist()] == expected
     assert _count_combos(req, reg, names) == len(expected)
+
+
+def test_pareto_front_breaks_exact_ties_by_the_tie_keys():
+    """(step, memory) both minimised; of points equal in both, the first in the tie keys (features
+    on, then structure, then leaf) stands for them, whatever their order in the arrays."""
+    t = np.array([1.0, 1.0, 2.0, 1.0, 3.0, 2.0])
+    mem = np.array([5.0, 5.0, 3.0, 6.0, 3.0, 3.0])
+    tie = np.array([[2, 1, 1, 0, 0, 1],    # features on
+                    [0, 9, 4, 0, 0, 3],    # structure
+                    [0, 0, 0, 0, 0, 0]])   # leaf
+    assert _pareto(t, mem) == [0, 2]            # without keys: the first of each tie in the arrays
+    assert _pareto(t, mem, tie) == [1, 5]       # fewer features on (1 < 2), then the lower structure
+    assert _pareto(t[:0], mem[:0], tie[:, :0]) == []
 
 
 def test_default_space_searches_what_mofa_tune_searches(mofa_predictor):
@@ -308,7 +322,8 @@ def test_chunk_size_does_not_change_the_answer(mofa_predictor):
     # a Pareto front evaluates every leaf in chunks of PARETO_CHUNK_ROWS unless told otherwise: the
     # same front, configurations and leaves as at the best-first chunk size (of configurations equal
     # in time and memory the one with fewer features on stands, whatever order they were evaluated in)
-    front = {n: tune(mofa_predictor, TuneRequest(**common, pareto=True, chunk_rows=n)) for n in (None, CHUNK_ROWS, 4096)}
+    front = {n: tune(mofa_predictor, TuneRequest(**common, pareto=True, chunk_rows=n))
+             for n in (None, CHUNK_ROWS, 4096)}
     rows = {n: [(c.step_time_s, c.peak_memory_gib, c.parallel, c.schedule, c.features) for c in f.pareto]
             for n, f in front.items()}
     assert rows[None] == rows[CHUNK_ROWS] == rows[4096]
