@@ -9,6 +9,7 @@ Python API::
 
     predictor = mofa.Predictor(disabled=["tp_overlap"])   # assemble from chosen plugins
     timeline = predictor.trace(job)       # Chrome trace-event JSON (mofa_framework.trace)
+    best = mofa.tune(job, values={"tp": (4, 8)}).best[0]  # as `mofa tune` searches (a TuneResult)
 """
 
 from __future__ import annotations
@@ -22,6 +23,6 @@ try:
 except PackageNotFoundError:  # pragma: no cover - running from an uninstalled checkout
     __version__ = "0.0.0+unknown"
 
-from .api import PredictionResult, Predictor, load_job, predict  # noqa: E402
+from .api import PredictionResult, Predictor, load_job, predict, tune  # noqa: E402
 
-__all__ = ["hookimpl", "__version__", "Predictor", "PredictionResult", "predict", "load_job"]
+__all__ = ["hookimpl", "__version__", "Predictor", "PredictionResult", "predict", "load_job", "tune"]

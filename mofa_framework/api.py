@@ -162,6 +162,19 @@ class Predictor:
                 raise ConfigError(f"{group[bad[0]].name}: {r.reason}")
         return self.evaluate(batch, model, hw)
 
+    def tune(self, job, *, objective: str = "step_time", top_k: int = 10, features=None, schedules=None,
+             values=None, pareto: bool = False, time_budget_s: float | None = None, progress=None):
+        """The best configurations for `job` (a :class:`TrainingJob`, job-file path or dict) as
+        ``mofa tune`` searches them: a :class:`~mofa_framework.tuner.TuneResult` (``.best``, ranked;
+        ``.pareto`` with ``pareto=True``). `features`, `schedules` and `values` (``{"tp": (4, 8)}``)
+        narrow or widen the job's ``[search]`` (see :func:`mofa_framework.tuner.job_request`);
+        `progress` receives a :class:`~mofa_framework.tuner.TuneProgress` as the search goes."""
+        from .tuner import job_request, tune
+
+        req = job_request(_as_job(job, self), self.registry, features=features, schedules=schedules, values=values,
+                          objective=objective, top_k=top_k, pareto=pareto, time_budget_s=time_budget_s)
+        return tune(self, req, progress)
+
     def trace(self, job, *, all_stages: bool = False) -> dict:
         """The predicted step of `job` as a Chrome trace-event JSON object (open it in
         ui.perfetto.dev; see :mod:`mofa_framework.trace`): the first, a middle and the last
@@ -214,11 +227,16 @@ def predict(job, predictor: Predictor | None = None) -> PredictionResult | list[
     return predictor.predict(_as_job(job, predictor))[0]
 
 
+def tune(job, predictor: Predictor | None = None, **search):
+    """Tune one job (see :meth:`Predictor.tune`, whose keyword arguments `search` are)."""
+    return (predictor or Predictor()).tune(job, **search)
+
+
 def _as_job(job, predictor: Predictor) -> TrainingJob:
     if isinstance(job, TrainingJob):
         return job
     if isinstance(job, Mapping):
         return predictor.job(job)
     if not isinstance(job, (str, os.PathLike)):
-        raise ConfigError(f"predict: expected a TrainingJob, a job-file path or a dict, got {type(job).__name__}")
+        raise ConfigError(f"job: expected a TrainingJob, a job-file path or a dict, got {type(job).__name__}")
     return predictor.load_job(job)

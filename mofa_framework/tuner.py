@@ -981,6 +981,50 @@ class _Search:
                             elapsed_s=elapsed)
 
 
+#: the parallel sizes a job's search ranges over (``[search]``, ``values=``, ``--*-values``)
+SEARCHED_SIZES = ("tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size", "lighter_ends")
+
+
+def job_request(job, registry, *, features: Iterable[str] | None = None, schedules: Iterable[str] | None = None,
+                values: Mapping[str, tuple[int, ...]] | None = None, objective: str = "step_time", top_k: int = 10,
+                pareto: bool = False, time_budget_s: float | None = None,
+                fields: tuple[str, str] = ("features", "schedules")) -> TuneRequest:
+    """The search ``mofa tune`` runs for `job`: the default space narrowed by the job's ``[search]``
+    table and then by `values` (``{"tp": (4, 8)}``: any of :data:`SEARCHED_SIZES`); `features`
+    searched (else the table's, else every tunable one) and the job's own features held on with
+    their options; `schedules` likewise. An end-to-end objective reads the job's ``[training]`` and
+    ``[reliability]``. `fields` name the two lists in error lines (the CLI's flags)."""
+    srch, values = job.search, dict(values or {})
+    bad = sorted(set(values) - set(SEARCHED_SIZES))
+    if bad:
+        raise ConfigError(f"values: {bad[0]!r} is not searched; use one of {', '.join(SEARCHED_SIZES)}")
+    feats = tuple(features) if features is not None else srch.features
+    if feats is None:
+        feats = tuple(n for n, f in registry.features.items() if f.tunable)
+    feats = tuple(dict.fromkeys((*feats, *job.features)))  # the job's own are held on even if not searched
+    for f in feats:
+        registry.feature(f, field=fields[0])
+    base = default_space(registry, job.model, job.hardware, job.num_gpus, job.parallel.sequence_length, features=feats)
+    sched = tuple(schedules) if schedules else (srch.schedules or base.schedules)
+    sched = tuple(registry.schedule(s, field=fields[1]).name for s in sched)
+    pick = {k: values.get(k) or getattr(srch, k) or getattr(base, k) for k in SEARCHED_SIZES}
+    space = SearchSpace(**pick, schedules=sched,
+                        features={f: (feature_choices(registry, f, attrs.asdict(job.features[f]), allow_off=False)
+                                      if f in job.features else base.features[f]) for f in feats})
+    e2e = None
+    if objective != "step_time":
+        from .e2e import e2e_inputs, e2e_time
+
+        kwargs = e2e_inputs(job, registry).model_kwargs()
+        e2e = lambda step, batch: e2e_time(step, **kwargs)  # noqa: E731
+    par = job.parallel
+    return TuneRequest(model=job.model, hardware=job.hardware, num_gpus=job.num_gpus,
+                       global_batch_size=par.global_batch_size, sequence_length=par.sequence_length,
+                       precision=par.precision, space=space, objective=objective, top_k=top_k, e2e=e2e, pareto=pareto,
+                       flash_attention=par.flash_attention, time_budget_s=time_budget_s,
+                       attention_kernel=par.attention_kernel, document_length=par.document_length)
+
+
 def tune(predictor, req: TuneRequest, progress: Callable[[TuneProgress], None] | None = None) -> TuneResult:
     """Search `req.space` exactly (branch and bound, see the module docstring) and return the
     best configurations; `progress` is called with a :class:`TuneProgress` as the search goes."""

@@ -192,6 +192,30 @@ def test_megatron_arguments(mofa_predictor):
         assert a in args, a
 
 
+def test_python_tune_is_the_cli_search(mofa_predictor):
+    """`Predictor.tune` / `mofa.tune` run the search `mofa tune` runs for the same job and flags
+    (`tuner.job_request` builds both): the same ranked configurations; a bad name is one
+    ConfigError naming the argument."""
+    import mofa_framework as mofa
+
+    job = mofa_predictor.job({"model": {"name": "llama3-8b"}, "hardware": {"name": "h100-sxm5-80gb", "num_gpus": 8},
+                              "parallel": {"global_batch_size": 32, "sequence_length": 4096}})
+    res = mofa_predictor.tune(job, values={"tp": (1, 2), "pp": (1, 2)}, features=["recompute", "distributed_optimizer"],
+                              top_k=3)
+    out = json.loads(CliRunner().invoke(cli, ["tune", "--model", "llama3-8b", "--hardware", "h100-sxm5-80gb", "--gpus",
+                                              "8", "--gbs", "32", "--seq", "4096", "--tp-values", "1,2", "--pp-values",
+                                              "1,2", "--features", "recompute,distributed_optimizer", "--format",
+                                              "json", "--top", "3"], catch_exceptions=False).output)
+    assert [c.step_time_s for c in res.best] == pytest.approx([b["step_time_s"] for b in out["best"]], rel=1e-12)
+    assert [c.parallel["tp"] for c in res.best] == [b["parallel"]["tp"] for b in out["best"]]
+    assert res.evaluated == out["evaluated"]
+    assert mofa.tune(job, values={"tp": (1,), "pp": (1,)}, top_k=1).best[0].parallel["tp"] == 1
+    with pytest.raises(ConfigError, match="values: 'tpp'"):
+        mofa_predictor.tune(job, values={"tpp": (8,)})
+    with pytest.raises(ConfigError, match="features: unknown feature 'nope'"):
+        mofa_predictor.tune(job, features=["nope"])
+
+
 def test_cli_tune_formats_and_errors(tmp_path):
     run = lambda *a: CliRunner().invoke(cli, ["tune", *a], catch_exceptions=False)  # noqa: E731
     flags = ["--model", "llama3-8b", "--hardware", "h100-sxm5-80gb", "--gpus", "8", "--gbs", "32", "--seq", "4096",

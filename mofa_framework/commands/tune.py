@@ -15,8 +15,7 @@ from ..cli import ATTENTION_KERNEL_OPTION, DOCUMENT_LENGTH_OPTION, NUM_LAYERS_OP
 from ..config import with_power_limit
 from ..errors import ConfigError
 from ..limits import LIMITS, check, short
-from ..tuner import (OBJECTIVES, SearchSpace, TuneRequest, default_space, feature_choices, megatron_arguments,
-                     stage_layers, tune)
+from ..tuner import OBJECTIVES, TuneRequest, job_request, megatron_arguments, stage_layers, tune
 
 
 def _ints(text: str | None, flag: str, minimum: int = 1) -> tuple[int, ...] | None:
@@ -80,45 +79,13 @@ def build_request(state, job_files, flags, *, tp, pp, vpp, cp, ep, etp, mbs_list
         job = attrs.evolve(job, parallel=attrs.evolve(job.parallel, document_length=doc_len))
     if power_w is not None:  # likewise [hardware] power_limit_w
         job = attrs.evolve(job, hardware=with_power_limit(job.hardware, power_w, "--power-limit-w"))
-    reg = state.pm.registry
-    srch = job.search
-    feats = _names(features) or srch.features
-    if feats is None:
-        feats = tuple(n for n, f in reg.features.items() if f.tunable)
-    # the job's own features are held on even when they are not searched by default (fp8, cuda_graphs, ...)
-    feats = tuple(dict.fromkeys((*feats, *job.features)))
-    for f in feats:
-        reg.feature(f, field="--features")
-    base = default_space(reg, job.model, job.hardware, job.num_gpus, job.parallel.sequence_length, features=feats)
-    pick = lambda cli_val, file_val, default: cli_val or file_val or default  # noqa: E731
-    sched = _names(schedules) or srch.schedules or base.schedules
-    for s in sched:
-        reg.schedule(s, field="--schedules")
-    sched = tuple(reg.schedule(s).name for s in sched)
-    space = SearchSpace(
-        tp=pick(_ints(tp, "--tp-values"), srch.tp, base.tp), pp=pick(_ints(pp, "--pp-values"), srch.pp, base.pp),
-        vpp=pick(_ints(vpp, "--vpp-values"), srch.vpp, base.vpp), cp=pick(_ints(cp, "--cp-values"), srch.cp, base.cp),
-        ep=pick(_ints(ep, "--ep-values"), srch.ep, base.ep), etp=pick(_ints(etp, "--etp-values"), srch.etp, base.etp),
-        micro_batch_size=pick(_ints(mbs_list, "--mbs-values"), srch.micro_batch_size, base.micro_batch_size),
-        schedules=sched,
-        lighter_ends=pick(_ints(lighter_ends, "--lighter-ends-values", minimum=0), srch.lighter_ends,
-                          base.lighter_ends),
-        # a feature the job enables is fixed on with its options; the others are searched
-        features={f: (feature_choices(reg, f, attrs.asdict(job.features[f]), allow_off=False)
-                      if f in job.features else base.features[f]) for f in feats},
-    )
-    e2e = None
-    if objective != "step_time":
-        from ..e2e import e2e_inputs, e2e_time
-
-        inputs = e2e_inputs(job, reg)
-        kwargs = inputs.model_kwargs()
-        e2e = lambda step, batch: e2e_time(step, **kwargs)  # noqa: E731
-    req = TuneRequest(model=job.model, hardware=job.hardware, num_gpus=job.num_gpus,
-                      global_batch_size=job.parallel.global_batch_size, sequence_length=job.parallel.sequence_length,
-                      precision=job.parallel.precision, space=space, objective=objective, top_k=top, e2e=e2e,
-                      pareto=pareto, flash_attention=job.parallel.flash_attention, time_budget_s=time_budget,
-                      attention_kernel=job.parallel.attention_kernel, document_length=job.parallel.document_length)
+    values = {"tp": _ints(tp, "--tp-values"), "pp": _ints(pp, "--pp-values"), "vpp": _ints(vpp, "--vpp-values"),
+              "cp": _ints(cp, "--cp-values"), "ep": _ints(ep, "--ep-values"), "etp": _ints(etp, "--etp-values"),
+              "micro_batch_size": _ints(mbs_list, "--mbs-values"),
+              "lighter_ends": _ints(lighter_ends, "--lighter-ends-values", minimum=0)}
+    req = job_request(job, state.pm.registry, features=_names(features) or None, schedules=_names(schedules),
+                      values={k: v for k, v in values.items() if v}, objective=objective, top_k=top, pareto=pareto,
+                      time_budget_s=time_budget, fields=("--features", "--schedules"))
     return req, job
 
 
