@@ -21,7 +21,10 @@ corrected towards the measurements near them:
 R∞, k₀, t₀ and c are fitted per (profile, dtype) by least squares on ln(rate) over the table
 (:func:`fit_tile_model`, numpy only, cached; it depends on the points alone, not on the datasheet
 peak), so the model is what the table measured — between and beyond the points, in every dtype
-of the table. The operator's time is then at least its bytes over η_m·BW_hbm (the roofline's
+of the table — but never faster than the fastest shape measured: past the table the rate
+saturates there, not at the fitted asymptote R∞ (a one-point table is a MAMF measurement, the
+best shape a search found: Gaudi 3's 1,243 TFLOPS, which the model through it would otherwise
+raise to 1,413 at 16384³; B200's XLA table tops at 1,845, the model at 2,080). The operator's time is then at least its bytes over η_m·BW_hbm (the roofline's
 memory term: thin GEMMs are bandwidth bound).
 
 *Correction*: at a profiled shape the price is the measurement. The log ratio measured / model is
@@ -216,6 +219,9 @@ def model_tflops(pts, hardware, m, n, k) -> np.ndarray:
     corr, near = _idw(points, resid, np.log2(shapes))
     fade = np.exp(-near / (2.0 * FADE_OCTAVES ** 2))
     rate = tile_model_tflops(*shapes.T, **fit, sm_count=sm) * np.exp(corr * fade)
+    # never faster than the fastest shape measured: past the table the model saturates there, not
+    # at its fitted asymptote (a one-point MAMF table measures the best shape a search found)
+    rate = np.minimum(rate, measured.max())
     return rate[back.ravel()].reshape(np.shape(m))
 
 
