@@ -24,8 +24,9 @@ peak), so the model is what the table measured — between and beyond the points
 of the table — but never faster than the fastest shape measured: past the table the rate
 saturates there, not at the fitted asymptote R∞ (a one-point table is a MAMF measurement, the
 best shape a search found: Gaudi 3's 1,243 TFLOPS, which the model through it would otherwise
-raise to 1,413 at 16384³; B200's XLA table tops at 1,845, the model at 2,080). The operator's time is then at least its bytes over η_m·BW_hbm (the roofline's
-memory term: thin GEMMs are bandwidth bound).
+raise to 1,413 at 16384³; B200's XLA table tops at 1,845, the model at 2,080). The operator's
+time is then at least its bytes over η_m·BW_hbm (the roofline's memory term: thin GEMMs are
+bandwidth bound).
 
 *Correction*: at a profiled shape the price is the measurement. The log ratio measured / model is
 interpolated by inverse-distance weighting over the nearest points in (log2 m, log2 n, log2 k)
