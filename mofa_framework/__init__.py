@@ -7,9 +7,10 @@ Python API::
     result = mofa.predict(job)            # a PredictionResult
     print(result.step_time_s, result.mfu, result.breakdown)
 
-    predictor = mofa.Predictor(disabled=["tp_overlap"])   # assemble from chosen plugins
-    timeline = predictor.trace(job)       # Chrome trace-event JSON (mofa_framework.trace)
+    timeline = mofa.Predictor().trace(job)   # Chrome trace-event JSON (mofa_framework.trace)
     best = mofa.tune(job, values={"tp": (4, 8)}).best[0]  # as `mofa tune` searches (a TuneResult)
+    predictor = mofa.Predictor(disabled=["tp_overlap"])   # assemble from chosen plugins
+    print(predictor.predict(predictor.load_job("examples/gpt3-175b-a100.toml"))[0].step_time_s)
 """
 
 from __future__ import annotations

@@ -511,6 +511,11 @@ def encode_features(jobs: list[TrainingJob], registry) -> dict[str, FeatureRows]
     """Feature flags and option arrays for a list of jobs (every registered feature gets a row set)."""
     out = {}
     used = {name for j in jobs for name in j.features}
+    for j in jobs:  # a job built with another registry (a plugin since disabled) is not evaluated without it
+        unknown = sorted(set(j.features) - set(registry.features))
+        if unknown:
+            raise ConfigError(f"{j.name}: features.{unknown[0]}: this predictor has no '{unknown[0]}' feature "
+                              "(disabled or not installed); remove it from the job or use a predictor with it")
     for name, feat in registry.features.items():
         if name not in used:
             continue  # absent from the batch = off on every row

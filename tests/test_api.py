@@ -45,6 +45,21 @@ def test_predictor_assembled_from_chosen_plugins(monkeypatch):
     assert "toy-x" not in mofa.Predictor().registry.hardware
 
 
+def test_a_job_with_a_feature_the_predictor_lacks_is_refused_not_priced_without_it(monkeypatch):
+    """A job built by one predictor and handed to one assembled without a feature it enables is
+    one ConfigError naming the feature (as loading it there would be), never silently priced
+    without that feature."""
+    monkeypatch.delenv("MOFA_DISABLED_PLUGINS", raising=False)
+    job = mofa.Predictor().job({**JOB, "features": {"tp_overlap": {}}})
+    pred = mofa.Predictor(disabled=["tp_overlap"])
+    for run in (pred.predict, pred.trace):
+        with pytest.raises(mofa.errors.ConfigError, match="features.tp_overlap: this predictor has no 'tp_overlap'"):
+            run(job)
+    with pytest.raises(mofa.errors.ConfigError, match="unknown feature 'tp_overlap'"):
+        pred.tune(job)
+    assert pred.predict(pred.job(JOB))[0].step_time_s > 0  # the same predictor on a job without it
+
+
 def test_result_to_dict_round_trips_the_headline_numbers():
     r = mofa.predict(JOB)
     d = r.to_dict()
