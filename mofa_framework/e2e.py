@@ -358,8 +358,8 @@ def e2e_inputs(job: TrainingJob, registry) -> E2EInputs:
     if fault.init_s is not None:
         init, init_src = float(fault.init_s), "given"
     else:
-        init = derived_init_s(ckpt + frozen_bytes, num_gpus=job.num_gpus, gpus_per_node=gpn, disk_read_gbps=hw.host.disk_read_gbps,
-                              startup_s=getattr(fault, "startup_s", STARTUP_S),
+        init = derived_init_s(ckpt + frozen_bytes, num_gpus=job.num_gpus, gpus_per_node=gpn,
+                              disk_read_gbps=hw.host.disk_read_gbps, startup_s=getattr(fault, "startup_s", STARTUP_S),
                               startup_per_node_s=getattr(fault, "startup_per_node_s", STARTUP_PER_NODE_S))
         init_src = "derived"
     steps = int(num_steps(tokens, job.parallel.global_batch_size, job.parallel.sequence_length))

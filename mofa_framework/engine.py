@@ -1086,7 +1086,6 @@ def finish(pl: Pipelined, trail: dict | None = None, lean: bool = False, check: 
 
     tokens = batch.global_batch_size * batch.sequence_length
     n_gpus = batch.num_gpus.astype(np.float64)
-    seq = batch.sequence_length
     model_flops = training_flops_per_step(model, batch, frozen_weight_rows(batch, registry))
     hw_flops = model_flops + recompute_flops_per_step(state, lay)
     mfu_code = mfu_precision(batch, hardware, registry)
@@ -1129,7 +1128,6 @@ def training_flops_per_step(model: ModelSpec, batch: CandidateBatch, frozen: Boo
     if frozen.any():
         per_seq = np.where(frozen, training_flops_per_sequence(model, seq, True, doc)[inv], per_seq)
     return per_seq * batch.global_batch_size
-
 
 
 def mfu_precision(batch: CandidateBatch, hardware: HardwareProfile, registry) -> IntArray:
