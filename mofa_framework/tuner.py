@@ -44,9 +44,11 @@ import numpy as np
 
 from . import engine
 from .batch import ATTENTION_KERNELS, PRECISIONS, CandidateBatch, FeatureRows, taken
+from .config import SearchSection, structure
 from .engine import Prediction
 from .errors import ConfigError
 from .invariants import feasible_result
+from .limits import short
 from .types import HardwareProfile, ModelSpec
 from .units import GIB
 
@@ -994,18 +996,17 @@ def job_request(job, registry, *, features: Iterable[str] | None = None, schedul
     searched (else the table's, else every tunable one) and the job's own features held on with
     their options; `schedules` likewise. An end-to-end objective reads the job's ``[training]`` and
     ``[reliability]``. `fields` name the two lists in error lines (the CLI's flags)."""
-    srch, values = job.search, dict(values or {})
-    bad = sorted(set(values) - set(SEARCHED_SIZES))
-    if bad:
-        raise ConfigError(f"values: {bad[0]!r} is not searched; use one of {', '.join(SEARCHED_SIZES)}")
-    feats = tuple(features) if features is not None else srch.features
+    srch, values = job.search, _sizes_arg(values)
+    features, schedules = _names_arg(features, fields[0]), _names_arg(schedules, fields[1])
+    _check_request_args(objective, top_k, time_budget_s)
+    feats = features if features is not None else srch.features
     if feats is None:
         feats = tuple(n for n, f in registry.features.items() if f.tunable)
     feats = tuple(dict.fromkeys((*feats, *job.features)))  # the job's own are held on even if not searched
     for f in feats:
         registry.feature(f, field=fields[0])
     base = default_space(registry, job.model, job.hardware, job.num_gpus, job.parallel.sequence_length, features=feats)
-    sched = tuple(schedules) if schedules else (srch.schedules or base.schedules)
+    sched = schedules or srch.schedules or base.schedules
     sched = tuple(registry.schedule(s, field=fields[1]).name for s in sched)
     pick = {k: values.get(k) or getattr(srch, k) or getattr(base, k) for k in SEARCHED_SIZES}
     space = SearchSpace(**pick, schedules=sched,
@@ -1023,6 +1024,40 @@ def job_request(job, registry, *, features: Iterable[str] | None = None, schedul
                        precision=par.precision, space=space, objective=objective, top_k=top_k, e2e=e2e, pareto=pareto,
                        flash_attention=par.flash_attention, time_budget_s=time_budget_s,
                        attention_kernel=par.attention_kernel, document_length=par.document_length)
+
+
+def _check_request_args(objective, top_k, time_budget_s) -> None:
+    """:func:`job_request`'s scalar arguments, each refused with one line naming it."""
+    if objective not in OBJECTIVES:
+        raise ConfigError(f"objective: {short(objective)} is not an objective; use one of {', '.join(OBJECTIVES)}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise ConfigError(f"top_k: expected an integer ≥ 1 (configurations to return), got {short(top_k)}")
+    ok = isinstance(time_budget_s, (int, float)) and not isinstance(time_budget_s, bool)
+    if time_budget_s is not None and not (ok and math.isfinite(time_budget_s) and time_budget_s > 0):
+        raise ConfigError(f"time_budget_s: expected seconds > 0 (or None: no budget), got {short(time_budget_s)}")
+
+
+def _sizes_arg(values) -> dict[str, tuple[int, ...]]:
+    """`values` of :func:`job_request` checked as a job file's ``[search]`` ranges are (a bare
+    integer is one value): ConfigError naming ``values.<size>``."""
+    if values is not None and not isinstance(values, Mapping):
+        raise ConfigError(f"values: expected a mapping of sizes to values, e.g. {{'tp': (4, 8)}}, got {short(values)}")
+    values = dict(values or {})
+    bad = sorted(set(values) - set(SEARCHED_SIZES))
+    if bad:
+        raise ConfigError(f"values: {bad[0]!r} is not searched; use one of {', '.join(SEARCHED_SIZES)}")
+    one = {k: (v,) if isinstance(v, int) and not isinstance(v, bool) else v for k, v in values.items()}
+    checked = structure(one, SearchSection, "values")
+    return {k: getattr(checked, k) for k in values}
+
+
+def _names_arg(names, field: str) -> tuple[str, ...] | None:
+    """Feature or schedule names of :func:`job_request`: None, one name, or a list of them."""
+    if names is None or isinstance(names, str):
+        return names if names is None else (names,)
+    if not isinstance(names, Iterable) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"{field}: expected a name or a list of names, got {short(names)}")
+    return tuple(names)
 
 
 def tune(predictor, req: TuneRequest, progress: Callable[[TuneProgress], None] | None = None) -> TuneResult:

@@ -214,6 +214,34 @@ def test_python_tune_is_the_cli_search(mofa_predictor):
         mofa_predictor.tune(job, values={"tpp": (8,)})
     with pytest.raises(ConfigError, match="features: unknown feature 'nope'"):
         mofa_predictor.tune(job, features=["nope"])
+    # one name or one value stands for a list of one
+    one = mofa_predictor.tune(job, values={"tp": 2, "pp": 1}, features="recompute", schedules="1f1b", top_k=1)
+    assert one.best[0].parallel["tp"] == 2 and one.best[0].schedule == "1f1b"
+
+
+@pytest.mark.parametrize("kwargs, line", [
+    ({"values": {"tp": (0,)}}, "values: tp: 0 is out of range"),
+    ({"values": {"tp": (2.5,)}}, "values: tp[0]: expected an integer, got 2.5"),
+    ({"values": {"tp": "8"}}, "values: tp[0]: expected an integer, got '8'"),
+    ({"values": {"tp": ()}}, "values: tp: an empty list searches nothing"),
+    ({"values": {"tp": (10**30,)}}, "values: tp[0]: 10**30 is too large"),
+    ({"values": 5}, "values: expected a mapping of sizes to values"),
+    ({"features": 5}, "features: expected a name or a list of names, got 5"),
+    ({"schedules": [1]}, "schedules: expected a name or a list of names"),
+    ({"objective": "fastest"}, "objective: 'fastest' is not an objective; use one of step_time"),
+    ({"top_k": 0}, "top_k: expected an integer ≥ 1"),
+    ({"top_k": "3"}, "top_k: expected an integer ≥ 1"),
+    ({"time_budget_s": -1}, "time_budget_s: expected seconds > 0"),
+    ({"time_budget_s": float("nan")}, "time_budget_s: expected seconds > 0"),
+])
+def test_python_tune_refuses_bad_arguments_in_one_line(mofa_predictor, kwargs, line):
+    """Every argument of `Predictor.tune` is checked before the search: one ConfigError naming the
+    argument (the `[search]` ranges as a job file's are), never a TypeError from inside."""
+    job = mofa_predictor.job({"model": {"name": "llama3-8b"}, "hardware": {"name": "h100-sxm5-80gb", "num_gpus": 8},
+                              "parallel": {"global_batch_size": 32, "sequence_length": 4096}})
+    with pytest.raises(ConfigError) as exc:
+        mofa_predictor.tune(job, **kwargs)
+    assert str(exc.value).startswith(line) and "\n" not in str(exc.value)
 
 
 def test_cli_tune_formats_and_errors(tmp_path):
