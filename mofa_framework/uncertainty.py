@@ -13,7 +13,8 @@ Rows of one source (a measurement file on one GPU) share a bias, so they are not
 for a new source: the expected error is the mean bias + a new source's bias (the chosen sources'
 biases about their mean, widened by √(1 + 1/k); with fewer than :data:`MIN_SOURCES` of them, every
 source's of the table) + the scatter within a source (each chosen row's deviation from its source's
-bias, every source weighted alike) — :func:`_quantiles`. Within the calibrated regimes each row
+bias, every source weighted alike; with fewer than :data:`MIN_SOURCES` sources the band is at least
+as wide as every source's scatter makes it) — :func:`_quantiles`. Within the calibrated regimes each row
 gives its held-out error of every kind of :data:`POOLED_KINDS`.
 
 The nearest rows (:func:`band`): the rows on the job's GPU — or, for a GPU with none, on the
@@ -214,8 +215,8 @@ def band(step_s: float, regime: Regime, registry, table: ResidualTable | None = 
     sel, what = next(((on_gpu & m, w) for m, w in levels if (on_gpu & m).sum() >= MIN_ROWS), (on_gpu, "every row"))
     if not sel.any():
         sel, what, where = np.ones(len(table), bool), "every validated run", "any GPU"
-    errors = _errors(table, kinds)
-    lo_q, hi_q, groups = _quantiles(errors, _groups(table), sel)
+    errors = _errors(table, frozenset(kinds))
+    lo_q, hi_q, groups = _quantiles(errors, _groups(table), sel, _every_source(table, frozenset(kinds)))
     rows = int(np.isfinite(errors[sel]).any(axis=1).sum())
     held = "held-out" if kinds == {"source"} else "worst held-out"
     return Band(low_s=float(step_s * math.exp(-hi_q)), high_s=float(step_s * math.exp(-lo_q)), rows=rows,
@@ -239,20 +240,40 @@ def _power_flag(regime: Regime, registry) -> str:
             f"at {scale:.2f} of rated speed (docs/cost-model.md, Power limit); band from the profile's rows")
 
 
-def _errors(table: ResidualTable, kinds: set[str]) -> np.ndarray:
+@functools.lru_cache(maxsize=64)
+def _errors(table: ResidualTable, kinds: frozenset[str]) -> np.ndarray:
     """Per row, the held-out errors a band draws from (rows × samples, NaN where none): within the
     calibrated regimes every kind of :data:`POOLED_KINDS` the table has (one sample each); outside
-    them (`kinds` beyond ``source``), the row's worst error over `kinds`."""
+    them (`kinds` beyond ``source``), the row's worst error over `kinds`. (Cached per table: read only.)"""
     if kinds == {"source"}:
         cols = [table.log_error[k] for k in POOLED_KINDS if k in table.log_error]
     else:
         cols = [_worst([table.log_error[k] for k in KINDS if k in kinds and k in table.log_error])]
-    return np.column_stack(cols)
+    out = np.column_stack(cols)
+    out.setflags(write=False)
+    return out
 
 
+@functools.lru_cache(maxsize=64)
 def _groups(table: ResidualTable) -> np.ndarray:
     """Each row's group: its source on its GPU (rows of one publication on one GPU share a bias)."""
-    return np.array([f"{s}|{g}" for s, g in zip(table.source, table.gpu)], dtype=object)
+    out = np.array([f"{s}|{g}" for s, g in zip(table.source, table.gpu)], dtype=object)
+    out.setflags(write=False)
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _every_source(table: ResidualTable, kinds: frozenset[str]) -> tuple[float, float]:
+    """The (10th, 90th) percentiles of a new source's error about the mean bias, drawn from every
+    source of the table: every source's bias about their mean, widened by √(1 + 1/K), plus every
+    source's scatter (each source weighted alike) — what :func:`_quantiles` falls back on when too few
+    sources are near the job to say how far apart sources lie or how widely a source scatters."""
+    errors, groups = _errors(table, kinds), _groups(table)
+    if not np.isfinite(errors).any():
+        return math.nan, math.nan
+    spread, dev, _ = _bias_spread(errors, groups, np.ones(len(groups), bool))
+    return _sum_quantiles(spread * math.sqrt(1.0 + 1.0 / len(spread)), dev,
+                          np.broadcast_to(groups[:, None], errors.shape)[np.isfinite(errors)])
 
 
 def weighted_quantile(x: np.ndarray, w: np.ndarray, q: Sequence[float]) -> np.ndarray:
@@ -282,7 +303,19 @@ def _bias_spread(errors: np.ndarray, groups: np.ndarray, keep: np.ndarray) -> tu
     return bias[present] - mean, vals - bias[inv], mean
 
 
-def _quantiles(errors: np.ndarray, groups: np.ndarray, sel: np.ndarray) -> tuple[float, float, int]:
+def _sum_quantiles(spread: np.ndarray, dev: np.ndarray, dev_group: np.ndarray) -> tuple[float, float]:
+    """The (10th, 90th) percentiles of every (spread, deviation) sum, each group's deviations weighing
+    one in all (`dev_group`: the group of each deviation)."""
+    _, inv, count = np.unique(dev_group, return_inverse=True, return_counts=True)
+    w = 1.0 / count[inv]
+    x = (spread[:, None] + dev[None, :]).ravel()
+    lo, hi = weighted_quantile(x, np.broadcast_to(w, (len(spread), len(w))).ravel(),
+                               [0.5 * (1 - COVERAGE), 0.5 * (1 + COVERAGE)])
+    return float(lo), float(hi)
+
+
+def _quantiles(errors: np.ndarray, groups: np.ndarray, sel: np.ndarray,
+               every: tuple[float, float] | None = None) -> tuple[float, float, int]:
     """The (10th, 90th) percentiles of ln(predicted/measured) for a run of a source not in the table,
     and how many sources (groups) the rows in `sel` come from.
 
@@ -290,8 +323,10 @@ def _quantiles(errors: np.ndarray, groups: np.ndarray, sel: np.ndarray) -> tuple
     error is modelled as mean bias + a new source's bias + the scatter within a source. The scatter
     is the selected rows' deviations from their own group's bias, each group weighted alike; the new
     source's bias is drawn from the selected groups' biases about their mean, widened by √(1 + 1/k)
-    (a new group, and a mean estimated from k groups), or — with fewer than :data:`MIN_SOURCES`
-    groups selected — from every group of the table likewise."""
+    (a new group, and a mean estimated from k groups). With fewer than :data:`MIN_SOURCES` groups
+    selected neither is known from them: the biases are drawn from every group of the table likewise,
+    and the band is at least as wide as `every` (:func:`_every_source`, about the selected mean bias) —
+    one or two sources say little about how widely a new one scatters."""
     if not np.isfinite(errors[sel]).any():
         return math.nan, math.nan, 0
     spread, dev, mean = _bias_spread(errors, groups, sel)
@@ -300,13 +335,10 @@ def _quantiles(errors: np.ndarray, groups: np.ndarray, sel: np.ndarray) -> tuple
         spread = _bias_spread(errors, groups, np.ones(len(groups), bool))[0]
     spread = spread * math.sqrt(1.0 + 1.0 / len(spread))
     finite = np.isfinite(errors) & sel[:, None]
-    g = np.broadcast_to(groups[:, None], errors.shape)[finite]
-    _, inv, count = np.unique(g, return_inverse=True, return_counts=True)
-    w = 1.0 / count[inv]  # every group's deviations weigh one in all
-    x = (mean + spread[:, None] + dev[None, :]).ravel()
-    lo_q, hi_q = weighted_quantile(x, np.broadcast_to(w, (len(spread), len(w))).ravel(),
-                                   [0.5 * (1 - COVERAGE), 0.5 * (1 + COVERAGE)])
-    return float(lo_q), float(hi_q), k
+    lo_q, hi_q = _sum_quantiles(spread, dev, np.broadcast_to(groups[:, None], errors.shape)[finite])
+    if k < MIN_SOURCES and every is not None and np.isfinite(every[0]):
+        lo_q, hi_q = min(lo_q, every[0]), max(hi_q, every[1])
+    return mean + lo_q, mean + hi_q, k
 
 
 def band_for(result, job, registry, table: ResidualTable | None = None) -> Band:

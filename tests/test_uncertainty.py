@@ -103,18 +103,39 @@ def test_weighted_quantile_is_numpys_linear_percentile_for_equal_weights():
 
 
 def test_band_prefers_the_nearest_regime_with_enough_rows(registry):
-    """Eleven rows at the job's scale drive the band; rows of another precision do not (even if
-    they are far worse), until the job's precision has fewer than MIN_ROWS rows."""
-    same = [{"ratio": {"source": r}} for r in RATIOS]
-    fp8 = [{"precision": "fp8", "ratio": {"source": 2.0}} for _ in range(20)]
+    """Rows at the job's scale drive the band; rows of another precision do not (even if they are far
+    worse), nor rows far from its scale, until the nearer level has fewer than MIN_ROWS rows. The
+    near rows come from three sources with the same errors (RATIOS each): biases equal, so the band
+    is RATIOS' own 10th and 90th percentiles (33 values: positions 3.2 and 28.8, 0.90 and 1.10)."""
+    same = [{"source": src, "ratio": {"source": r}} for src in "abc" for r in RATIOS]
+    fp8 = [{"source": "f", "precision": "fp8", "ratio": {"source": 2.0}} for _ in range(20)]
     b = band(10.0, regime(), registry, table(same + fp8))
-    assert b.high_s == pytest.approx(10.0 / 0.90)
+    assert b.high_s == pytest.approx(10.0 / 0.90) and b.low_s == pytest.approx(10.0 / 1.10)
     # far from the job's scale (more than SCALE_SPAN× away): the "same precision and family" level
-    far = [{"num_gpus": 64 * SCALE_SPAN * 2, "ratio": {"source": 0.5}} for _ in range(MIN_ROWS)]
+    far = [{"source": "g", "num_gpus": 64 * SCALE_SPAN * 2, "ratio": {"source": 0.5}} for _ in range(MIN_ROWS)]
     b = band(10.0, regime(), registry, table(same + far))
-    assert b.high_s == pytest.approx(10.0 / 0.90)  # the 11 rows at its scale are enough
+    assert b.high_s == pytest.approx(10.0 / 0.90)  # the 33 rows at its scale are enough
     b = band(10.0, regime(), registry, table(same[:5] + far))  # 5 at its scale: not enough
-    assert b.rows == 15 and "(bf16, dense GQA gated MLP; 1 source," in b.basis
+    assert b.rows == 15 and "(bf16, dense GQA gated MLP; 2 sources," in b.basis
+
+
+def test_a_band_from_too_few_sources_is_at_least_as_wide_as_every_sources_scatter(registry):
+    """One source on the job's GPU, scattering ±0.01 about bias 0, is fewer than MIN_SOURCES: how
+    widely a new source scatters is not known from it. Every source of the table: a (±0.01, each row
+    weighing 1/2), b on the A100 (±0.3, 1/2 each) and c (one row, bias 0: deviation 0, weight 1); biases
+    all 0, so the spread across sources is 0. The sums — the five deviations, once per source, weights
+    ½ ½ 1 ½ ½ — sorted: −0.3 ×3, −0.01 ×3, 0 ×3, 0.01 ×3, 0.3 ×3; cumulative weight at each value's
+    middle less the first's half: 0, 0.5, 1, 1.5, 2, 2.5, 3.25 … 6, 6.5 … 8.5; the 10th percentile (at
+    0.85 of 8.5) and the 90th (7.65) fall among the ±0.3s: the band is [t·e^−0.3, t·e^0.3], not a's ±0.01."""
+    rows = [{"source": "a", "ratio": {"source": math.exp(d)}} for d in (-0.01, 0.01)]
+    rows += [{"source": "b", "gpu": A100, "ratio": {"source": math.exp(d)}} for d in (-0.3, 0.3)]
+    rows += [{"source": "c", "gpu": A100, "ratio": {"source": 1.0}}]
+    b = band(10.0, regime(), registry, table(rows))
+    assert b.low_s == pytest.approx(10.0 * math.exp(-0.3)) and b.high_s == pytest.approx(10.0 * math.exp(0.3))
+    # three sources on the job's GPU: their own scatter (±0.01, biases 0), b's does not widen it
+    rows3 = [{"source": s, "ratio": {"source": math.exp(d)}} for s in "ade" for d in (-0.01, 0.01)]
+    b = band(10.0, regime(), registry, table(rows3 + rows[2:]))
+    assert b.low_s == pytest.approx(10.0 * math.exp(-0.01)) and b.high_s == pytest.approx(10.0 * math.exp(0.01))
 
 
 def test_flags_and_widening(registry):
