@@ -65,6 +65,7 @@ PARAMETERS: dict[str, tuple[float, float, bool]] = {
     "scaleout_latency_us": (0.5, 100.0, True),
     "bandwidth_decay_per_doubling": (0.0, 0.2, False),
     "step_overhead_s": (0.0, 2.0, False),
+    "moe_step_overhead_s": (0.0, 2.0, False),
     "microbatch_overhead_s": (0.0, 0.02, False),
     "chunk_overhead_s": (0.0, 0.005, False),
     "contention_compute": (1.0, 1.5, False),
@@ -72,6 +73,9 @@ PARAMETERS: dict[str, tuple[float, float, bool]] = {
 }
 DEFAULT_PARAMETERS = ("gemm_efficiency", "gemm_half_efficiency_s", "attention_efficiency",
                       "scaleup_bus_efficiency", "scaleout_bus_efficiency", "step_overhead_s")
+#: per-step constants: identifiable if a second of them moves some row (their bounds' 2 s would
+#: flag every row)
+STEP_CONSTANTS = ("step_overhead_s", "moe_step_overhead_s")
 #: weight of the prior ln(θ/θ₀) residuals (≈ a 1/λ relative step is worth one source's misfit)
 PRIOR_WEIGHT = 0.05
 #: a coefficient is fitted only if some row's ln t moves by this much over its bounds' range
@@ -260,8 +264,8 @@ def identifiable(problem: _Problem, base: dict[str, float], parameters: Sequence
     keep = []
     for name in parameters:
         lo, hi, _ = PARAMETERS[name]
-        a = problem.log_error({**base, name: lo if name != "step_overhead_s" else 0.0})
-        b = problem.log_error({**base, name: hi if name != "step_overhead_s" else 1.0})
+        a = problem.log_error({**base, name: lo if name not in STEP_CONSTANTS else 0.0})
+        b = problem.log_error({**base, name: hi if name not in STEP_CONSTANTS else 1.0})
         if mask.any() and np.nanmax(np.abs(a - b)[mask]) >= MIN_SENSITIVITY:
             keep.append(name)
     return keep

@@ -1034,6 +1034,13 @@ def expand_pipelined(pl: Pipelined, parent: np.ndarray, batch: CandidateBatch,
                      stage_parts=parts(pl.stage_parts), hidden=parts(pl.hidden))
 
 
+def step_overhead_s(model: ModelSpec, hardware: HardwareProfile) -> float:
+    """The fixed host time of one step: ``step_overhead_s``, plus ``moe_step_overhead_s`` for a
+    model with MoE layers."""
+    eff = hardware.efficiency
+    return eff.step_overhead_s + (eff.moe_step_overhead_s if model.is_moe else 0.0)
+
+
 def finish(pl: Pipelined, trail: dict | None = None, lean: bool = False, check: bool = True) -> Prediction | Outcome:
     """The optimizer and memory phases and the results, after :func:`pipeline_phase`. With
     `lean`, only the step time, the peak memory and whether it fits (:class:`Outcome`); `check`
@@ -1060,7 +1067,7 @@ def finish(pl: Pipelined, trail: dict | None = None, lean: bool = False, check: 
 
     # ---- results
     opt, mem = state.opt, state.mem
-    overhead = np.full(n, hardware.efficiency.step_overhead_s)
+    overhead = np.full(n, step_overhead_s(model, hardware))
     step = times.total_s + opt.dp_exposed_s + opt.update_s + opt.host_s + overhead
     gpu = mem.gpu_bytes + hardware.reserved_memory_bytes
     gpu = np.where(exists, gpu, -np.inf)

@@ -697,7 +697,7 @@ class _Search:
         self.evaluated = self.feasible = self.bounded_rows = 0
         self.min_peak = np.inf
         self.levels: list[_Level] = []
-        self.overhead_s = req.hardware.efficiency.step_overhead_s
+        self.overhead_s = engine.step_overhead_s(req.model, req.hardware)
         # everything the providers price, once per structure for the whole search
         self.priced = engine.price_structures(structs, req.model, req.hardware, predictor.pm)
         state, priced = engine.layer_phase(structs, req.model, req.hardware, predictor.pm,

@@ -638,6 +638,10 @@ class EfficiencySpec:
     reserved_memory_gib: float = attrs.field(default=3.0, converter=float, validator=v.ge(0.0))
     #: fixed per-step overhead (data loading, logging, launch gaps), seconds
     step_overhead_s: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))
+    #: an MoE job's per-step host time on top of ``step_overhead_s`` (the MoE training loop's own
+    #: bookkeeping: router statistics and auxiliary-loss tracking, token-count synchronisations),
+    #: seconds; 0 for a model without MoE layers. Default 0
+    moe_step_overhead_s: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))
     #: host time of the training loop per micro-batch on every pipeline stage (fetching and
     #: broadcasting the batch, masks, loss bookkeeping: once per micro-batch, however many model
     #: chunks interleaving splits it into), seconds; it adds to each stage's forward. Default 0

@@ -159,6 +159,22 @@ def test_microbatch_overhead_adds_to_every_stage_forward(pp, vpp, schedule):
     assert chunk.step_time_s[0] - off.step_time_s[0] == pytest.approx((m * vpp + pp - 1) * y)
 
 
+def test_step_overheads_add_once_per_step_and_the_moe_one_only_to_moe_models():
+    """``step_overhead_s`` a adds a to every step (breakdown ``overhead``); ``moe_step_overhead_s`` b
+    adds b more to a model with MoE layers (Mixtral 8×7B) and nothing to a dense one (Llama 3 8B)."""
+    a, b = 0.25, 0.5
+    for model, extra in (("llama3-8b", 0.0), ("mixtral-8x7b", b)):
+        job = PRED.job({"model": {"name": model}, "hardware": {"name": "h100-sxm5-80gb", "num_gpus": 8},
+                        "parallel": {"tp": 1, "pp": 1, "ep": 8 if extra else 1, "micro_batch_size": 1,
+                                     "global_batch_size": 8, "sequence_length": 4096}})
+        batch = jobs_to_batch([job], PRED.registry)
+        off = PRED.evaluate(batch, job.model, _hw(step_overhead_s=0.0, moe_step_overhead_s=0.0))
+        on = PRED.evaluate(batch, job.model, _hw(step_overhead_s=a, moe_step_overhead_s=b))
+        assert on.step_time_s[0] - off.step_time_s[0] == pytest.approx(a + extra), model
+        assert on.breakdown["overhead"][0] == pytest.approx(a + extra)
+        assert sum(on.breakdown.values())[0] == pytest.approx(on.step_time_s[0])
+
+
 def test_gemm_half_dim_slows_narrow_gemms():
     """``gemm_half_dim`` d½: a GEMM's rate gains Π x/(x + d½) over m, n, k (0 = off)."""
     hw0 = _hw(gemm_half_dim=0.0, gemm_half_dim_k=0.0, gemm_half_efficiency_s=0.0, kernel_launch_s=0.0)
