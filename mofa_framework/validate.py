@@ -91,7 +91,8 @@ class ErrorStats:
 
 @attrs.frozen(kw_only=True)
 class RankStats:
-    """Strategy ranking within groups of ≥ 3 rows (same source, model, hardware, GPU count)."""
+    """Strategy ranking within groups of ≥ 3 strategies (same source, model, hardware, GPU count; rows
+    of one job measured more than once count once: :func:`strategies`)."""
 
     groups: int
     #: Spearman ρ per group key
@@ -298,7 +299,20 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
+def strategies(members: Sequence) -> tuple[list[float], list[float]]:
+    """(measured, predicted) time per sequence of each strategy among rows of one group: rows the
+    model predicts alike (to a relative 1e-9: the same job as mapped) are one strategy measured more
+    than once — another release, a rerun — and count once, at their median measured time."""
+    by: dict[float, list[float]] = {}
+    for r in sorted(members, key=lambda r: r.predicted_s_per_seq):
+        key = next((k for k in by if math.isclose(k, r.predicted_s_per_seq, rel_tol=1e-9)), r.predicted_s_per_seq)
+        by.setdefault(key, []).append(r.measured_s_per_seq)
+    return [float(np.median(v)) for v in by.values()], list(by)
+
+
 def rank_stats(rows: Sequence[RowResult], min_size: int = 3) -> RankStats:
+    """Spearman ρ and top-1 regret of the strategies (:func:`strategies`) of each group with at
+    least `min_size` of them."""
     groups: dict[tuple, list[RowResult]] = defaultdict(list)
     for r in rows:
         if r.group is not None:
@@ -306,11 +320,10 @@ def rank_stats(rows: Sequence[RowResult], min_size: int = 3) -> RankStats:
     rho: dict[str, float] = {}
     regret: dict[str, float] = {}
     for key, members in groups.items():
-        if len(members) < min_size:
+        meas, pred = strategies(members)
+        if len(meas) < min_size:
             continue
         name = " / ".join(str(k) for k in key[1:])
-        meas = [r.measured_s_per_seq for r in members]
-        pred = [r.predicted_s_per_seq for r in members]
         s = spearman(meas, pred)
         if not math.isnan(s):
             rho[name] = s

@@ -849,3 +849,23 @@ def test_the_gb200_guide_steps_carry_the_guides_recompute_and_graphs():
         assert (graphs is not None) == (n >= 6)
         if graphs:
             assert graphs["attn"] and graphs["moe_router"] and graphs["moe_preprocess"] and graphs["mlp"] == (n >= 10)
+
+
+def test_a_job_measured_more_than_once_is_one_strategy_in_the_ranking():
+    """Group g: job A predicted 1.0 s/seq and measured three times (1.0, 1.2, 1.1: median 1.1), B
+    predicted 2.0 measured 2.0, C predicted 3.0 measured 1.5. Three strategies: measured ranks
+    (0, 2, 1) against predicted (0, 1, 2), Σd² = 2, ρ = 1 − 6·2/(3·8) = 0.5; the predicted best (A)
+    is the measured best at its median: regret 0. Group h, one job measured four times and one
+    other, has two strategies: not ranked."""
+    from types import SimpleNamespace
+
+    from mofa_framework.validate import rank_stats, strategies
+
+    row = lambda g, p, m: SimpleNamespace(group=("src", g), predicted_s_per_seq=p, measured_s_per_seq=m)  # noqa: E731
+    g = [row("g", 1.0, 1.0), row("g", 1.0, 1.2), row("g", 1.0 * (1 + 1e-12), 1.1), row("g", 2.0, 2.0),
+         row("g", 3.0, 1.5)]
+    h = [row("h", 5.0, m) for m in (5.0, 5.5, 6.0, 4.0)] + [row("h", 6.0, 6.0)]
+    assert strategies(g) == ([1.1, 2.0, 1.5], [1.0, 2.0, 3.0])
+    stats = rank_stats(g + h)
+    assert stats.groups == 1 and stats.spearman == {"g": pytest.approx(0.5)}
+    assert stats.regret == {"g": pytest.approx(0.0)}
