@@ -304,8 +304,10 @@ def strategies(members: Sequence) -> tuple[list[float], list[float]]:
     model predicts alike (to a relative 1e-9: the same job as mapped) are one strategy measured more
     than once — another release, a rerun — and count once, at their median measured time."""
     by: dict[float, list[float]] = {}
-    for r in sorted(members, key=lambda r: r.predicted_s_per_seq):
-        key = next((k for k in by if math.isclose(k, r.predicted_s_per_seq, rel_tol=1e-9)), r.predicted_s_per_seq)
+    for r in sorted(members, key=lambda r: r.predicted_s_per_seq):  # alike predictions are neighbours
+        last = next(reversed(by), None)
+        key = last if last is not None and math.isclose(last, r.predicted_s_per_seq, rel_tol=1e-9) \
+            else r.predicted_s_per_seq
         by.setdefault(key, []).append(r.measured_s_per_seq)
     return [float(np.median(v)) for v in by.values()], list(by)
 
