@@ -40,6 +40,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 from pathlib import Path
 
 import attrs
@@ -262,18 +263,28 @@ def _groups(table: ResidualTable) -> np.ndarray:
     return out
 
 
+class EverySource(NamedTuple):
+    """A new source's error drawn from every source of a table: every source's bias about their
+    mean, widened by √(1 + 1/K), and the (10th, 90th) percentiles of that spread plus every
+    source's scatter (each source weighted alike), about the mean bias."""
+
+    spread: np.ndarray
+    lo: float
+    hi: float
+
+
 @functools.lru_cache(maxsize=64)
-def _every_source(table: ResidualTable, kinds: frozenset[str]) -> tuple[float, float]:
-    """The (10th, 90th) percentiles of a new source's error about the mean bias, drawn from every
-    source of the table: every source's bias about their mean, widened by √(1 + 1/K), plus every
-    source's scatter (each source weighted alike) — what :func:`_quantiles` falls back on when too few
-    sources are near the job to say how far apart sources lie or how widely a source scatters."""
+def _every_source(table: ResidualTable, kinds: frozenset[str]) -> EverySource:
+    """What :func:`_quantiles` falls back on when too few sources are near the job to say how far
+    apart sources lie or how widely a source scatters: computed once per table and kinds."""
     errors, groups = _errors(table, kinds), _groups(table)
     if not np.isfinite(errors).any():
-        return math.nan, math.nan
+        return EverySource(np.zeros(0), math.nan, math.nan)
     spread, dev, _ = _bias_spread(errors, groups, np.ones(len(groups), bool))
-    return _sum_quantiles(spread * math.sqrt(1.0 + 1.0 / len(spread)), dev,
-                          np.broadcast_to(groups[:, None], errors.shape)[np.isfinite(errors)])
+    spread = spread * math.sqrt(1.0 + 1.0 / len(spread))
+    spread.setflags(write=False)
+    lo, hi = _sum_quantiles(spread, dev, np.broadcast_to(groups[:, None], errors.shape)[np.isfinite(errors)])
+    return EverySource(spread, lo, hi)
 
 
 def weighted_quantile(x: np.ndarray, w: np.ndarray, q: Sequence[float]) -> np.ndarray:
@@ -315,7 +326,7 @@ def _sum_quantiles(spread: np.ndarray, dev: np.ndarray, dev_group: np.ndarray) -
 
 
 def _quantiles(errors: np.ndarray, groups: np.ndarray, sel: np.ndarray,
-               every: tuple[float, float] | None = None) -> tuple[float, float, int]:
+               every: EverySource) -> tuple[float, float, int]:
     """The (10th, 90th) percentiles of ln(predicted/measured) for a run of a source not in the table,
     and how many sources (groups) the rows in `sel` come from.
 
@@ -325,19 +336,18 @@ def _quantiles(errors: np.ndarray, groups: np.ndarray, sel: np.ndarray,
     source's bias is drawn from the selected groups' biases about their mean, widened by √(1 + 1/k)
     (a new group, and a mean estimated from k groups). With fewer than :data:`MIN_SOURCES` groups
     selected neither is known from them: the biases are drawn from every group of the table likewise,
-    and the band is at least as wide as `every` (:func:`_every_source`, about the selected mean bias) —
-    one or two sources say little about how widely a new one scatters."""
+    and the band is at least as wide as `every` (:func:`_every_source` of the table, about the
+    selected mean bias): one or two sources say little about how widely a new one scatters."""
     if not np.isfinite(errors[sel]).any():
         return math.nan, math.nan, 0
     spread, dev, mean = _bias_spread(errors, groups, sel)
     k = len(spread)
-    if k < MIN_SOURCES:
-        spread = _bias_spread(errors, groups, np.ones(len(groups), bool))[0]
-    spread = spread * math.sqrt(1.0 + 1.0 / len(spread))
+    few = k < MIN_SOURCES
+    spread = every.spread if few else spread * math.sqrt(1.0 + 1.0 / k)
     finite = np.isfinite(errors) & sel[:, None]
     lo_q, hi_q = _sum_quantiles(spread, dev, np.broadcast_to(groups[:, None], errors.shape)[finite])
-    if k < MIN_SOURCES and every is not None and np.isfinite(every[0]):
-        lo_q, hi_q = min(lo_q, every[0]), max(hi_q, every[1])
+    if few:
+        lo_q, hi_q = min(lo_q, every.lo), max(hi_q, every.hi)
     return mean + lo_q, mean + hi_q, k
 
 
