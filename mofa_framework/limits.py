@@ -69,7 +69,60 @@ def _real(lo: float, hi: float, why: str = "") -> Bound:
     return Bound(lo, hi, False, why)
 
 
-#: every bounded field of the job file and the model, by its key path (``section.field``)
+MAX_RATE = 1e7  # GB/s and GiB: ten thousand times today's fastest HBM and largest memories
+_FRACTION = 0.01, 1.0  # an efficiency: what reaches under 1 % of its peak is a unit mistake
+
+#: every bounded number of a hardware profile (``hardware_profiles/*.toml``, ``MOFA_HARDWARE_PATH``),
+#: by its table and field. Fitted coefficients stay far inside (``mofa calibrate``'s bounds); the
+#: bounds keep a hand-written profile's every derived time finite and physical
+PROFILE_LIMITS: dict[str, Bound] = {
+    "profile.gpus_per_node": _count(1, MAX_GPUS, "GPUs in one node"),
+    "compute.peak_tflops": _real(1e-3, 1e6, "dense TFLOPS of each numeric format"),
+    "compute.sm_count": _count(0, 2**20, "streaming multiprocessors, 0 = unknown"),
+    "compute.tdp_w": _real(0.0, 1e5, "watts the peaks were measured at, 0 = not stated"),
+    "compute.power_limit_w": _real(0.0, 1e5, "watts, 0 = the TDP"),
+    "memory.hbm_gib": _real(1e-3, MAX_RATE, "GiB of device memory"),
+    "memory.hbm_bandwidth_gbps": _real(1e-3, MAX_RATE, "GB/s"),
+    "interconnect.scaleup_domain_gpus": _count(1, MAX_GPUS, "GPUs one scale-up (NVLink) domain joins"),
+    "interconnect.scaleup_bandwidth_gbps": _real(1e-3, MAX_RATE, "GB/s per GPU, one direction"),
+    "interconnect.scaleout_bandwidth_gbps": _real(1e-3, MAX_RATE, "GB/s per GPU, one direction"),
+    "interconnect.h2d_bandwidth_gbps": _real(1e-3, MAX_RATE, "GB/s host to device"),
+    "interconnect.d2h_bandwidth_gbps": _real(1e-3, MAX_RATE, "GB/s device to host"),
+    "host.cpu_memory_gib": _real(1e-3, MAX_RATE, "GiB of host memory per node"),
+    "host.disk_read_gbps": _real(1e-6, MAX_RATE, "GB/s"),
+    "host.disk_write_gbps": _real(1e-6, MAX_RATE, "GB/s"),
+    "host.cpu_optimizer_params_per_s": _real(1.0, 1e15, "parameters one node's CPU Adam updates per second"),
+    "efficiency.gemm_efficiency": _real(*_FRACTION, "fraction of peak"),
+    "efficiency.gemm_half_efficiency_s": _real(0.0, 1.0, "seconds of peak work"),
+    "efficiency.gemm_half_dim": _real(0.0, 65536.0, "GEMM dimension, 0 = none"),
+    "efficiency.gemm_half_dim_k": _real(0.0, 65536.0, "GEMM dimension, 0 = gemm_half_dim"),
+    "efficiency.kernel_launch_s": _real(0.0, 0.01, "seconds per kernel"),
+    "efficiency.host_dispatch_s": _real(0.0, 0.01, "seconds per kernel"),
+    "efficiency.profiled_gemm_relative_efficiency": _real(0.01, 1.5, "of the gemm_profile rates"),
+    "efficiency.profiled_attention_relative_efficiency": _real(0.01, 4.0, "of the attention_profile rates"),
+    "efficiency.attention_efficiency": _real(*_FRACTION, "fraction of the bf16 peak"),
+    "efficiency.attention_half_head_dim": _real(0.0, 65536.0, "head dimension, 0 = none"),
+    "efficiency.fp4_gemm_relative_efficiency": _real(*_FRACTION, "of gemm_efficiency"),
+    "efficiency.fp8_gemm_relative_efficiency": _real(*_FRACTION, "of gemm_efficiency"),
+    "efficiency.mxfp8_gemm_relative_efficiency": _real(*_FRACTION, "of a per-tensor fp8 GEMM"),
+    "efficiency.memory_efficiency": _real(*_FRACTION, "fraction of HBM bandwidth"),
+    "efficiency.scaleup_bus_efficiency": _real(*_FRACTION, "fraction of scale-up bandwidth"),
+    "efficiency.scaleout_bus_efficiency": _real(*_FRACTION, "fraction of scale-out bandwidth"),
+    "efficiency.alltoall_relative_efficiency": _real(*_FRACTION, "of a ring's bus efficiency"),
+    "efficiency.scaleup_latency_us": _real(0.0, 1e6, "µs per collective step"),
+    "efficiency.scaleout_latency_us": _real(0.0, 1e6, "µs per collective step"),
+    "efficiency.bandwidth_decay_per_doubling": _real(0.0, 0.99, "bandwidth lost per doubling of nodes"),
+    "efficiency.contention_compute": _real(1.0, 10.0, "slowdown while overlapping, 1 = none"),
+    "efficiency.contention_comm": _real(1.0, 10.0, "slowdown while overlapping, 1 = none"),
+    "efficiency.reserved_memory_gib": _real(0.0, MAX_RATE, "GiB per GPU"),
+    "efficiency.step_overhead_s": _real(0.0, 3600.0, "seconds per step"),
+    "efficiency.moe_step_overhead_s": _real(0.0, 3600.0, "seconds per MoE step"),
+    "efficiency.microbatch_overhead_s": _real(0.0, 60.0, "seconds per micro-batch"),
+    "efficiency.chunk_overhead_s": _real(0.0, 60.0, "seconds per micro-batch and model chunk"),
+}
+
+#: every bounded field of the job file, the model and the hardware profile, by its key path
+#: (``section.field``)
 LIMITS: dict[str, Bound] = {
     "hardware.num_gpus": _count(1, MAX_GPUS, "GPUs in the job"),
     "parallel.tp": _count(1, MAX_GPUS, "a factor of num_gpus"),
@@ -139,6 +192,7 @@ LIMITS: dict[str, Bound] = {
     "model.index_num_heads": _count(0, MAX_HEADS, "lightning-indexer heads"),
     "model.index_head_dim": _count(0, MAX_WIDTH, "lightning-indexer head dimension"),
     "model.hyper_connections": _count(1, 64, "residual streams (hyper-connections' expansion), 1 = a plain residual"),
+    **PROFILE_LIMITS,
 }
 
 
@@ -231,7 +285,7 @@ def markdown_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-__all__ = ["LIMITS", "Bound", "between", "bounded", "check", "decode_text", "env_flag", "limit", "optional", "short"]
+__all__ = ["LIMITS", "PROFILE_LIMITS", "Bound", "between", "bounded", "check", "decode_text", "env_flag", "limit", "optional", "short"]
 
 
 def decode_text(data: bytes, where: str, fix: str) -> str:

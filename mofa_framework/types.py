@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 from attrs import validators as v
 
-from .limits import limit, option_backstop
+from .limits import LIMITS, check, limit, option_backstop
 from .stack import BlockSpec, kind_key, pattern_blocks
 from .units import DTYPE_BYTES, GIB, gbps_to_bytes_per_s, tflops_to_flops_per_s
 
@@ -498,21 +498,21 @@ class ComputeSpec:
         unknown = set(value) - set(DTYPE_BYTES)
         if unknown:
             raise ValueError(f"compute.peak_tflops has unknown formats {sorted(unknown)}; known: {sorted(DTYPE_BYTES)}")
-        if any(x <= 0 for x in value.values()):
-            raise ValueError("compute.peak_tflops values must be > 0")
+        for fmt, tflops in value.items():
+            check(LIMITS["compute.peak_tflops"], f"peak_tflops.{fmt}", tflops)
 
     #: streaming multiprocessors (compute units): the GEMM model's occupancy term spreads a
     #: GEMM's 128×128 output tiles (split along k) over them; 0 = unknown (no occupancy term)
-    sm_count: int = attrs.field(default=0, validator=_nonneg_int)
+    sm_count: int = attrs.field(default=0, validator=limit("compute.sm_count"))
     #: GPU architecture ("ampere", "hopper", "blackwell", "cdna3", …; "" = not stated): which published
     #: attention-kernel benchmarks apply (``attention_kernels.toml`` of the built-in plugins)
     architecture: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
     #: watts: the board power the peaks and the microbenchmark tables were measured at (the GPU's
     #: rated TDP); 0 = not stated (then no power limit can be applied)
-    tdp_w: float = attrs.field(default=0.0, converter=float, validator=attrs.validators.ge(0.0))
+    tdp_w: float = attrs.field(default=0.0, converter=float, validator=limit("compute.tdp_w"))
     #: watts: the power limit the job's GPUs run at (``nvidia-smi -pl``; Meta's Grand Teton H100s:
     #: 500); 0 = the TDP. Below it, tensor-core work runs at :attr:`HardwareProfile.compute_clock_scale`
-    power_limit_w: float = attrs.field(default=0.0, converter=float, validator=attrs.validators.ge(0.0))
+    power_limit_w: float = attrs.field(default=0.0, converter=float, validator=limit("compute.power_limit_w"))
 
     @power_limit_w.validator
     def _check_power(self, attribute, value):
@@ -536,26 +536,26 @@ IDLE_POWER_FRACTION = 0.1
 
 @attrs.frozen(kw_only=True)
 class MemorySpec:
-    hbm_gib: float = _pos_float()
-    hbm_bandwidth_gbps: float = _pos_float()
+    hbm_gib: float = attrs.field(converter=float, validator=limit("memory.hbm_gib"))
+    hbm_bandwidth_gbps: float = attrs.field(converter=float, validator=limit("memory.hbm_bandwidth_gbps"))
 
 
 @attrs.frozen(kw_only=True)
 class InterconnectSpec:
-    scaleup_domain_gpus: int = attrs.field(validator=_pos_int)
-    scaleup_bandwidth_gbps: float = _pos_float()
-    scaleout_bandwidth_gbps: float = _pos_float()
-    h2d_bandwidth_gbps: float = _pos_float(32.0)
-    d2h_bandwidth_gbps: float = _pos_float(32.0)
+    scaleup_domain_gpus: int = attrs.field(validator=limit("interconnect.scaleup_domain_gpus"))
+    scaleup_bandwidth_gbps: float = attrs.field(converter=float, validator=limit("interconnect.scaleup_bandwidth_gbps"))
+    scaleout_bandwidth_gbps: float = attrs.field(converter=float, validator=limit("interconnect.scaleout_bandwidth_gbps"))
+    h2d_bandwidth_gbps: float = attrs.field(default=32.0, converter=float, validator=limit("interconnect.h2d_bandwidth_gbps"))
+    d2h_bandwidth_gbps: float = attrs.field(default=32.0, converter=float, validator=limit("interconnect.d2h_bandwidth_gbps"))
 
 
 @attrs.frozen(kw_only=True)
 class HostSpec:
-    cpu_memory_gib: float = _pos_float(1024.0)
-    disk_read_gbps: float = _pos_float(2.0)
-    disk_write_gbps: float = _pos_float(2.0)
+    cpu_memory_gib: float = attrs.field(default=1024.0, converter=float, validator=limit("host.cpu_memory_gib"))
+    disk_read_gbps: float = attrs.field(default=2.0, converter=float, validator=limit("host.disk_read_gbps"))
+    disk_write_gbps: float = attrs.field(default=2.0, converter=float, validator=limit("host.disk_write_gbps"))
     #: CPU Adam update throughput of one node, parameters per second
-    cpu_optimizer_params_per_s: float = _pos_float(2.0e9)
+    cpu_optimizer_params_per_s: float = attrs.field(default=2.0e9, converter=float, validator=limit("host.cpu_optimizer_params_per_s"))
 
 
 @attrs.frozen(kw_only=True)
@@ -567,90 +567,85 @@ class EfficiencySpec:
     """
 
     #: η_c: fraction of peak a large GEMM sustains (modified roofline, [1])
-    gemm_efficiency: float = attrs.field(default=0.80, converter=float, validator=[v.gt(0.0), v.le(1.0)])
+    gemm_efficiency: float = attrs.field(default=0.80, converter=float, validator=limit("efficiency.gemm_efficiency"))
     #: size at which a GEMM reaches half of η_c·peak, expressed in seconds of peak work
-    gemm_half_efficiency_s: float = attrs.field(default=2.0e-6, converter=float, validator=v.ge(0.0))
+    gemm_half_efficiency_s: float = attrs.field(default=2.0e-6, converter=float, validator=limit("efficiency.gemm_half_efficiency_s"))
     #: GEMM dimension at which a GEMM reaches half its rate along that dimension: the M×N output is
     #: cut into tiles and the K loop is pipelined, so dimensions not ≫ a tile (the batched K = 64/128
     #: GEMMs of unfused attention, narrow TP shards) run below peak. The size factor gains
     #: ``Π_{x ∈ m, n, k} x/(x + d½)``. 0 removes it (the default)
-    gemm_half_dim: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))
+    gemm_half_dim: float = attrs.field(default=0.0, converter=float, validator=limit("efficiency.gemm_half_dim"))
     #: the reduction dimension's own d½ (the K loop's prologue and epilogue, not the output's tile
     #: padding): 0 uses ``gemm_half_dim`` for k too (the default)
-    gemm_half_dim_k: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))
+    gemm_half_dim_k: float = attrs.field(default=0.0, converter=float, validator=limit("efficiency.gemm_half_dim_k"))
     #: fixed cost of one kernel launch on the GPU's stream (launch + tail), seconds; paid once per
     #: kernel of every operator and pass (a grouped GEMM is one launch)
-    kernel_launch_s: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))
+    kernel_launch_s: float = attrs.field(default=0.0, converter=float, validator=limit("efficiency.kernel_launch_s"))
     #: host (CPU) time to dispatch one kernel — Python, the framework's op dispatch and autograd
     #: bookkeeping on the thread that feeds the stream. An operator cannot finish before its
     #: kernels have been issued, so it takes at least ``kernels × host_dispatch_s``: small models
     #: in eager frameworks are host-bound. Default 0 (the GPU is always the bottleneck)
-    host_dispatch_s: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))
+    host_dispatch_s: float = attrs.field(default=0.0, converter=float, validator=limit("efficiency.host_dispatch_s"))
     #: a training run's GEMMs relative to the ``[[gemm_profile]]`` microbenchmarks (sustained clocks
     #: of a full node under its power limit, fused epilogues): scales the profiled rate of every dtype
-    profiled_gemm_relative_efficiency: float = attrs.field(default=1.0, converter=float,
-                                                           validator=[v.gt(0.0), v.le(1.5)])
+    profiled_gemm_relative_efficiency: float = attrs.field(default=1.0, converter=float, validator=limit("efficiency.profiled_gemm_relative_efficiency"))
     #: a training run's fused attention relative to the ``[[attention_profile]]`` kernel (the
     #: framework's kernel — cuDNN / FlashAttention-3 — against the profiled FlashAttention-2)
-    profiled_attention_relative_efficiency: float = attrs.field(default=1.0, converter=float,
-                                                                validator=[v.gt(0.0), v.le(4.0)])
+    profiled_attention_relative_efficiency: float = attrs.field(default=1.0, converter=float, validator=limit("efficiency.profiled_attention_relative_efficiency"))
     #: fused (flash) attention's fraction of the bf16 peak at head dimension 128
-    attention_efficiency: float = attrs.field(default=0.55, converter=float, validator=[v.gt(0.0), v.le(1.0)])
+    attention_efficiency: float = attrs.field(default=0.55, converter=float, validator=limit("efficiency.attention_efficiency"))
     #: head-dimension dependence of fused attention: a kernel's rate scales as d/(d + d½),
     #: normalised to d = 128, capped at the peak. Each K/V tile loaded from shared memory feeds
     #: d multiply-adds per query, so small heads are bound by data movement and softmax. d½ = 64
     #: gives 0.75× at d = 64 and 1.2× at d = 256 (FlashAttention-3 forward on H100: ≈ 0.77× and
     #: ≈ 1.17×, arXiv 2407.08608); 0 removes the dependence
-    attention_half_head_dim: float = attrs.field(default=64.0, converter=float, validator=v.ge(0.0))
+    attention_half_head_dim: float = attrs.field(default=64.0, converter=float, validator=limit("efficiency.attention_half_head_dim"))
     #: an FP4 (NVFP4) GEMM's efficiency relative to ``gemm_efficiency``, of the fp4 peak: block-scale
     #: handling and the epilogues cost more per FLOP at 4 bits. Default 1
-    fp4_gemm_relative_efficiency: float = attrs.field(default=1.0, converter=float,
-                                                      validator=[v.gt(0.0), v.le(1.0)])
+    fp4_gemm_relative_efficiency: float = attrs.field(default=1.0, converter=float, validator=limit("efficiency.fp4_gemm_relative_efficiency"))
     #: an FP8 GEMM's efficiency relative to ``gemm_efficiency``, of the fp8 peak: at twice the
     #: bf16 rate the same tiles are shorter, so fixed per-tile costs (the epilogue, the bf16
     #: output write, the scaling) weigh more, and fp8 GEMMs reach a smaller fraction of their peak
     #: than bf16 ones of theirs. Default 1
-    fp8_gemm_relative_efficiency: float = attrs.field(default=1.0, converter=float,
-                                                      validator=[v.gt(0.0), v.le(1.0)])
+    fp8_gemm_relative_efficiency: float = attrs.field(default=1.0, converter=float, validator=limit("efficiency.fp8_gemm_relative_efficiency"))
     #: an MXFP8 GEMM's efficiency relative to a per-tensor-scaled fp8 GEMM's: the fp8 feature's
     #: ``recipe = "mxfp8"`` (32-element blocks with E8M0 scales, Blackwell's block-scaled tensor-core
     #: instructions) — scale-factor layout kernels and the scaled epilogue cost more per FLOP than a
     #: per-tensor-scaled fp8 GEMM. Default 1
-    mxfp8_gemm_relative_efficiency: float = attrs.field(default=1.0, converter=float,
-                                                        validator=[v.gt(0.0), v.le(1.0)])
+    mxfp8_gemm_relative_efficiency: float = attrs.field(default=1.0, converter=float, validator=limit("efficiency.mxfp8_gemm_relative_efficiency"))
     #: η_m: fraction of HBM bandwidth memory-bound kernels reach
-    memory_efficiency: float = attrs.field(default=0.80, converter=float, validator=[v.gt(0.0), v.le(1.0)])
+    memory_efficiency: float = attrs.field(default=0.80, converter=float, validator=limit("efficiency.memory_efficiency"))
     #: fraction of link bandwidth a large collective reaches, inside / across the scale-up domain
-    scaleup_bus_efficiency: float = attrs.field(default=0.80, converter=float, validator=[v.gt(0.0), v.le(1.0)])
-    scaleout_bus_efficiency: float = attrs.field(default=0.85, converter=float, validator=[v.gt(0.0), v.le(1.0)])
+    scaleup_bus_efficiency: float = attrs.field(default=0.80, converter=float, validator=limit("efficiency.scaleup_bus_efficiency"))
+    scaleout_bus_efficiency: float = attrs.field(default=0.85, converter=float, validator=limit("efficiency.scaleout_bus_efficiency"))
     #: an all-to-all's bandwidth relative to a ring's (``*_bus_efficiency``): many peers, small
     #: per-peer messages. Default 1
-    alltoall_relative_efficiency: float = attrs.field(default=1.0, converter=float, validator=[v.gt(0.0), v.le(1.0)])
+    alltoall_relative_efficiency: float = attrs.field(default=1.0, converter=float, validator=limit("efficiency.alltoall_relative_efficiency"))
     #: λ: per-step latency of a collective, µs, inside / across nodes
-    scaleup_latency_us: float = attrs.field(default=5.0, converter=float, validator=v.ge(0.0))
-    scaleout_latency_us: float = attrs.field(default=10.0, converter=float, validator=v.ge(0.0))
+    scaleup_latency_us: float = attrs.field(default=5.0, converter=float, validator=limit("efficiency.scaleup_latency_us"))
+    scaleout_latency_us: float = attrs.field(default=10.0, converter=float, validator=limit("efficiency.scaleout_latency_us"))
     #: eq. [3]: scale-out bandwidth lost per doubling of the nodes a group spans (α = (1-d)^log2 n)
-    bandwidth_decay_per_doubling: float = attrs.field(default=0.02, converter=float, validator=[v.ge(0.0), v.lt(1.0)])
+    bandwidth_decay_per_doubling: float = attrs.field(default=0.02, converter=float, validator=limit("efficiency.bandwidth_decay_per_doubling"))
     #: contention when compute and communication overlap: α (compute) and β (comm), ≥ 1
-    contention_compute: float = attrs.field(default=1.05, converter=float, validator=v.ge(1.0))
-    contention_comm: float = attrs.field(default=1.10, converter=float, validator=v.ge(1.0))
+    contention_compute: float = attrs.field(default=1.05, converter=float, validator=limit("efficiency.contention_compute"))
+    contention_comm: float = attrs.field(default=1.10, converter=float, validator=limit("efficiency.contention_comm"))
     #: CUDA context, NCCL and allocator slack, GiB per GPU
-    reserved_memory_gib: float = attrs.field(default=3.0, converter=float, validator=v.ge(0.0))
+    reserved_memory_gib: float = attrs.field(default=3.0, converter=float, validator=limit("efficiency.reserved_memory_gib"))
     #: fixed per-step overhead (data loading, logging, launch gaps), seconds
-    step_overhead_s: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))
+    step_overhead_s: float = attrs.field(default=0.0, converter=float, validator=limit("efficiency.step_overhead_s"))
     #: an MoE job's per-step host time on top of ``step_overhead_s`` (the MoE training loop's own
     #: bookkeeping: router statistics and auxiliary-loss tracking, token-count synchronisations),
     #: seconds; 0 for a model without MoE layers. Default 0
-    moe_step_overhead_s: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))
+    moe_step_overhead_s: float = attrs.field(default=0.0, converter=float, validator=limit("efficiency.moe_step_overhead_s"))
     #: host time of the training loop per micro-batch on every pipeline stage (fetching and
     #: broadcasting the batch, masks, loss bookkeeping: once per micro-batch, however many model
     #: chunks interleaving splits it into), seconds; it adds to each stage's forward. Default 0
-    microbatch_overhead_s: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))
+    microbatch_overhead_s: float = attrs.field(default=0.0, converter=float, validator=limit("efficiency.microbatch_overhead_s"))
     #: host time per micro-batch and model chunk on every pipeline stage (a chunk's forward or
     #: backward step call and the wait on its pipeline receives before the CPU can issue it),
     #: seconds: v times per micro-batch with interleaving, on top of ``microbatch_overhead_s``.
     #: Default 0
-    chunk_overhead_s: float = attrs.field(default=0.0, converter=float, validator=v.ge(0.0))
+    chunk_overhead_s: float = attrs.field(default=0.0, converter=float, validator=limit("efficiency.chunk_overhead_s"))
 
 
 @attrs.frozen(kw_only=True)
@@ -704,7 +699,7 @@ class HardwareProfile:
     """One accelerator and the node/cluster it sits in (file units in field names)."""
 
     name: str = attrs.field(validator=_kebab)
-    gpus_per_node: int = attrs.field(validator=_pos_int)
+    gpus_per_node: int = attrs.field(validator=limit("profile.gpus_per_node"))
     compute: ComputeSpec
     memory: MemorySpec
     interconnect: InterconnectSpec
@@ -721,6 +716,17 @@ class HardwareProfile:
     aliases: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
     source: str = ""
     notes: str = ""
+
+    @gemm_profile.validator
+    @attention_profile.validator
+    def _within_peak(self, attribute, points):
+        """A measured point faster than the dense peak of its format is a unit or peak mistake."""
+        for i, pt in enumerate(points):
+            peak_tflops = self.peak_flops_per_s(pt.dtype) / 1e12
+            if pt.tflops > peak_tflops:
+                raise ValueError(f"{attribute.name}[{i}] ({pt.dtype}) reads {pt.tflops:g} TFLOPS, above the GPU's "
+                                 f"{pt.dtype} peak of {peak_tflops:g} (compute.peak_tflops): no kernel beats the "
+                                 "peak; check the point's units (TFLOPS) or the peak")
 
     # SI views
     def peak_flops_per_s(self, dtype: str) -> float:

@@ -26,7 +26,8 @@ saturates there, not at the fitted asymptote R∞ (a one-point table is a MAMF m
 best shape a search found: Gaudi 3's 1,243 TFLOPS, which the model through it would otherwise
 raise to 1,413 at 16384³; B200's XLA table tops at 1,845, the model at 2,080). The operator's
 time is then at least its bytes over η_m·BW_hbm (the roofline's memory term: thin GEMMs are
-bandwidth bound).
+bandwidth bound) and its FLOPs over the format's dense peak (a relative efficiency above 1 never
+lifts a table near the peak past it).
 
 *Correction*: at a profiled shape the price is the measurement. The log ratio measured / model is
 interpolated by inverse-distance weighting over the nearest points in (log2 m, log2 n, log2 k)
@@ -244,7 +245,10 @@ def profiled_seconds(ops, hardware, default: np.ndarray) -> np.ndarray:
         rate = model_tflops(pts, hardware, ops.gemm_m[rows], ops.gemm_n[rows], ops.gemm_k[rows])
         low = {"fp8": eff.fp8_gemm_relative_efficiency, "fp4": eff.fp4_gemm_relative_efficiency}.get(dtype, 1.0)
         # the tables' rate at the clock the job's power limit allows (hardware.compute_clock_scale)
-        t = ops.flops[rows] / (rate * 1e12 * eff.profiled_gemm_relative_efficiency * low * hardware.compute_clock_scale)
+        clock = hardware.compute_clock_scale
+        t = ops.flops[rows] / (rate * 1e12 * eff.profiled_gemm_relative_efficiency * low * clock)
+        # never above the tensor cores' peak (a relative efficiency > 1 on a table near the peak)
+        t = np.maximum(t, ops.flops[rows] / (hardware.peak_flops_per_s(dtype) * clock))
         # thin GEMMs are bound by HBM bandwidth (the roofline's memory term)
         t = np.maximum(t, ops.bytes[rows] / (eff.memory_efficiency * hardware.hbm_bandwidth_bytes_per_s))
         kernels = np.broadcast_to(ops.kernels, ops.flops.shape)[rows]

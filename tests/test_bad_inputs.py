@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from mofa_framework.cli import MAX_ERROR_CHARS, _builtin_commands, cli
-from mofa_framework.limits import LIMITS
+from mofa_framework.limits import LIMITS, PROFILE_LIMITS
 from mofa_framework.manager import MofaPluginManager
 
 _builtin_commands()
@@ -49,6 +49,8 @@ def _toml_value(x) -> str:
         return json.dumps(x)
     if isinstance(x, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in x) + "]"
+    if isinstance(x, dict):  # an inline table (inside an array)
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in x.items()) + " }"
     raise TypeError(x)
 
 
@@ -124,11 +126,49 @@ def _bad_values(bound):
 
 for key, bound in LIMITS.items():
     section, field = key.split(".")
+    if key in PROFILE_LIMITS:
+        continue  # a hardware profile's: section 1b
     base = _SECTION_BASE[section]
     if section == "model":
         base = with_value(base, "model.name", "mixtral-8x7b")
     for label, value in _bad_values(bound):
         job_case(f"{key}-{label}", with_value(base, key, value), field)
+
+# ---------------------------------------------------------------------- 1b. every bound of a hardware profile
+
+#: a user's profile (MOFA_HARDWARE_PATH), valid as written; each case puts one number out of bounds
+PROFILE = {
+    "name": "my-gpu", "gpus_per_node": 8,
+    "compute": {"peak_tflops": {"bf16": 989.0}, "tdp_w": 700.0},
+    "memory": {"hbm_gib": 80.0, "hbm_bandwidth_gbps": 3350.0},
+    "interconnect": {"scaleup_domain_gpus": 8, "scaleup_bandwidth_gbps": 450.0, "scaleout_bandwidth_gbps": 50.0},
+    "host": {"cpu_memory_gib": 2048.0},
+    "efficiency": {"gemm_efficiency": 0.7},
+}
+_PROFILE_ARGV = ["--strict-plugins", "predict", "--model", "llama3-8b", "--hardware", "my-gpu", "--gpus", "8", "--gbs",
+                 "32", "--seq", "4096"]
+
+
+def profile_case(id_, doc, *fragments):
+    case(f"profile:{id_}", _PROFILE_ARGV, *fragments, files=[("hw/my-gpu.toml", toml_text(doc))],
+         env=[("MOFA_HARDWARE_PATH", "{dir}/hw")])
+
+
+for key, bound in PROFILE_LIMITS.items():
+    section, field = key.split(".")
+    for label, value in _bad_values(bound):
+        if key == "compute.peak_tflops":
+            doc = with_value(PROFILE, "compute.peak_tflops", {"bf16": value})
+        elif section == "profile":
+            doc = {**PROFILE, field: value}
+        else:
+            doc = with_value(PROFILE, key, value)
+        profile_case(f"{key}-{label}", doc, "my-gpu.toml", field)
+profile_case("gemm_profile-above-peak", {**PROFILE, "gemm_profile": [{"m": 8192, "n": 8192, "k": 8192, "tflops": 1200.0}]},
+             "gemm_profile[0]", "1200 TFLOPS", "peak of 989")
+profile_case("attention_profile-above-peak",
+             {**PROFILE, "attention_profile": [{"head_dim": 128, "seq_len": 8192, "causal": True, "tflops": 2000.0}]},
+             "attention_profile[0]", "2000 TFLOPS")
 
 job_case("parallel.tp-float-integer", with_value(BASE, "parallel.tp", 2.0), "parallel.tp", "integer")
 job_case("hardware.num_gpus-1e30", with_value(BASE, "hardware.num_gpus", 1e30), "num_gpus")
@@ -397,7 +437,7 @@ def test_bad_input_is_one_line_exit_2(c: Case, tmp_path, monkeypatch):
                 "MOFA_MODEL_PATH", "MOFA_DISABLE_PLUGIN_AUTOLOAD"):
         monkeypatch.delenv(var, raising=False)
     for var, value in c.env:
-        monkeypatch.setenv(var, value)
+        monkeypatch.setenv(var, value.replace("{dir}", str(tmp_path)))
     for name, content in c.files:
         _write(tmp_path, name, content)
     argv = [a.replace("{dir}", str(tmp_path)) for a in c.argv]
@@ -432,3 +472,12 @@ def test_a_missing_user_directory_is_warned_about_once(var, monkeypatch):
     assert r.exit_code == 0
     warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
     assert len(warnings) == 1 and var in warnings[0] and "user_profiles" in warnings[0]
+
+
+def test_the_base_user_profile_of_the_profile_cases_is_accepted(tmp_path, monkeypatch):
+    """Section 1b's cases each break one number of PROFILE; as written it predicts (exit 0)."""
+    _write(tmp_path, "hw/my-gpu.toml", toml_text(PROFILE))
+    monkeypatch.setenv("MOFA_HARDWARE_PATH", str(tmp_path / "hw"))
+    r = CliRunner().invoke(cli, [*_PROFILE_ARGV, "--format", "json"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output[:2000]
+    assert json.loads(r.stdout)["hardware"] == "my-gpu"

@@ -155,6 +155,21 @@ def test_no_table_point_is_above_the_dense_peak(mofa_predictor):
             assert p.tflops <= hw.compute.peak_tflops.get(p.dtype, hw.compute.peak_tflops["bf16"]), (hw.name, p)
 
 
+def test_a_relative_efficiency_above_one_never_lifts_a_gemm_past_the_peak(mofa_predictor):
+    """Gaudi 2's one bf16 point reads 418.7 TFLOPS at 14336×15360×2048, 0.969 of its 432 TFLOPS
+    peak. With ``profiled_gemm_relative_efficiency = 1.1`` (the top of `mofa calibrate`'s range)
+    the table would price that shape at 460.6 TFLOPS, 1.066 × the peak; the provider holds it at
+    the peak: its 2·14336·15360·2048 = 9.019e11 FLOPs take 9.019e11 / 432e12 = 2.088 ms, not 1.958."""
+    hw = mofa_predictor.registry.hardware_profile("gaudi2")
+    best = max((q for q in hw.gemm_profile if q.dtype == "bf16"), key=lambda q: q.tflops)
+    assert best.tflops / hw.compute.peak_tflops["bf16"] > 1 / 1.1
+    fast = attrs.evolve(hw, efficiency=attrs.evolve(hw.efficiency, profiled_gemm_relative_efficiency=1.1))
+    o = ops([best.m], [best.n], [best.k])
+    t = profiled_seconds(o, fast, np.zeros(1))[0]
+    assert t == pytest.approx(2.088e-3, rel=1e-3)
+    assert t == pytest.approx(2.0 * best.m * best.n * best.k / (hw.compute.peak_tflops["bf16"] * 1e12), rel=1e-12)
+
+
 def test_fp8_factor_scales_only_fp8_gemms(mofa_predictor):
     hw = mofa_predictor.registry.hardware_profile("h100-sxm5-80gb")
     o = ops([8192, 8192], [8192, 8192], [8192, 8192])
