@@ -244,7 +244,8 @@ PLAIN_REQUIRED = ("model", "hardware", "num_gpus", "global_batch_size", "sequenc
 #: ... and optional: layout and features named as in a job file, and one target
 PLAIN_LAYOUT = ("tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size", "first_stage_layers", "last_stage_layers",
                 "document_length")
-PLAIN_OPTIONAL = (*PLAIN_LAYOUT, "precision", "sequence_parallel", "flash_attention", "schedule", "features",
+PLAIN_OPTIONAL = (*PLAIN_LAYOUT, "precision", "attention_kernel", "sequence_parallel", "flash_attention", "schedule",
+                  "features",
                   "num_layers", "step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "flops_convention",
                   "measured_memory_gib", "row_id", "reference", "notes", "framework")
 
@@ -326,8 +327,9 @@ def map_plain_row(row: Mapping[str, str], ctx: ReadContext) -> MappedRow | Skipp
     for col in ("sequence_parallel", "flash_attention"):
         if (f := cell_flag(row, col)) is not None:
             par[col] = f
-    if prec := cell_text(row, "precision").lower():
-        par["precision"] = prec
+    for col in ("precision", "attention_kernel"):
+        if text := cell_text(row, col).lower():
+            par[col] = text
     job: dict[str, Any] = {"model": {"name": name, **({"num_layers": layers} if layers else {})},
                            "hardware": {"name": hw.name, "num_gpus": n}, "parallel": par,
                            "features": parse_features(cell_text(row, "features"))}

@@ -38,8 +38,12 @@ def loss_features(framework: str, notes: str = "") -> dict:
 #: Bridge: Transformer Engine's choice for the GPU):
 #: - llm-foundry's benchmark launcher sets ``model.attn_impl`` from ``--attn_impl``, default "triton"
 #:   (``scripts/train/benchmarking/submit_benchmarks.py``): the Triton FlashAttention of its MPT model;
-#: - torchtitan calls ``F.scaled_dot_product_attention``, whose flash backend is FlashAttention-2.
-FRAMEWORK_KERNELS = (("llm-foundry", "triton"), ("torchtitan", "fa2"))
+#: - torchtitan calls ``F.scaled_dot_product_attention``, whose flash backend is FlashAttention-2;
+#: - Meta's own 2024 training stack (Llama 3, arXiv 2407.21783: PyTorch-native, FSDP-style sharding;
+#:   torchtitan is its open counterpart) does not name its kernel; its pre-training ran before
+#:   FlashAttention-3 (2024-07) and before PyTorch's SDPA gained a cuDNN backend (2.5, 2024-10), so
+#:   FlashAttention-2 is what PyTorch had. A whole word "Meta" (not "metaseq", OPT's 2022 stack).
+FRAMEWORK_KERNELS = ((r"llm-foundry", "triton"), (r"torchtitan", "fa2"), (r"\bmeta\b(?!seq)", "fa2"))
 
 #: NeMo Framework Launcher 24.01 to 24.07 (``launcher_scripts/conf/config.yaml``, ``env_vars``) sets
 #: ``NVTE_FUSED_ATTN: 0  # Disable cudnn FA until we've tested it more``: Transformer Engine's
@@ -52,7 +56,7 @@ def attention_kernel(framework: str, release: str = "") -> str:
     """The kernel a row's framework (and release) ran: :data:`FRAMEWORK_KERNELS`, then NeMo's 2024
     launcher releases that turned cuDNN's attention off, else "auto"."""
     fw = framework.lower()
-    kernel = next((k for pattern, k in FRAMEWORK_KERNELS if pattern in fw), None)
+    kernel = next((k for pattern, k in FRAMEWORK_KERNELS if re.search(pattern, fw)), None)
     if kernel is None and NEMO_LAUNCHER_FA2.search(f"{framework} {release}"):
         kernel = "fa2"
     return kernel or "auto"

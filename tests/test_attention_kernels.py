@@ -175,6 +175,9 @@ def test_readers_infer_the_kernel_from_the_framework():
     assert attention_kernel("Composer / llm-foundry (PyTorch FSDP)") == "triton"
     assert attention_kernel("torchtitan (2024-12, torch 1963fc8)") == "fa2"
     assert attention_kernel("Megatron-Bridge / NeMo 26.02") == "auto"
+    # Meta's 2024 PyTorch-native stack (Llama 3): FlashAttention-2, SDPA's only flash kernel then
+    assert attention_kernel("Meta Llama 3 stack 2024") == "fa2"
+    assert attention_kernel("metaseq (OPT, 2022)") == "auto" and attention_kernel("Megatron-LM 2021") == "auto"
 
 
 @pytest.mark.parametrize("framework, release, kernel", [

@@ -321,3 +321,19 @@ def test_plain_schema_vpp_that_is_neither_a_count_nor_auto_names_both(mofa_predi
     mapped, skipped = map_rows([path], mofa_predictor.registry)
     assert not mapped and len(skipped) == 1
     assert "vpp = 'abc': not a count; write a whole number, or auto" in skipped[0].reason
+
+
+def test_plain_schema_states_the_attention_kernel(mofa_predictor, tmp_path):
+    """``attention_kernel`` is the job file's [parallel] key: a row states the fused-attention
+    kernel its stack ran (Meta's 2024 stack: FlashAttention-2), a row without it leaves the
+    default (`auto`: cuDNN on Hopper). At 128K tokens, where attention is most of the step,
+    FlashAttention-2 prices the same job slower than cuDNN."""
+    head = "model,hardware,num_gpus,tp,pp,cp,global_batch_size,sequence_length,attention_kernel,step_time_s\n"
+    path = write(tmp_path, "k.csv", head + "llama3-8b,h100,16,1,1,16,16,131072,fa2,30\n"
+                                           "llama3-8b,h100,16,1,1,16,16,131072,,30\n")
+    mapped, skipped = map_rows([path], mofa_predictor.registry)
+    assert not skipped
+    fa2, auto = mapped
+    assert fa2.job["parallel"]["attention_kernel"] == "fa2" and "attention_kernel" not in auto.job["parallel"]
+    t_fa2, t_auto = (mofa_predictor.predict(mofa_predictor.job(m.job))[0].step_time_s for m in (fa2, auto))
+    assert t_fa2 > 1.1 * t_auto
