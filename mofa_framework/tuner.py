@@ -203,9 +203,12 @@ class Candidate:
     #: e2e objectives: the checkpoint interval used (steps) and the effective training time ratio
     checkpoint_interval_steps: float | None = None
     ettr: float | None = None
-    #: the feature sets of configurations identical to this one in every number (same structure,
+    #: the feature sets of configurations identical to this one in every number (same layout,
     #: step time and memory): the features they differ in change nothing here
     variants: tuple[Mapping[str, Mapping[str, Any]], ...] = ()
+    #: each variant's pipeline schedule (aligned with ``variants``): a schedule that changes nothing
+    #: (any of 1F1B, ZB-H1, ZB-H2 without a pipeline) is a variant too
+    variant_schedules: tuple[str, ...] = ()
     #: the step time's band and extrapolation flags (:func:`mofa_framework.uncertainty.band_candidates`)
     step_time_s_low: float = float("nan")
     step_time_s_high: float = float("nan")
@@ -589,7 +592,8 @@ def _objective(req: TuneRequest, step, batch) -> np.ndarray:
 
 class _TopK:
     """The k best configurations seen so far; configurations identical in every number (same
-    structure, step time and memory) are one entry listing its variants. Members are kept as
+    layout — the structure but for its schedule —, step time and memory) are one entry listing its
+    variants. Members are kept as
     opaque references (the search turns them into candidates at the end)."""
 
     def __init__(self, k: int):
@@ -691,6 +695,9 @@ class _Search:
         for name in fields:
             by_dtype.setdefault(getattr(structs, name).dtype.str, []).append(name)
         self.struct_cols = [(names, np.stack([getattr(structs, n) for n in names])) for names in by_dtype.values()]
+        # structures alike but for their pipeline schedule: at pp 1 most schedules run the same step
+        layout = np.stack([np.asarray(getattr(structs, n), np.float64) for n in fields if n != "schedule"], axis=1)
+        self.layout_of = np.unique(layout, axis=0, return_inverse=True)[1].reshape(-1)
         self.top = _TopK(req.top_k)
         self.pareto: list[tuple] = []
         self.removed: dict[str, int] = {}
@@ -861,7 +868,7 @@ class _Search:
             if not np.isfinite(val[t]) or val[t] > self.top.threshold():
                 break
             g = self.groups[g_idx[t]]
-            same = (int(s_idx[t]), float(out.step_time_s[t]), float(out.peak_memory_bytes[t]))
+            same = (int(self.layout_of[s_idx[t]]), float(out.step_time_s[t]), float(out.peak_memory_bytes[t]))
             tie = (int(g.n_on[c_idx[t]]), int(s_idx[t]), tuple(g.leaf_choice[c_idx[t]].tolist()))
             self.top.offer(float(val[t]), same, tie, (int(g_idx[t]), int(s_idx[t]), int(c_idx[t])))
         if req.pareto:
@@ -929,7 +936,8 @@ class _Search:
         best = []
         for rank, (_, members) in enumerate(ranked, start=1):
             group = [next(cands) for _ in members]
-            best.append(attrs.evolve(group[0], rank=rank, variants=tuple(c.features for c in group[1:])))
+            best.append(attrs.evolve(group[0], rank=rank, variants=tuple(c.features for c in group[1:]),
+                                     variant_schedules=tuple(c.schedule for c in group[1:])))
         return tuple(best)
 
     def pareto_front(self) -> tuple[Candidate, ...]:

@@ -641,6 +641,29 @@ def test_rows_identical_in_every_number_collapse_into_one_with_variants(mofa_pre
         assert all(len(c.features) <= len(v) for v in c.variants)
 
 
+def test_schedules_that_change_nothing_collapse_too(mofa_predictor):
+    """Without a pipeline (PP 1) 1F1B, ZB-H1 and ZB-H2 run the same step in the same memory: one row
+    per layout, the other schedules listed as its variants (the CLI says "≡ 2 more: schedule
+    1f1b/zb-h1/zb-h2"), the simplest (1F1B, the first registered) shown."""
+    reg = mofa_predictor.registry
+    model, hw = reg.model("llama3.2-1b"), reg.hardware_profile("h100-sxm5-80gb")
+    space = SearchSpace(tp=(1, 2), pp=(1,), vpp=(1,), cp=(1,), ep=(1,), etp=(1,), micro_batch_size=(1, 2),
+                        schedules=("1f1b", "zb-h1", "zb-h2"), features={})
+    result = tune(mofa_predictor, TuneRequest(model=model, hardware=hw, num_gpus=8, global_batch_size=64,
+                                              sequence_length=4096, space=space, top_k=4))
+    layouts = [tuple(sorted(c.parallel.items())) for c in result.best]
+    assert len(result.best) == 4 and len(set(layouts)) == 4
+    for c in result.best:
+        assert c.schedule == "1f1b" and sorted(c.variant_schedules) == ["zb-h1", "zb-h2"]
+        assert len(c.variant_schedules) == len(c.variants)
+    _builtin_commands()
+    out = CliRunner().invoke(cli, ["tune", "--model", "llama3.2-1b", "--hardware", "h100-sxm5-80gb", "--gpus", "8",
+                                   "--gbs", "64", "--seq", "4096", "--pp-values", "1", "--top", "2",
+                                   "--schedules", "1f1b,zb-h1,zb-h2"])
+    assert out.exit_code == 0, out.output
+    assert "schedule 1f1b/zb-h1/zb-h2" in out.output
+
+
 def test_time_budget_returns_the_best_so_far_labelled(mofa_predictor, monkeypatch):
     """--time-budget: the search stops when it runs out and returns the best found, labelled as not
     proven optimal; with no time at all it still dives to the first configuration that fits. A fake

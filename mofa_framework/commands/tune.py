@@ -115,6 +115,9 @@ def _variants(c, reg) -> str:
     sets = [dict(c.features), *[dict(v) for v in c.variants]]
     names = sorted({n for f in sets for n in f})
     differ = [n for n in names if len({repr(f.get(n)) for f in sets}) > 1]
+    schedules = list(dict.fromkeys((c.schedule, *c.variant_schedules)))
+    if len(schedules) > 1:
+        differ.insert(0, "schedule " + "/".join(schedules))
     return f"≡ {len(c.variants)} more: " + ", ".join(differ)
 
 
