@@ -40,6 +40,7 @@ class PredictionResult:
     hfu: float
     peak_memory_gib: float
     hbm_gib: float
+    #: the peak fits the HBM and the offloaded host memory fits the node's CPU memory per GPU
     fits_in_memory: bool
     #: seconds per component; sums to step_time_s
     breakdown: Mapping[str, float]
@@ -68,6 +69,10 @@ class PredictionResult:
     extrapolation: tuple[str, ...] = ()
     #: watts the GPUs are limited to (``compute.power_limit_w``; 0 = their rated power)
     power_limit_w: float = 0.0
+    #: GiB of host memory per GPU the offload features use (the stage that uses most), and what one
+    #: GPU may use: the node's CPU memory over its GPUs
+    host_memory_gib: float = 0.0
+    host_gib_per_gpu: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -100,8 +105,10 @@ class Predictor:
         return job_from_dict(data, self.registry, name)
 
     # ---- vectorised core
-    def constraints(self, batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile) -> list[ConstraintResult]:
-        """Every feasibility rule of every plugin, plus feature-specific ones."""
+    def plugin_constraints(self, batch: CandidateBatch, model: ModelSpec,
+                           hardware: HardwareProfile) -> list[ConstraintResult]:
+        """The ``mofa_candidate_constraints`` hooks' rules alone (some read the rows' features: a
+        search checks them again once the features are chosen)."""
         out: list[ConstraintResult] = []
         for plugin, results in self.pm.hook_results("mofa_candidate_constraints", batch=batch, model=model,
                                                     hardware=hardware):
@@ -111,6 +118,11 @@ class Predictor:
                     raise PluginError(f"plugin {plugin!r}: constraint {r.name!r} has shape {mask.shape}, "
                                       f"expected ({len(batch)},)")
                 out.append(r)
+        return out
+
+    def constraints(self, batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile) -> list[ConstraintResult]:
+        """Every feasibility rule of every plugin, plus feature-specific ones."""
+        out = self.plugin_constraints(batch, model, hardware)
         for code, sched in enumerate(self.registry.schedules.values()):
             rows = batch.schedule == code
             if sched.feasible is not None and rows.any():
@@ -195,6 +207,7 @@ def _result(job: TrainingJob, pred: Prediction, k: int) -> PredictionResult:
         model_tflops_per_gpu=f(pred.model_tflops_per_gpu), hardware_tflops_per_gpu=f(pred.hardware_tflops_per_gpu),
         mfu=f(pred.mfu), hfu=f(pred.hfu), peak_memory_gib=f(pred.peak_memory_gib), hbm_gib=job.hardware.memory.hbm_gib,
         fits_in_memory=bool(pred.fits_in_memory[k]),
+        host_memory_gib=f(pred.host_memory_bytes) / GIB, host_gib_per_gpu=job.hardware.host_bytes_per_gpu / GIB,
         breakdown={name: f(a) for name, a in pred.breakdown.items()},
         memory_breakdown={name: f(a) / GIB for name, a in pred.memory_breakdown.items()},
         pipeline_phases={name: f(a) for name, a in pred.phases.items()},

@@ -462,7 +462,9 @@ def _prediction_head(r) -> tuple[str, str]:
     of = f" (of the {r.mfu_precision} peak; {r.mfu_bf16_peak:.1%} of bf16's)" if r.mfu_precision != "bf16" else ""
     line = (f"step {_fmt_s(r.step_time_s)}{band_text(r)} · {tok} tokens/s/GPU · "
             f"{r.model_tflops_per_gpu:.0f} model TFLOPS/GPU · MFU {r.mfu:.1%}{of} · HFU {r.hfu:.1%} · "
-            f"peak memory {r.peak_memory_gib:.1f} / {r.hbm_gib:.0f} GiB ({fit})")
+            f"peak memory {r.peak_memory_gib:.1f} / {r.hbm_gib:.0f} GiB"
+            + (f", host {r.host_memory_gib:.1f} / {r.host_gib_per_gpu:.0f} GiB per GPU" if r.host_memory_gib > 0 else "")
+            + f" ({fit})")
     for flag in r.extrapolation:
         line += f"\noutside the calibrated regimes: {flag}"
     if r.mfu > 1:

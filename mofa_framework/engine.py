@@ -611,6 +611,8 @@ class Prediction:
     #: MFU against the bf16 peak (as fp8 runs are often quoted); equals `mfu` for bf16 rows
     mfu_bf16_peak: FloatArray
     peak_memory_bytes: FloatArray
+    #: the peak fits the GPU's HBM and the host memory (the most any stage's offload features put
+    #: there) fits the node's CPU memory per GPU (``HardwareProfile.host_bytes_per_gpu``)
     fits_in_memory: BoolArray
     #: seconds per component, summing to step_time_s
     breakdown: Mapping[str, FloatArray]
@@ -630,6 +632,8 @@ class Prediction:
     critical_stage: np.ndarray | None = None
     #: (3, N) GPU bytes (incl. reserved) per stage; NaN where the stage does not exist
     stage_memory_bytes: np.ndarray | None = None
+    #: (N,) host bytes per GPU on the stage that offloads the most (0 without offload features)
+    host_memory_bytes: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.step_time_s)
@@ -1015,6 +1019,7 @@ class Outcome:
     batch: CandidateBatch
     step_time_s: FloatArray
     peak_memory_bytes: FloatArray
+    #: as :attr:`Prediction.fits_in_memory`: HBM and host memory
     fits_in_memory: BoolArray
 
 
@@ -1075,8 +1080,11 @@ def finish(pl: Pipelined, trail: dict | None = None, lean: bool = False, check: 
     wpick = lambda arr: np.take_along_axis(arr, worst[None, :], axis=0)[0]  # noqa: E731
     mem_bd = memory_breakdown(mem, wpick, np.full(n, hardware.reserved_memory_bytes))
     peak = sum(mem_bd.values(), z)
+    # host memory: what the offload features put there, on the stage that puts the most
+    host = np.where(exists, mem.host_bytes, 0.0).max(axis=0)
+    fits = (peak <= hardware.hbm_bytes) & (host <= hardware.host_bytes_per_gpu)
     if lean:
-        return Outcome(batch=batch, step_time_s=step, peak_memory_bytes=peak, fits_in_memory=peak <= hardware.hbm_bytes)
+        return Outcome(batch=batch, step_time_s=step, peak_memory_bytes=peak, fits_in_memory=fits)
     stage_memory = np.where(exists, mem.gpu_bytes + hardware.reserved_memory_bytes, np.nan)
     mem_bd["host"] = wpick(mem.host_bytes)
 
@@ -1106,7 +1114,7 @@ def finish(pl: Pipelined, trail: dict | None = None, lean: bool = False, check: 
         hardware_tflops_per_gpu=hw_flops / step / n_gpus / 1e12,
         mfu=model_flops / step / n_gpus / peak_flops, hfu=hw_flops / step / n_gpus / peak_flops,
         mfu_precision=mfu_code, mfu_bf16_peak=model_flops / step / n_gpus / bf16_peak,
-        peak_memory_bytes=peak, fits_in_memory=peak <= hardware.hbm_bytes,
+        peak_memory_bytes=peak, fits_in_memory=fits, host_memory_bytes=host,
         breakdown=breakdown, memory_breakdown=mem_bd,
         phases={"warmup": times.warmup_s, "steady": times.steady_s, "cooldown": times.cooldown_s},
         provenance=prov, state=state, stage_parts=stage_parts, stage_hidden_comm=hidden, critical_stage=crit,

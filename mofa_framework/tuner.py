@@ -850,6 +850,13 @@ class _Search:
                 bad = ~r.feasible & rows.enabled & ok
                 self.removed[r.reason] = self.removed.get(r.reason, 0) + int(bad.sum())
                 ok &= ~bad
+        # the plugins' rules again, now with the features on (host memory of the offloads, cp_a2a's
+        # heads, fp8's MX recipe): the structures passed them with every feature off
+        for r in self.predictor.plugin_constraints(batch, req.model, req.hardware):
+            bad = ~np.asarray(r.feasible, bool) & ok
+            if bad.any():
+                self.removed[r.reason] = self.removed.get(r.reason, 0) + int(bad.sum())
+                ok &= ~bad
         idx = np.flatnonzero(ok)
         if not len(idx):
             return
@@ -860,8 +867,13 @@ class _Search:
         self.evaluated += len(idx)
         fits = out.fits_in_memory
         self.min_peak = min(self.min_peak, float(out.peak_memory_bytes.min()) / GIB)
+        over_hbm = out.peak_memory_bytes > req.hardware.hbm_bytes
         mem_reason = "peak memory exceeds the GPU's HBM"
-        self.removed[mem_reason] = self.removed.get(mem_reason, 0) + int((~fits).sum())
+        self.removed[mem_reason] = self.removed.get(mem_reason, 0) + int(over_hbm.sum())
+        over_host = ~fits & ~over_hbm
+        if over_host.any():
+            host_reason = "offloaded host memory exceeds the node's CPU memory per GPU"
+            self.removed[host_reason] = self.removed.get(host_reason, 0) + int(over_host.sum())
         self.feasible += int(fits.sum())
         val = np.where(fits, _objective(req, out.step_time_s, batch), np.inf)
         for t in np.argsort(val, kind="stable"):
@@ -887,14 +899,13 @@ class _Search:
     def _finish(self, pl, parent: np.ndarray, batch: CandidateBatch, s_idx: np.ndarray, choice: np.ndarray):
         """Step time, peak memory and fit of leaves (rows of `batch`, sorted by structure) that
         share their parents' pipeline `pl`, one group of exclusive features at a time."""
-        step, peak = np.empty(len(batch)), np.empty(len(batch))
+        step, peak, fits = np.empty(len(batch)), np.empty(len(batch)), np.empty(len(batch), bool)
         for rows in self._groups(choice):
             sub = self._batch(s_idx[rows], choice[rows]) if len(rows) < len(batch) else batch
             out = engine.finish(engine.expand_pipelined(pl, parent[rows], sub, _runs(s_idx[rows]), lean=True),
                                 lean=True)
-            step[rows], peak[rows] = out.step_time_s, out.peak_memory_bytes
-        return engine.Outcome(batch=batch, step_time_s=step, peak_memory_bytes=peak,
-                              fits_in_memory=peak <= self.req.hardware.hbm_bytes)
+            step[rows], peak[rows], fits[rows] = out.step_time_s, out.peak_memory_bytes, out.fits_in_memory
+        return engine.Outcome(batch=batch, step_time_s=step, peak_memory_bytes=peak, fits_in_memory=fits)
 
     def _layer_key(self, grp: np.ndarray, ps: np.ndarray, pf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(first row, inverse) of level-3 nodes (rows sorted by structure) by their layer-phase key:

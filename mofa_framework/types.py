@@ -760,6 +760,12 @@ class HardwareProfile:
         return self.memory.hbm_gib * GIB
 
     @property
+    def host_bytes_per_gpu(self) -> float:
+        """A node's CPU memory shared by its GPUs: what offloaded weights, optimizer states and
+        activations of one GPU may use."""
+        return self.host.cpu_memory_gib * GIB / self.gpus_per_node
+
+    @property
     def hbm_bandwidth_bytes_per_s(self) -> float:
         return gbps_to_bytes_per_s(self.memory.hbm_bandwidth_gbps)
 

@@ -664,6 +664,44 @@ def test_schedules_that_change_nothing_collapse_too(mofa_predictor):
     assert "schedule 1f1b/zb-h1/zb-h2" in out.output
 
 
+def test_rules_that_read_features_hold_for_what_the_search_returns(mofa_predictor):
+    """The plugins' candidate rules that read a row's features (cp_a2a's heads, the offloads' host
+    memory, fp8's MX recipe) are checked on the leaves, where the features are on — the structures
+    passed them with every feature off. Llama 3 70B (8 KV heads) at TP 1 × CP 16: the all-to-all CP
+    would split 8 KV heads 16 ways, which `mofa predict` refuses; the search must not return it."""
+    reg = mofa_predictor.registry
+    model, hw = reg.model("llama3-70b"), reg.hardware_profile("h100-sxm5-80gb")
+    space = SearchSpace(tp=(1,), pp=(4,), vpp=(1,), cp=(16,), ep=(1,), etp=(1,), micro_batch_size=(1,),
+                        schedules=("1f1b",),
+                        features={f: feature_choices(reg, f) for f in ("cp_a2a", "distributed_optimizer", "recompute")})
+    result = tune(mofa_predictor, TuneRequest(model=model, hardware=hw, num_gpus=64, global_batch_size=64,
+                                              sequence_length=65536, space=space, top_k=3))
+    assert result.best and all("cp_a2a" not in c.features for c in result.best)
+    assert any(k.startswith("features.cp_a2a splits") and n > 0 for k, n in result.removed_by.items())
+    for c in result.best:  # each one predicts as the search priced it
+        job = mofa_predictor.job({"model": {"name": model.name}, "hardware": {"name": hw.name, "num_gpus": 64},
+                                  "parallel": {k: v for k, v in c.parallel.items() if k != "dp"},
+                                  "pipeline": {"schedule": c.schedule}, "features": dict(c.features)})
+        assert mofa_predictor.predict(job)[0].step_time_s == pytest.approx(c.step_time_s, rel=1e-9)
+
+
+def test_offloads_that_overflow_the_host_are_not_returned(mofa_predictor):
+    """Host memory bounds the search as HBM does: on a node with 64 GiB of CPU memory per GPU, no
+    returned configuration offloads more than that, and the rows that would are counted."""
+    reg = mofa_predictor.registry
+    model, base = reg.model("llama3-70b"), reg.hardware_profile("h100-sxm5-80gb")
+    hw = attrs.evolve(base, host=attrs.evolve(base.host, cpu_memory_gib=64.0 * base.gpus_per_node))
+    space = SearchSpace(tp=(4, 8), pp=(1, 2), vpp=(1,), cp=(1,), ep=(1,), etp=(1,), micro_batch_size=(1,),
+                        schedules=("1f1b",),
+                        features={f: feature_choices(reg, f) for f in ("activation_offload", "weight_offload")})
+    result = tune(mofa_predictor, TuneRequest(model=model, hardware=hw, num_gpus=16, global_batch_size=16,
+                                              sequence_length=4096, space=space, top_k=5))
+    assert result.best
+    for c in result.best:
+        assert c.memory_breakdown["host"] <= 64.0 + 1e-9
+    assert sum(n for k, n in result.removed_by.items() if "host memory" in k) > 0
+
+
 def test_time_budget_returns_the_best_so_far_labelled(mofa_predictor, monkeypatch):
     """--time-budget: the search stops when it runs out and returns the best found, labelled as not
     proven optimal; with no time at all it still dives to the first configuration that fits. A fake

@@ -366,3 +366,25 @@ def test_memory_optimizer_never_raises_peak(mofa_predictor, feats, moe, tp, pp, 
         return
     pred = evaluate(mofa_predictor, jobs)
     assert pred.peak_memory_bytes[0] <= pred.peak_memory_bytes[1] * (1 + 1e-12)
+
+
+def test_offloaded_host_memory_must_fit_the_node(mofa_predictor):
+    """Host memory is a memory too: a job fits only if its offloaded bytes (the stage that puts the
+    most on the host) fit the node's CPU memory shared by its GPUs, cpu_memory_gib / gpus_per_node
+    (2,048 GiB / 8 = 256 GiB per GPU on a DGX H100). GPT-3 175B with activation offload (which no
+    per-feature rule checks) puts H bytes on the host: a node with 8·H·1.01 fits, 8·H·0.99 not."""
+    import attrs
+
+    j = job(mofa_predictor, {"activation_offload": {}})
+    pred = evaluate(mofa_predictor, [j])
+    host = float(pred.host_memory_bytes[0])
+    assert host > 0 and bool(pred.fits_in_memory[0])
+    assert host == pytest.approx(np.nanmax(np.where(np.isfinite(pred.stage_memory_bytes[:, 0]),
+                                                    pred.state.mem.host_bytes[:, 0], np.nan)))
+    hw = j.hardware
+    for scale, fits in ((1.01, True), (0.99, False)):
+        small = attrs.evolve(hw, host=attrs.evolve(hw.host, cpu_memory_gib=scale * host * hw.gpus_per_node / 2**30))
+        assert small.host_bytes_per_gpu == pytest.approx(scale * host)
+        p = mofa_predictor.evaluate(jobs_to_batch([j], mofa_predictor.registry), j.model, small)
+        assert bool(p.fits_in_memory[0]) is fits
+        assert float(p.peak_memory_bytes[0]) == pytest.approx(float(pred.peak_memory_bytes[0]))  # the GPU alike
