@@ -702,6 +702,33 @@ def test_offloads_that_overflow_the_host_are_not_returned(mofa_predictor):
     assert sum(n for k, n in result.removed_by.items() if "host memory" in k) > 0
 
 
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_what_the_search_returns_predict_accepts_and_prices_alike(mofa_predictor, data):
+    """Any job, any features searched: every configuration the tuner returns is a job `mofa predict`
+    accepts (no rule refuses it), that fits, and that predicts the step time the search ranked it by."""
+    reg = mofa_predictor.registry
+    name, gpus, gbs, seq = data.draw(st.sampled_from([("llama3-8b", 16, 32, 4096), ("mixtral-8x7b", 32, 64, 4096),
+                                                     ("llama3-70b", 64, 64, 8192), ("qwen3-30b-a3b", 16, 64, 4096),
+                                                     ("gpt3-175b", 64, 128, 2048)]))
+    hw_name = data.draw(st.sampled_from(["h100-sxm5-80gb", "a100-sxm4-80gb", "b200-sxm-180gb"]))
+    model, hw = reg.model(name), reg.hardware_profile(hw_name)
+    feats = data.draw(st.lists(st.sampled_from(sorted(reg.features)), min_size=1, max_size=5, unique=True))
+    space = default_space(reg, model, hw, gpus, seq, features=feats)
+    narrow = {"tp": data.draw(st.sampled_from([(1, 2), (2, 4), (4, 8), (8,)])),
+              "pp": data.draw(st.sampled_from([(1,), (1, 2), (2, 4), (4,)])), "micro_batch_size": (1, 2)}
+    space = attrs.evolve(space, **narrow)
+    result = tune(mofa_predictor, TuneRequest(model=model, hardware=hw, num_gpus=gpus, global_batch_size=gbs,
+                                              sequence_length=seq, space=space, top_k=3))
+    for c in result.best:
+        job = mofa_predictor.job({"model": {"name": name}, "hardware": {"name": hw_name, "num_gpus": gpus},
+                                  "parallel": {k: v for k, v in c.parallel.items() if k != "dp"},
+                                  "pipeline": {"schedule": c.schedule}, "features": dict(c.features)})
+        (r,) = mofa_predictor.predict(job)
+        assert r.fits_in_memory
+        assert r.step_time_s == pytest.approx(c.step_time_s, rel=1e-9)
+
+
 def test_time_budget_returns_the_best_so_far_labelled(mofa_predictor, monkeypatch):
     """--time-budget: the search stops when it runs out and returns the best found, labelled as not
     proven optimal; with no time at all it still dives to the first configuration that fits. A fake
