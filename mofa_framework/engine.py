@@ -1046,11 +1046,40 @@ def step_overhead_s(model: ModelSpec, hardware: HardwareProfile) -> float:
     return eff.step_overhead_s + (eff.moe_step_overhead_s if model.is_moe else 0.0)
 
 
+def _optimizer_and_memory(pl: Pipelined, trail: dict) -> CostState:
+    """The optimizer and memory levels of :func:`finish`: the state with ``opt`` and ``mem``."""
+    state, registry = pl.state, pl.state.ctx.pm.registry
+    state = attrs.evolve(state, opt=pl.priced["opt"])
+    state = _apply_phase(state, registry, Phase.optimizer, trail)
+    state = attrs.evolve(state, mem=_memory_costs(state, state.layout, pl.inflight))
+    return _apply_phase(state, registry, Phase.memory, trail)
+
+
+#: ``MemoryCosts`` fields by memory component (:data:`~mofa_framework.types.MEMORY_COMPONENTS`)
+MEMORY_FIELDS = {"weights": "weights_bytes", "gradients": "grads_bytes", "optimizer_states": "optimizer_bytes",
+                 "activations": "activations_bytes", "buffers": "buffers_bytes", "logits_loss": "logits_bytes",
+                 "recompute_working": "working_bytes", "host": "host_bytes"}
+
+
+def memory_floor(pl: Pipelined, lowered: frozenset[str]) -> tuple[FloatArray, FloatArray]:
+    """(GPU bytes, host bytes) per row that no setting of features lowering only the components
+    `lowered` can go below: the rows' memory as they are, those components taken as 0, on the
+    stage with the most. Rows are a search's nodes with such features still off; each of their
+    configurations peaks at least there (the peak is a sum of components, its largest stage)."""
+    mem = _optimizer_and_memory(pl, {}).mem
+    hw = pl.state.ctx.hardware
+    part = {c: (np.zeros_like(getattr(mem, f)) if c in lowered else getattr(mem, f)) for c, f in MEMORY_FIELDS.items()}
+    gpu = (part["weights"] + part["gradients"] + part["optimizer_states"] + part["activations"] + part["buffers"]
+           + np.maximum(part["logits_loss"], part["recompute_working"]) + hw.reserved_memory_bytes)
+    exists = stages_present(pl.state.batch)
+    return (np.where(exists, gpu, -np.inf).max(axis=0), np.where(exists, part["host"], 0.0).max(axis=0))
+
+
 def finish(pl: Pipelined, trail: dict | None = None, lean: bool = False, check: bool = True) -> Prediction | Outcome:
     """The optimizer and memory phases and the results, after :func:`pipeline_phase`. With
     `lean`, only the step time, the peak memory and whether it fits (:class:`Outcome`); `check`
     as in :func:`evaluate` (a lean outcome is not checked: the search re-evaluates what it keeps)."""
-    state, priced, comp, times, inflight = pl.state, pl.priced, pl.comp, pl.times, pl.inflight
+    state, comp, times = pl.state, pl.comp, pl.times
     batch, model, hardware, pm = state.batch, state.ctx.model, state.ctx.hardware, state.ctx.pm
     registry = pm.registry
     trail = {} if trail is None else trail
@@ -1062,13 +1091,7 @@ def finish(pl: Pipelined, trail: dict | None = None, lean: bool = False, check: 
     exists = stages_present(batch)
     pick = lambda arr: np.take_along_axis(arr, pl.crit[None, :], axis=0)[0]  # noqa: E731
 
-    # ---- optimizer level
-    state = attrs.evolve(state, opt=priced["opt"])
-    state = _apply_phase(state, registry, Phase.optimizer, trail)
-
-    # ---- memory level
-    state = attrs.evolve(state, mem=_memory_costs(state, lay, inflight))
-    state = _apply_phase(state, registry, Phase.memory, trail)
+    state = _optimizer_and_memory(pl, trail)
 
     # ---- results
     opt, mem = state.opt, state.mem

@@ -716,6 +716,12 @@ class _Search:
         # features that cannot be combined with some other: rows are evaluated in groups that turn
         # on the same ones, so a group skips the others' transforms (their rows would be a minority)
         self.exclusive = [j for j, n in enumerate(all_names) if self.registry.features[n].conflicts]
+        # what the features decided at the leaves may lower in memory (None: anything, no floor)
+        leaf = [self.registry.features[n] for n in all_names
+                if self.registry.features[n].layer is None and self.registry.features[n].pipeline is None]
+        self.lowered = (None if any(f.lowers_memory is None for f in leaf)
+                        else frozenset().union(*(f.lowers_memory for f in leaf)))
+        self.min_floor = np.inf
 
     def threshold(self) -> float:
         if self.req.pareto:
@@ -841,6 +847,11 @@ class _Search:
         pl = engine.pipeline_phase(self._batch(ps, parent_choice), req.model, req.hardware, self.predictor.pm,
                                    layer_key=self._layer_key(grp, ps, pf), lean=True, **self._engine_args(ps))
         g_idx, s_idx, c_idx, choice, parent = self._child_rows(len(LEVELS), grp, ps, pf, np.zeros(len(ps)))
+        keep = self._memory_room(pl, parent)
+        if keep is not None:
+            if not len(keep):
+                return
+            g_idx, s_idx, c_idx, choice, parent = (a[keep] for a in (g_idx, s_idx, c_idx, choice, parent))
         batch = self._batch(s_idx, choice)
         ok = np.ones(len(batch), bool)
         for feat in registry.features.values():
@@ -895,6 +906,26 @@ class _Search:
                 r = int(ok_rows[t])
                 self.pareto.append((float(out.step_time_s[r]), float(out.peak_memory_bytes[r]), float(val[r]),
                                     (int(g_idx[r]), int(s_idx[r]), int(c_idx[r])), tuple(int(x) for x in tie[:, t])))
+
+    def _memory_room(self, pl, parent: np.ndarray) -> np.ndarray | None:
+        """The leaves (positions) whose level-3 node leaves them room in memory, or None when all
+        do or no floor is worth it: a node's memory with its leaf features off, less every component
+        those may lower (``Feature.lowers_memory``), is a floor of each leaf's; a node over the HBM or
+        the host memory there has no leaf that fits. The others are counted as memory failures."""
+        n = len(pl.state.batch)
+        if self.lowered is None or len(parent) < 2 * n:  # a floor costs about one leaf per node
+            return None
+        gpu, host = engine.memory_floor(pl, self.lowered)
+        over_hbm = gpu > self.req.hardware.hbm_bytes
+        over_host = ~over_hbm & (host > self.req.hardware.host_bytes_per_gpu)
+        if not (over_hbm.any() or over_host.any()):
+            return None
+        self.min_floor = min(self.min_floor, float(gpu.min()) / GIB)
+        for reason, nodes in (("peak memory exceeds the GPU's HBM", over_hbm),
+                              ("offloaded host memory exceeds the node's CPU memory per GPU", over_host)):
+            if nodes.any():
+                self.removed[reason] = self.removed.get(reason, 0) + int(nodes[parent].sum())
+        return np.flatnonzero(~(over_hbm | over_host)[parent])
 
     def _finish(self, pl, parent: np.ndarray, batch: CandidateBatch, s_idx: np.ndarray, choice: np.ndarray):
         """Step time, peak memory and fit of leaves (rows of `batch`, sorted by structure) that
@@ -1004,6 +1035,14 @@ class _Search:
 
 #: the parallel sizes a job's search ranges over (``[search]``, ``values=``, ``--*-values``)
 SEARCHED_SIZES = ("tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size", "lighter_ends")
+
+
+def _min_peak(search) -> float:
+    """The smallest peak evaluated; where the memory floors pruned everything, the smallest floor
+    (every pruned configuration peaks above it)."""
+    if search is None:
+        return float("inf")
+    return search.min_peak if np.isfinite(search.min_peak) else search.min_floor
 
 
 def job_request(job, registry, *, features: Iterable[str] | None = None, schedules: Iterable[str] | None = None,
@@ -1127,7 +1166,7 @@ def tune(predictor, req: TuneRequest, progress: Callable[[TuneProgress], None] |
                       feasible=search.feasible if search else 0, space_size=req.space.size,
                       skipped_by_bound=skipped, structures=req.space.structures, structures_feasible=len(structs),
                       elapsed_s=time.perf_counter() - t0, removed_by={k: v for k, v in removed.items() if v},
-                      pareto=front, min_peak_memory_gib=search.min_peak if search else float("inf"),
+                      pareto=front, min_peak_memory_gib=_min_peak(search),
                       proven_optimal=proven, unexplored=unexplored if not proven else 0,
                       bounded_rows=search.bounded_rows if search else 0)
 

@@ -833,6 +833,22 @@ class Phase(enum.Enum):
     memory = "memory"  #: peak memory (MO)
 
 
+#: the memory components a prediction breaks the peak into (``Prediction.memory_breakdown``'s keys
+#: but ``runtime``), and ``host``: what a feature's ``lowers_memory`` names
+MEMORY_COMPONENTS = ("weights", "gradients", "optimizer_states", "activations", "buffers", "logits_loss",
+                     "recompute_working", "host")
+
+
+def _components(x) -> frozenset[str] | None:
+    if x is None:
+        return None
+    out = frozenset(str(c) for c in x)
+    unknown = out - set(MEMORY_COMPONENTS)
+    if unknown:
+        raise ValueError(f"lowers_memory names unknown components {sorted(unknown)}; known: {list(MEMORY_COMPONENTS)}")
+    return out
+
+
 @attrs.frozen(kw_only=True)
 class Feature:
     """An optimization feature: a cost transform per phase it acts in.
@@ -891,6 +907,12 @@ class Feature:
     #: with ``frozen_weights``: ``(model, options) -> float``, the parameters its rows train (what a
     #: checkpoint holds; the end-to-end model sizes checkpoints by it). None: all of the model's
     trainable_params: Callable | None = None
+    #: the memory components (:data:`MEMORY_COMPONENTS`) its memory transform may lower, in any of its
+    #: options and with any other feature on; every other component it keeps or raises. The tuner
+    #: skips the configurations below a node whose memory with the features decided later off, less
+    #: every component those may lower, already exceeds the GPU (or the host). None (the default):
+    #: it may lower any component — always safe
+    lowers_memory: frozenset[str] | None = attrs.field(default=None, converter=_components)
 
     def acts_in(self, phase: Phase) -> Callable | None:
         return getattr(self, phase.value)
@@ -1050,6 +1072,7 @@ class FlopsConvention:
 
 #: what a published peak-memory figure counts (:attr:`MappedRow.memory_counter`)
 MEMORY_COUNTERS = ("", "allocated", "reserved", "device")
+
 #: the counters that leave out the runtime's memory outside the caching allocator
 ALLOCATOR_COUNTERS = ("allocated", "reserved")
 

@@ -157,6 +157,7 @@ FEATURE = MemoryOptimizer(
     memory=memory,
     before=("dp_overlap",),
     conflicts=("distributed_optimizer",),
+    lowers_memory=("optimizer_states",),  # to host memory (which it raises)
 )
 
 

@@ -163,6 +163,7 @@ FEATURE = MemoryOptimizer(
     memory=memory,
     before=("dp_overlap",),
     conflicts=("cpu_optimizer",),
+    lowers_memory=("optimizer_states", "gradients"),  # sharded over DP; bf16 or sharded gradient buffers
     applies=lambda batch, model, hardware: (batch.dp * batch.cp > 1) | (
         (batch.tp * batch.cp * batch.dp > batch.ep * batch.etp) if model.is_moe else False),
 )

@@ -189,6 +189,7 @@ FEATURE = OverlapStrategy(
     options_type=DpOverlapOptions,
     optimizer=optimizer,
     after=("distributed_optimizer", "cpu_optimizer", "fsdp", "kernel_scaling"),
+    lowers_memory=(),  # no memory transform
     applies=lambda batch, model, hardware: (batch.dp * batch.cp > 1) | (
         (batch.tp * batch.cp * batch.dp > batch.ep * batch.etp) if model.is_moe else False),
     megatron_args=megatron_args,

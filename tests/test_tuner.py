@@ -379,7 +379,10 @@ def test_chunk_size_does_not_change_the_answer(mofa_predictor):
     rows = {n: [(c.step_time_s, c.peak_memory_gib, c.parallel, c.schedule, c.features) for c in f.pareto]
             for n, f in front.items()}
     assert rows[None] == rows[CHUNK_ROWS] == rows[4096]
-    assert front[None].pareto and front[None].evaluated == front[CHUNK_ROWS].evaluated > CHUNK_ROWS
+    # (the leaves reached span several chunks; those whose node's memory floor exceeds the GPU are
+    # counted as memory failures, not evaluated)
+    assert front[None].pareto and front[None].evaluated == front[CHUNK_ROWS].evaluated
+    assert front[None].evaluated + front[None].removed_by["peak memory exceeds the GPU's HBM"] > CHUNK_ROWS
 
 
 # ---------------------------------------------------------------- exactness on an MoE model, every objective
@@ -727,6 +730,43 @@ def test_what_the_search_returns_predict_accepts_and_prices_alike(mofa_predictor
         (r,) = mofa_predictor.predict(job)
         assert r.fits_in_memory
         assert r.step_time_s == pytest.approx(c.step_time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("model_name, gpus, layout", [("llama3-8b", 16, {"tp": 2, "pp": 2}),
+                                                      ("mixtral-8x7b", 32, {"tp": 2, "pp": 2, "ep": 4})])
+def test_lowers_memory_declarations_hold(mofa_predictor, model_name, gpus, layout):
+    """The memory floor's contract on the built-ins: a feature that declares ``lowers_memory`` never
+    lowers any other component on any stage, in any option, beside other features on."""
+    from mofa_framework.config import jobs_to_batch
+    from mofa_framework.engine import MEMORY_FIELDS
+
+    reg = mofa_predictor.registry
+    options = {"distributed_optimizer": [{}, {"shard_gradients": True}, {"grad_reduce_dtype": "bf16"}],
+               "cpu_optimizer": [{}, {"shard": False}], "dp_overlap": [{}],
+               "fp32_cross_entropy": [{}, {"compiled": True}]}
+    declared = {n for n, f in reg.features.items() if f.lowers_memory is not None}
+    assert declared == set(options), "give the new declaration its options here"
+    for base in ({}, {"recompute": {"granularity": "full"}}, {"activation_offload": {}}, {"weight_offload": {}}):
+        for name, opts in options.items():
+            clash = lambda a, b: b in reg.features[a].conflicts or a in reg.features[b].conflicts  # noqa: E731
+            if any(clash(name, b) for b in base):
+                continue
+            jobs = []
+            for o in [None, *opts]:
+                feats = dict(base)
+                if o is not None:
+                    feats[name] = o
+                jobs.append(mofa_predictor.job({"model": {"name": model_name},
+                                                "hardware": {"name": "h100-sxm5-80gb", "num_gpus": gpus},
+                                                "parallel": {**layout, "micro_batch_size": 1, "global_batch_size": 64,
+                                                             "sequence_length": 4096}, "features": feats}))
+            pred = mofa_predictor.evaluate(jobs_to_batch(jobs, reg), jobs[0].model, jobs[0].hardware)
+            lowers = reg.features[name].lowers_memory
+            for comp, field in MEMORY_FIELDS.items():
+                if comp in lowers:
+                    continue
+                a = getattr(pred.state.mem, field)
+                assert (a[:, 1:] >= a[:, :1] * (1 - 1e-12) - 1e-6).all(), (name, comp, base)
 
 
 def test_time_budget_returns_the_best_so_far_labelled(mofa_predictor, monkeypatch):
