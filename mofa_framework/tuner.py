@@ -590,6 +590,11 @@ def _objective(req: TuneRequest, step, batch) -> np.ndarray:
     return total if req.objective == "e2e_time" else total * req.num_gpus / 3600.0
 
 
+#: why configurations that pass every rule are dropped: they do not fit
+OVER_HBM = "peak memory exceeds the GPU's HBM"
+OVER_HOST = "offloaded host memory exceeds the node's CPU memory per GPU"
+
+
 class _TopK:
     """The k best configurations seen so far; configurations identical in every number (same
     layout — the structure but for its schedule —, step time and memory) are one entry listing its
@@ -879,12 +884,10 @@ class _Search:
         fits = out.fits_in_memory
         self.min_peak = min(self.min_peak, float(out.peak_memory_bytes.min()) / GIB)
         over_hbm = out.peak_memory_bytes > req.hardware.hbm_bytes
-        mem_reason = "peak memory exceeds the GPU's HBM"
-        self.removed[mem_reason] = self.removed.get(mem_reason, 0) + int(over_hbm.sum())
+        self.removed[OVER_HBM] = self.removed.get(OVER_HBM, 0) + int(over_hbm.sum())
         over_host = ~fits & ~over_hbm
         if over_host.any():
-            host_reason = "offloaded host memory exceeds the node's CPU memory per GPU"
-            self.removed[host_reason] = self.removed.get(host_reason, 0) + int(over_host.sum())
+            self.removed[OVER_HOST] = self.removed.get(OVER_HOST, 0) + int(over_host.sum())
         self.feasible += int(fits.sum())
         val = np.where(fits, _objective(req, out.step_time_s, batch), np.inf)
         for t in np.argsort(val, kind="stable"):
@@ -921,8 +924,7 @@ class _Search:
         if not (over_hbm.any() or over_host.any()):
             return None
         self.min_floor = min(self.min_floor, float(gpu.min()) / GIB)
-        for reason, nodes in (("peak memory exceeds the GPU's HBM", over_hbm),
-                              ("offloaded host memory exceeds the node's CPU memory per GPU", over_host)):
+        for reason, nodes in ((OVER_HBM, over_hbm), (OVER_HOST, over_host)):
             if nodes.any():
                 self.removed[reason] = self.removed.get(reason, 0) + int(nodes[parent].sum())
         return np.flatnonzero(~(over_hbm | over_host)[parent])
