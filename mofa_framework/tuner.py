@@ -255,12 +255,16 @@ class TuneResult:
         if not self.removed_by:
             return "the search space is empty"
         ranked = sorted(self.removed_by.items(), key=lambda kv: -kv[1])
-        head = f"no feasible configuration among {self.space_size:,} candidates: most were removed by " + "; then ".join(
-            f"{rule} ({n:,})" for rule, n in ranked[:3])
-        if self.evaluated and not self.feasible:
-            head += (f". All {self.evaluated:,} that passed every rule need more memory than the GPU has "
-                     f"(smallest peak {self.min_peak_memory_gib:.1f} GiB): add GPUs, or enable memory features")
-        return head
+        rules = "; then ".join(f"{rule} ({n:,})" for rule, n in ranked[:3])
+        over = self.removed_by.get(OVER_HBM, 0) + self.removed_by.get(OVER_HOST, 0)
+        if over and not self.feasible:  # what to change comes first (a long line is cut at the end)
+            # those the memory floor ruled out were not evaluated: their peak is known from below
+            at_least = "" if self.evaluated else "at least "
+            return (f"no feasible configuration among {self.space_size:,} candidates: all {over:,} that passed "
+                    f"every rule need more memory than the GPU has (smallest peak {at_least}"
+                    f"{self.min_peak_memory_gib:.1f} GiB): add GPUs, or enable memory features; the rules removed "
+                    f"the others, most by {rules}")
+        return f"no feasible configuration among {self.space_size:,} candidates: most were removed by {rules}"
 
 
 @attrs.frozen(kw_only=True)

@@ -122,6 +122,21 @@ def test_empty_space_says_why(mofa_predictor):
     assert "memory" in why and "GiB" in why
 
 
+def test_an_empty_space_ruled_out_by_the_memory_floor_says_so_first(mofa_predictor):
+    """405B on 8 H100s with the distributed optimizer: every node's memory floor is over the HBM, so
+    no leaf is evaluated; the line still says memory is why, first (the CLI cuts long lines at the
+    end), with the smallest floor as a lower bound of the peaks."""
+    reg = mofa_predictor.registry
+    model, hw = reg.model("llama3.1-405b"), reg.hardware_profile("h100-sxm5-80gb")
+    space = default_space(reg, model, hw, 8, 4096, features=["distributed_optimizer", "recompute"])
+    result = tune(mofa_predictor, TuneRequest(model=model, hardware=hw, num_gpus=8, global_batch_size=8,
+                                              sequence_length=4096, space=space))
+    assert not result.best and result.evaluated == 0
+    why = result.why_empty()
+    assert why.index("need more memory than the GPU has (smallest peak at least") < why.index("the rules removed")
+    assert result.min_peak_memory_gib > hw.memory.hbm_gib
+
+
 def test_vpp8_beats_vpp16_when_pp_comm_is_exposed(mofa_predictor):
     """§5.5.1: LLaMA3-405B on 2,048 GPUs: raising v multiplies exposed PP communication in
     warmup/cooldown, so v = 8 beats v = 16 (a 128-layer variant so both divide the layers;
