@@ -48,7 +48,8 @@ def operator_seconds(ops, hardware) -> np.ndarray:
             dims = dims * np.where(x > 0, x / (x + d), 1.0)
     # one GEMM takes its work at the dimension-limited rate plus a fixed cost of F½ of peak work,
     # t = (F/Π + F½)/(η·P): a larger GEMM never takes less time
-    size_eff = np.where(ops.flops > 0, dims * one / (one + dims * half), 1.0)
+    # (rows without FLOPs keep 1; with a zero F½ they would divide 0 by 0)
+    size_eff = np.divide(dims * one, one + dims * half, out=np.ones_like(dims), where=ops.flops > 0)
     d, d_half = np.where(ops.gemm_k > 0, ops.gemm_k, 128.0), eff.attention_half_head_dim
     head = (d / (d + d_half)) / (128.0 / (128.0 + d_half))
     attn_eff = np.minimum(eff.attention_efficiency * head, 1.0)
