@@ -11,6 +11,7 @@ from pathlib import Path
 import attrs
 import pytest
 
+from mofa_framework.limits import PROFILE_LIMITS
 from mofa_framework.types import HardwareProfile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,3 +187,53 @@ def test_power_capped_part_runs_its_siblings_tables_at_the_capped_clock(mofa_pre
     assert cap.gemm_profile == sib.gemm_profile and cap.attention_profile == sib.attention_profile
     assert cap.collective_profile == tuple(p for p in sib.collective_profile if p.scope == "scaleup")
     assert "compute.power_limit_w = 500" in cap.notes
+
+
+_EDGE_KEYS = sorted(k for k in PROFILE_LIMITS
+                    if k.split(".")[0] in ("memory", "interconnect", "host", "efficiency"))
+
+
+def _at_edges(hw, picks):
+    """`hw` with each (key, lower or upper end) of `picks` set to that end of its bound."""
+    for key, upper in picks:
+        section, field = key.split(".")
+        b = PROFILE_LIMITS[key]
+        value = b.hi if upper else b.lo
+        value = int(value) if b.integer else float(value)
+        part = getattr(hw, section)
+        hw = attrs.evolve(hw, **{section: attrs.evolve(part, **{field: value})})
+    return hw
+
+
+def test_every_profile_within_its_bounds_prices_a_finite_step(mofa_predictor):
+    """The bounds' promise (mofa_framework/limits.py): a profile anywhere inside them gives every
+    number finite. Six of its numbers at once at the ends of their bounds, 200 draws, an MoE job
+    with overlaps, recompute and offload: a finite, positive step, and no RuntimeWarning."""
+    import random
+    import warnings
+
+    import numpy as np
+
+    from mofa_framework.config import jobs_to_batch
+
+    job = mofa_predictor.job({"model": {"name": "mixtral-8x7b"}, "hardware": {"name": "h100-sxm5-80gb", "num_gpus": 32},
+                              "parallel": {"tp": 2, "pp": 2, "cp": 2, "ep": 4, "micro_batch_size": 1,
+                                           "global_batch_size": 32, "sequence_length": 4096},
+                              "features": {"distributed_optimizer": {}, "ep_overlap": {}, "cp_overlap": {},
+                                           "tp_overlap": {}, "pp_overlap": {}, "dp_overlap": {},
+                                           "recompute": {"granularity": "selective"}, "activation_offload": {}}})
+    batch = jobs_to_batch([job], mofa_predictor.registry)
+    rng = random.Random(0)
+    tried = 0
+    for _ in range(200):
+        picks = [(k, rng.random() < 0.5) for k in rng.sample(_EDGE_KEYS, 6)]
+        try:
+            hw = _at_edges(job.hardware, picks)
+        except ValueError:  # a cross-field rule (a power limit above its TDP, ...)
+            continue
+        tried += 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            step = float(mofa_predictor.evaluate(batch, job.model, hw).step_time_s[0])
+        assert np.isfinite(step) and step > 0, picks
+    assert tried > 150
