@@ -1067,12 +1067,10 @@ def memory_floor(pl: Pipelined, lowered: frozenset[str]) -> tuple[FloatArray, Fl
     stage with the most. Rows are a search's nodes with such features still off; each of their
     configurations peaks at least there (the peak is a sum of components, its largest stage)."""
     mem = _optimizer_and_memory(pl, {}).mem
-    hw = pl.state.ctx.hardware
-    part = {c: (np.zeros_like(getattr(mem, f)) if c in lowered else getattr(mem, f)) for c, f in MEMORY_FIELDS.items()}
-    gpu = (part["weights"] + part["gradients"] + part["optimizer_states"] + part["activations"] + part["buffers"]
-           + np.maximum(part["logits_loss"], part["recompute_working"]) + hw.reserved_memory_bytes)
+    floor = attrs.evolve(mem, **{MEMORY_FIELDS[c]: np.zeros_like(getattr(mem, MEMORY_FIELDS[c])) for c in lowered})
+    gpu = floor.gpu_bytes + pl.state.ctx.hardware.reserved_memory_bytes
     exists = stages_present(pl.state.batch)
-    return (np.where(exists, gpu, -np.inf).max(axis=0), np.where(exists, part["host"], 0.0).max(axis=0))
+    return (np.where(exists, gpu, -np.inf).max(axis=0), np.where(exists, floor.host_bytes, 0.0).max(axis=0))
 
 
 def finish(pl: Pipelined, trail: dict | None = None, lean: bool = False, check: bool = True) -> Prediction | Outcome:
