@@ -229,6 +229,16 @@ def limit(key: str) -> Callable:
     return bounded(bound)
 
 
+def limit_in(section: str) -> Callable:
+    """The attrs validator of every field of a section: each checks ``LIMITS["section.<its name>"]``
+    (a field without an entry is a programming error, raised on first use)."""
+
+    def validate(inst, attribute, value):
+        check(LIMITS[f"{section}.{attribute.name}"], attribute.name, value)
+
+    return validate
+
+
 def bounded(bound: Bound) -> Callable:
     """An attrs validator checking `bound` (the message names the attribute)."""
 
@@ -285,7 +295,8 @@ def markdown_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-__all__ = ["LIMITS", "PROFILE_LIMITS", "Bound", "between", "bounded", "check", "decode_text", "env_flag", "limit", "optional", "short"]
+__all__ = ["LIMITS", "PROFILE_LIMITS", "Bound", "between", "bounded", "check", "decode_text", "env_flag", "limit",
+           "limit_in", "optional", "short"]
 
 
 def decode_text(data: bytes, where: str, fix: str) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 from attrs import validators as v
 
-from .limits import LIMITS, check, limit, option_backstop
+from .limits import LIMITS, check, limit, limit_in, option_backstop
 from .stack import BlockSpec, kind_key, pattern_blocks
 from .units import DTYPE_BYTES, GIB, gbps_to_bytes_per_s, tflops_to_flops_per_s
 
@@ -39,6 +39,10 @@ def _snake(inst, attribute, value):
 #: rates and capacities (TFLOPS, GiB, GB/s, parameters/s) at most 1e15: finite however they are read
 _pos_int = [v.instance_of(int), v.ge(1), v.le(2**31)]
 _nonneg_int = [v.instance_of(int), v.ge(0)]
+
+
+#: each field of a hardware profile's table checks its own bound (``limits.PROFILE_LIMITS``)
+_MEMORY, _INTERCONNECT, _HOST, _EFFICIENCY = (limit_in(s) for s in ("memory", "interconnect", "host", "efficiency"))
 
 
 def _pos_float(default=None):
@@ -536,26 +540,26 @@ IDLE_POWER_FRACTION = 0.1
 
 @attrs.frozen(kw_only=True)
 class MemorySpec:
-    hbm_gib: float = attrs.field(converter=float, validator=limit("memory.hbm_gib"))
-    hbm_bandwidth_gbps: float = attrs.field(converter=float, validator=limit("memory.hbm_bandwidth_gbps"))
+    hbm_gib: float = attrs.field(converter=float, validator=_MEMORY)
+    hbm_bandwidth_gbps: float = attrs.field(converter=float, validator=_MEMORY)
 
 
 @attrs.frozen(kw_only=True)
 class InterconnectSpec:
-    scaleup_domain_gpus: int = attrs.field(validator=limit("interconnect.scaleup_domain_gpus"))
-    scaleup_bandwidth_gbps: float = attrs.field(converter=float, validator=limit("interconnect.scaleup_bandwidth_gbps"))
-    scaleout_bandwidth_gbps: float = attrs.field(converter=float, validator=limit("interconnect.scaleout_bandwidth_gbps"))
-    h2d_bandwidth_gbps: float = attrs.field(default=32.0, converter=float, validator=limit("interconnect.h2d_bandwidth_gbps"))
-    d2h_bandwidth_gbps: float = attrs.field(default=32.0, converter=float, validator=limit("interconnect.d2h_bandwidth_gbps"))
+    scaleup_domain_gpus: int = attrs.field(validator=_INTERCONNECT)
+    scaleup_bandwidth_gbps: float = attrs.field(converter=float, validator=_INTERCONNECT)
+    scaleout_bandwidth_gbps: float = attrs.field(converter=float, validator=_INTERCONNECT)
+    h2d_bandwidth_gbps: float = attrs.field(default=32.0, converter=float, validator=_INTERCONNECT)
+    d2h_bandwidth_gbps: float = attrs.field(default=32.0, converter=float, validator=_INTERCONNECT)
 
 
 @attrs.frozen(kw_only=True)
 class HostSpec:
-    cpu_memory_gib: float = attrs.field(default=1024.0, converter=float, validator=limit("host.cpu_memory_gib"))
-    disk_read_gbps: float = attrs.field(default=2.0, converter=float, validator=limit("host.disk_read_gbps"))
-    disk_write_gbps: float = attrs.field(default=2.0, converter=float, validator=limit("host.disk_write_gbps"))
+    cpu_memory_gib: float = attrs.field(default=1024.0, converter=float, validator=_HOST)
+    disk_read_gbps: float = attrs.field(default=2.0, converter=float, validator=_HOST)
+    disk_write_gbps: float = attrs.field(default=2.0, converter=float, validator=_HOST)
     #: CPU Adam update throughput of one node, parameters per second
-    cpu_optimizer_params_per_s: float = attrs.field(default=2.0e9, converter=float, validator=limit("host.cpu_optimizer_params_per_s"))
+    cpu_optimizer_params_per_s: float = attrs.field(default=2.0e9, converter=float, validator=_HOST)
 
 
 @attrs.frozen(kw_only=True)
@@ -567,85 +571,85 @@ class EfficiencySpec:
     """
 
     #: η_c: fraction of peak a large GEMM sustains (modified roofline, [1])
-    gemm_efficiency: float = attrs.field(default=0.80, converter=float, validator=limit("efficiency.gemm_efficiency"))
+    gemm_efficiency: float = attrs.field(default=0.80, converter=float, validator=_EFFICIENCY)
     #: size at which a GEMM reaches half of η_c·peak, expressed in seconds of peak work
-    gemm_half_efficiency_s: float = attrs.field(default=2.0e-6, converter=float, validator=limit("efficiency.gemm_half_efficiency_s"))
+    gemm_half_efficiency_s: float = attrs.field(default=2.0e-6, converter=float, validator=_EFFICIENCY)
     #: GEMM dimension at which a GEMM reaches half its rate along that dimension: the M×N output is
     #: cut into tiles and the K loop is pipelined, so dimensions not ≫ a tile (the batched K = 64/128
     #: GEMMs of unfused attention, narrow TP shards) run below peak. The size factor gains
     #: ``Π_{x ∈ m, n, k} x/(x + d½)``. 0 removes it (the default)
-    gemm_half_dim: float = attrs.field(default=0.0, converter=float, validator=limit("efficiency.gemm_half_dim"))
+    gemm_half_dim: float = attrs.field(default=0.0, converter=float, validator=_EFFICIENCY)
     #: the reduction dimension's own d½ (the K loop's prologue and epilogue, not the output's tile
     #: padding): 0 uses ``gemm_half_dim`` for k too (the default)
-    gemm_half_dim_k: float = attrs.field(default=0.0, converter=float, validator=limit("efficiency.gemm_half_dim_k"))
+    gemm_half_dim_k: float = attrs.field(default=0.0, converter=float, validator=_EFFICIENCY)
     #: fixed cost of one kernel launch on the GPU's stream (launch + tail), seconds; paid once per
     #: kernel of every operator and pass (a grouped GEMM is one launch)
-    kernel_launch_s: float = attrs.field(default=0.0, converter=float, validator=limit("efficiency.kernel_launch_s"))
+    kernel_launch_s: float = attrs.field(default=0.0, converter=float, validator=_EFFICIENCY)
     #: host (CPU) time to dispatch one kernel — Python, the framework's op dispatch and autograd
     #: bookkeeping on the thread that feeds the stream. An operator cannot finish before its
     #: kernels have been issued, so it takes at least ``kernels × host_dispatch_s``: small models
     #: in eager frameworks are host-bound. Default 0 (the GPU is always the bottleneck)
-    host_dispatch_s: float = attrs.field(default=0.0, converter=float, validator=limit("efficiency.host_dispatch_s"))
+    host_dispatch_s: float = attrs.field(default=0.0, converter=float, validator=_EFFICIENCY)
     #: a training run's GEMMs relative to the ``[[gemm_profile]]`` microbenchmarks (sustained clocks
     #: of a full node under its power limit, fused epilogues): scales the profiled rate of every dtype
-    profiled_gemm_relative_efficiency: float = attrs.field(default=1.0, converter=float, validator=limit("efficiency.profiled_gemm_relative_efficiency"))
+    profiled_gemm_relative_efficiency: float = attrs.field(default=1.0, converter=float, validator=_EFFICIENCY)
     #: a training run's fused attention relative to the ``[[attention_profile]]`` kernel (the
     #: framework's kernel — cuDNN / FlashAttention-3 — against the profiled FlashAttention-2)
-    profiled_attention_relative_efficiency: float = attrs.field(default=1.0, converter=float, validator=limit("efficiency.profiled_attention_relative_efficiency"))
+    profiled_attention_relative_efficiency: float = attrs.field(default=1.0, converter=float, validator=_EFFICIENCY)
     #: fused (flash) attention's fraction of the bf16 peak at head dimension 128
-    attention_efficiency: float = attrs.field(default=0.55, converter=float, validator=limit("efficiency.attention_efficiency"))
+    attention_efficiency: float = attrs.field(default=0.55, converter=float, validator=_EFFICIENCY)
     #: head-dimension dependence of fused attention: a kernel's rate scales as d/(d + d½),
     #: normalised to d = 128, capped at the peak. Each K/V tile loaded from shared memory feeds
     #: d multiply-adds per query, so small heads are bound by data movement and softmax. d½ = 64
     #: gives 0.75× at d = 64 and 1.2× at d = 256 (FlashAttention-3 forward on H100: ≈ 0.77× and
     #: ≈ 1.17×, arXiv 2407.08608); 0 removes the dependence
-    attention_half_head_dim: float = attrs.field(default=64.0, converter=float, validator=limit("efficiency.attention_half_head_dim"))
+    attention_half_head_dim: float = attrs.field(default=64.0, converter=float, validator=_EFFICIENCY)
     #: an FP4 (NVFP4) GEMM's efficiency relative to ``gemm_efficiency``, of the fp4 peak: block-scale
     #: handling and the epilogues cost more per FLOP at 4 bits. Default 1
-    fp4_gemm_relative_efficiency: float = attrs.field(default=1.0, converter=float, validator=limit("efficiency.fp4_gemm_relative_efficiency"))
+    fp4_gemm_relative_efficiency: float = attrs.field(default=1.0, converter=float, validator=_EFFICIENCY)
     #: an FP8 GEMM's efficiency relative to ``gemm_efficiency``, of the fp8 peak: at twice the
     #: bf16 rate the same tiles are shorter, so fixed per-tile costs (the epilogue, the bf16
     #: output write, the scaling) weigh more, and fp8 GEMMs reach a smaller fraction of their peak
     #: than bf16 ones of theirs. Default 1
-    fp8_gemm_relative_efficiency: float = attrs.field(default=1.0, converter=float, validator=limit("efficiency.fp8_gemm_relative_efficiency"))
+    fp8_gemm_relative_efficiency: float = attrs.field(default=1.0, converter=float, validator=_EFFICIENCY)
     #: an MXFP8 GEMM's efficiency relative to a per-tensor-scaled fp8 GEMM's: the fp8 feature's
     #: ``recipe = "mxfp8"`` (32-element blocks with E8M0 scales, Blackwell's block-scaled tensor-core
     #: instructions) — scale-factor layout kernels and the scaled epilogue cost more per FLOP than a
     #: per-tensor-scaled fp8 GEMM. Default 1
-    mxfp8_gemm_relative_efficiency: float = attrs.field(default=1.0, converter=float, validator=limit("efficiency.mxfp8_gemm_relative_efficiency"))
+    mxfp8_gemm_relative_efficiency: float = attrs.field(default=1.0, converter=float, validator=_EFFICIENCY)
     #: η_m: fraction of HBM bandwidth memory-bound kernels reach
-    memory_efficiency: float = attrs.field(default=0.80, converter=float, validator=limit("efficiency.memory_efficiency"))
+    memory_efficiency: float = attrs.field(default=0.80, converter=float, validator=_EFFICIENCY)
     #: fraction of link bandwidth a large collective reaches, inside / across the scale-up domain
-    scaleup_bus_efficiency: float = attrs.field(default=0.80, converter=float, validator=limit("efficiency.scaleup_bus_efficiency"))
-    scaleout_bus_efficiency: float = attrs.field(default=0.85, converter=float, validator=limit("efficiency.scaleout_bus_efficiency"))
+    scaleup_bus_efficiency: float = attrs.field(default=0.80, converter=float, validator=_EFFICIENCY)
+    scaleout_bus_efficiency: float = attrs.field(default=0.85, converter=float, validator=_EFFICIENCY)
     #: an all-to-all's bandwidth relative to a ring's (``*_bus_efficiency``): many peers, small
     #: per-peer messages. Default 1
-    alltoall_relative_efficiency: float = attrs.field(default=1.0, converter=float, validator=limit("efficiency.alltoall_relative_efficiency"))
+    alltoall_relative_efficiency: float = attrs.field(default=1.0, converter=float, validator=_EFFICIENCY)
     #: λ: per-step latency of a collective, µs, inside / across nodes
-    scaleup_latency_us: float = attrs.field(default=5.0, converter=float, validator=limit("efficiency.scaleup_latency_us"))
-    scaleout_latency_us: float = attrs.field(default=10.0, converter=float, validator=limit("efficiency.scaleout_latency_us"))
+    scaleup_latency_us: float = attrs.field(default=5.0, converter=float, validator=_EFFICIENCY)
+    scaleout_latency_us: float = attrs.field(default=10.0, converter=float, validator=_EFFICIENCY)
     #: eq. [3]: scale-out bandwidth lost per doubling of the nodes a group spans (α = (1-d)^log2 n)
-    bandwidth_decay_per_doubling: float = attrs.field(default=0.02, converter=float, validator=limit("efficiency.bandwidth_decay_per_doubling"))
+    bandwidth_decay_per_doubling: float = attrs.field(default=0.02, converter=float, validator=_EFFICIENCY)
     #: contention when compute and communication overlap: α (compute) and β (comm), ≥ 1
-    contention_compute: float = attrs.field(default=1.05, converter=float, validator=limit("efficiency.contention_compute"))
-    contention_comm: float = attrs.field(default=1.10, converter=float, validator=limit("efficiency.contention_comm"))
+    contention_compute: float = attrs.field(default=1.05, converter=float, validator=_EFFICIENCY)
+    contention_comm: float = attrs.field(default=1.10, converter=float, validator=_EFFICIENCY)
     #: CUDA context, NCCL and allocator slack, GiB per GPU
-    reserved_memory_gib: float = attrs.field(default=3.0, converter=float, validator=limit("efficiency.reserved_memory_gib"))
+    reserved_memory_gib: float = attrs.field(default=3.0, converter=float, validator=_EFFICIENCY)
     #: fixed per-step overhead (data loading, logging, launch gaps), seconds
-    step_overhead_s: float = attrs.field(default=0.0, converter=float, validator=limit("efficiency.step_overhead_s"))
+    step_overhead_s: float = attrs.field(default=0.0, converter=float, validator=_EFFICIENCY)
     #: an MoE job's per-step host time on top of ``step_overhead_s`` (the MoE training loop's own
     #: bookkeeping: router statistics and auxiliary-loss tracking, token-count synchronisations),
     #: seconds; 0 for a model without MoE layers. Default 0
-    moe_step_overhead_s: float = attrs.field(default=0.0, converter=float, validator=limit("efficiency.moe_step_overhead_s"))
+    moe_step_overhead_s: float = attrs.field(default=0.0, converter=float, validator=_EFFICIENCY)
     #: host time of the training loop per micro-batch on every pipeline stage (fetching and
     #: broadcasting the batch, masks, loss bookkeeping: once per micro-batch, however many model
     #: chunks interleaving splits it into), seconds; it adds to each stage's forward. Default 0
-    microbatch_overhead_s: float = attrs.field(default=0.0, converter=float, validator=limit("efficiency.microbatch_overhead_s"))
+    microbatch_overhead_s: float = attrs.field(default=0.0, converter=float, validator=_EFFICIENCY)
     #: host time per micro-batch and model chunk on every pipeline stage (a chunk's forward or
     #: backward step call and the wait on its pipeline receives before the CPU can issue it),
     #: seconds: v times per micro-batch with interleaving, on top of ``microbatch_overhead_s``.
     #: Default 0
-    chunk_overhead_s: float = attrs.field(default=0.0, converter=float, validator=limit("efficiency.chunk_overhead_s"))
+    chunk_overhead_s: float = attrs.field(default=0.0, converter=float, validator=_EFFICIENCY)
 
 
 @attrs.frozen(kw_only=True)

@@ -237,3 +237,15 @@ def test_every_profile_within_its_bounds_prices_a_finite_step(mofa_predictor):
             step = float(mofa_predictor.evaluate(batch, job.model, hw).step_time_s[0])
         assert np.isfinite(step) and step > 0, picks
     assert tried > 150
+
+
+def test_every_number_of_a_profile_table_has_its_bound():
+    """The sections' fields check ``PROFILE_LIMITS["section.<field>"]`` by name: a field added
+    without a bound would fail only when set, so every one is listed here."""
+    from mofa_framework.types import EfficiencySpec, HostSpec, InterconnectSpec, MemorySpec
+
+    for section, cls in (("memory", MemorySpec), ("interconnect", InterconnectSpec), ("host", HostSpec),
+                         ("efficiency", EfficiencySpec)):
+        missing = [f.name for f in attrs.fields(cls) if f"{section}.{f.name}" not in PROFILE_LIMITS]
+        assert not missing, (section, missing)
+    EfficiencySpec()  # every default within its bound
