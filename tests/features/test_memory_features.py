@@ -388,3 +388,22 @@ def test_offloaded_host_memory_must_fit_the_node(mofa_predictor):
         p = mofa_predictor.evaluate(jobs_to_batch([j], mofa_predictor.registry), j.model, small)
         assert bool(p.fits_in_memory[0]) is fits
         assert float(p.peak_memory_bytes[0]) == pytest.approx(float(pred.peak_memory_bytes[0]))  # the GPU alike
+
+
+def test_predict_prints_the_host_memory_beside_the_peak(mofa_predictor):
+    """`mofa predict` shows host memory only when a feature offloads: 'host H / 256 GiB per GPU'
+    on a DGX H100 (2,048 GiB over 8 GPUs), and JSON carries host_memory_gib / host_gib_per_gpu."""
+    import json
+
+    from mofa_framework.cli import _builtin_commands, cli
+
+    _builtin_commands()
+    args = ["predict", "--model", "llama3-8b", "--hardware", "h100-sxm5-80gb", "--gpus", "8", "--gbs", "32",
+            "--seq", "4096"]
+    off = CliRunner().invoke(cli, args)
+    on = CliRunner().invoke(cli, [*args, "--feature", "activation_offload"])
+    assert off.exit_code == 0 and on.exit_code == 0, on.output
+    assert ", host " not in off.output and ", host " in on.output and "/ 256 GiB per GPU" in on.output
+    data = json.loads(CliRunner().invoke(cli, [*args, "--feature", "activation_offload", "--format", "json"]).stdout)
+    row = data[0] if isinstance(data, list) else data
+    assert row["host_gib_per_gpu"] == 256.0 and row["host_memory_gib"] > 0
