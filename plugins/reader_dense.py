@@ -12,7 +12,8 @@ and the ``*_dense.csv`` twins of NVIDIA's tables. What it knows, by the ``framew
   2021's stage-3 defaults, :func:`deepspeed_2021`); DeepSpeed's pipeline engine cannot interleave;
 - the ZeroBubble fork: its schedules (1F1B, interleaved, ZB-1p / ZB-2p / ZB-V) with the end stages
   one layer lighter;
-- torchtitan: FSDP2 under a pipeline keeps parameters gathered (ZeRO-2); an FSDP rank with no
+- torchtitan: FSDP2 under a pipeline keeps parameters gathered and gradients unsharded in fp32
+  (the distributed optimizer, ZeRO-1); an FSDP rank with no
   stated micro-batch runs its whole batch at once; its "selective layer" AC is full recompute of every
   other block (``selective_ac_option = "2"``), its "selective op" the per-op policy;
 - PyTorch-FSDP frameworks (llm-foundry / Composer, torchtitan) run eager element-wise kernels
@@ -155,12 +156,20 @@ def _sharding(fw: str, dopt: str, pp: int) -> tuple[bool, bool]:
     # ZeRO-3 / FSDP: the `fsdp` feature; an FSDP that keeps the parameters gathered (Llama 3's:
     # "ZeRO-2-like", sharding optimizer states and gradients) is the distributed optimizer
     zero2 = re.search(r"zero-?2|not reshard|no reshard", dopt) is not None
-    # torchtitan under a pipeline: FSDP2 keeps the parameters unsharded and the gradients
-    # unreduced across micro-batches (reshard_after_forward off, gradient sync on the last
-    # micro-batch only): one gather and one reduce-scatter per step, as ZeRO-2
-    zero2 = zero2 or ("torchtitan" in fw.lower() and "fsdp" in dopt and pp > 1)
-    full_shard = not zero2 and ("zero-3" in dopt or "fsdp" in dopt or "zero-3" in fw.lower())
+    full_shard = not zero2 and not _gathered_under_pipeline(fw, dopt, pp) and (
+        "zero-3" in dopt or "fsdp" in dopt or "zero-3" in fw.lower())
     return zero2, full_shard
+
+
+def _gathered_under_pipeline(fw: str, dopt: str, pp: int) -> bool:
+    """torchtitan's FSDP2 under a pipeline: the schedule keeps each stage's parameters gathered
+    (``set_reshard_after_backward(False)``, ``reshard_after_forward`` off) and its gradients
+    unreduced until the last micro-batch's backward (``set_requires_gradient_sync(False)``), and
+    FSDP2 accumulates those unsharded gradients in its reduce dtype (``to_accumulated_grad_if_needed``:
+    fp32, torchtitan's ``mixed_precision_reduce``). So one gather and one reduce-scatter per step, a
+    full fp32 gradient buffer and sharded optimizer states: the distributed optimizer (ZeRO-1), not
+    ZeRO-2 — whose gradient shards would leave out the stage's whole fp32 gradient buffer."""
+    return "torchtitan" in fw.lower() and "fsdp" in dopt and pp > 1
 
 
 def _model_section(r: dict, ctx: ReadContext, name: str) -> tuple[dict, ModelSpec] | str:
@@ -388,6 +397,8 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         job["features"]["fsdp"] = dict(_fsdp_options(notes), reshard_after_forward=False)
     elif zero2:
         job["features"]["distributed_optimizer"] = {"shard_gradients": True}
+    elif _gathered_under_pipeline(fw, dopt, pp):
+        job["features"]["distributed_optimizer"] = {}
     elif full_shard:
         job["features"]["fsdp"] = _fsdp_options(notes)
     elif dopt.startswith("y") or "zero-1" in dopt or "distributed" in dopt and not dopt.startswith("ddp"):

@@ -631,12 +631,35 @@ def test_fsdp_rows_without_a_micro_batch_run_the_ranks_batch_at_once(mofa_predic
                    mofa_predictor.registry, "test")
     assert "fsdp" in m.job["features"] and m.job["parallel"]["micro_batch_size"] == 16
     # under a pipeline torchtitan keeps FSDP2's parameters gathered and its gradients unreduced
-    # across micro-batches: one gather and one reduce-scatter per step, ZeRO-2
+    # across micro-batches, accumulated unsharded in fp32: one gather and one reduce-scatter per
+    # step and a whole fp32 gradient buffer, the distributed optimizer's (ZeRO-1) — not ZeRO-2's shards
     m = _dense_job(_dense_row(model_name="LLAMA3.1-405B", framework="torchtitan", gpu_type="H100 SXM 96GB HBM2e @500W",
                               n_gpus="512", tp="8", pp="8", global_batch="256", micro_batch="", seq_len="8192",
                               distributed_optimizer="FSDP2 (ZeRO-3-like)", derived_iter_time_s="40.96"),
                    mofa_predictor.registry, "test")
-    assert m.job["features"]["distributed_optimizer"] == {"shard_gradients": True} and "fsdp" not in m.job["features"]
+    assert m.job["features"]["distributed_optimizer"] == {} and "fsdp" not in m.job["features"]
+
+
+def test_torchtitan_pipeline_stage_holds_gathered_weights_and_a_whole_fp32_gradient_buffer(mofa_predictor):
+    """torchtitan's Llama 3.1 405B on 512 H100s (TP 8, PP 8, FSDP 8; its 2024-12 benchmark table):
+    under the pipeline FSDP2 keeps the stage's parameters gathered and accumulates its unreduced
+    gradients unsharded in fp32 (``FSDPParam.to_accumulated_grad_if_needed``); only the fp32 master
+    copy and Adam's moments stay sharded. Hand-derived for a 16-layer stage: a layer holds
+    (2·h² + 2·h·1024 + 3·h·53248)/8 + 2·h parameters at h = 16384 (Q and O, K and V of 8 KV heads,
+    the SwiGLU MLP, TP 8; the two norms whole), 6.376 G on the stage: bf16 weights 2 B, gradients
+    4 B, optimizer states 12 B over the 8 FSDP ranks, per parameter."""
+    m = _dense_job(_dense_row(model_name="LLAMA3.1-405B", framework="torchtitan", gpu_type="H100 SXM 96GB HBM2e @500W",
+                              n_gpus="512", tp="8", pp="8", global_batch="256", micro_batch="", seq_len="8192",
+                              n_layers="126", hidden="16384", n_heads="128", n_kv_heads="8", ffn_hidden="53248",
+                              vocab="128256", recompute="full", distributed_optimizer="FSDP2 (ZeRO-3-like)",
+                              derived_iter_time_s="40.96"),
+                   mofa_predictor.registry, "test")
+    mem = mofa_predictor.predict(mofa_predictor.job(m.job))[0].memory_breakdown
+    h = 16384
+    stage = 16 * ((2 * h * h + 2 * h * 1024 + 3 * h * 53248) / 8 + 2 * h)
+    assert mem["gradients"] == pytest.approx(4 * stage / 2**30, rel=1e-3)  # 23.75 GiB (ZeRO-2's shard: 2.97)
+    assert mem["weights"] == pytest.approx(2 * stage / 2**30, rel=1e-3)
+    assert mem["optimizer_states"] == pytest.approx(12 * stage / 8 / 2**30, rel=1e-3)
 
 
 def test_torchtitan_selective_layer_ac_is_full_recompute_of_every_other_block(mofa_predictor):
