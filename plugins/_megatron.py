@@ -92,7 +92,8 @@ def precision(text: str) -> tuple[str, str | None, dict]:
     Transformer Engine runs GEMMs in FP8 / NVFP4 and the attention core and everything else in
     bf16: the ``fp8`` / ``nvfp4`` feature on a bf16 row. The FP8 scaling recipe the column names
     becomes the ``fp8`` feature's ``recipe``: MXFP8 / FP8-MX → ``mxfp8``, FP8-CS (per-tensor current
-    scaling) and torchtitan's float8 tensorwise → ``tensorwise``, FP8 blockwise → ``blockwise``;
+    scaling) and torchtitan's float8 tensorwise → ``tensorwise``, FP8 blockwise → ``blockwise``, torchao's
+    float8 rowwise → ``rowwise``;
     a bare "FP8" keeps the default (``delayed``, Megatron's default recipe)."""
     t = text.lower()
     if "nvfp4" in t or "fp4" in t:
@@ -104,6 +105,8 @@ def precision(text: str) -> tuple[str, str | None, dict]:
             return "bf16", "fp8", {"recipe": "blockwise"}
         if "fp8-cs" in t or "current scaling" in t or "tensorwise" in t:
             return "bf16", "fp8", {"recipe": "tensorwise"}
+        if "rowwise" in t:
+            return "bf16", "fp8", {"recipe": "rowwise"}
         return "bf16", "fp8", {}
     if "fp16" in t and "bf16" not in t:
         return "fp16", None, {}

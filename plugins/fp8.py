@@ -43,6 +43,17 @@ at fp8; B200 fits 0.64), and MXFP8 GEMMs also at the profile's
 publishes FP8-CS and MXFP8 runs of the same layouts, MXFP8 2–12 % slower, but no shipped profile's
 held-out error improves with it — see ``docs/features/memory.md``). Blockwise GEMMs are left at the
 fp8 rate (one published row; nothing to fit).
+
+**torchao's Float8Linear** (torchtitan's ``[quantize.linear.float8]``) differs from Transformer
+Engine in three ways the options carry. ``recipe = "rowwise"``: one fp32 scale per row along the
+reduction dimension (negligible bytes), so the backward needs the column-wise copy too, and torchao
+makes each orientation with its own cast: ``2 · 3`` bytes per element instead of one fused
+cast-transpose (its rowwise-scaled GEMMs stay at the fp8 rate: no shared measurement of them).
+``weight_cache = false``: no quantised weight is kept — each GEMM weight (``k·n`` elements) is cast
+in every forward and, transposed, in every backward, at the recipe's cast bytes per element, and
+the weights' memory gains no copy. ``fp8_activations = false``: it saves the bf16 input for the
+weight gradient (and casts it again there). Those rows' Megatron-LM line is a note: Megatron has no
+such recipe.
 """
 
 from __future__ import annotations
@@ -60,7 +71,10 @@ FP8 = PRECISIONS.index("fp8")
 CAST_BYTES = 3.0
 #: scaling recipes (Megatron ``--fp8-recipe``) → scale-factor bytes per element of a block-scaled
 #: copy (None: per-tensor scales, one fp8 copy per cast)
-RECIPES = {"delayed": None, "tensorwise": None, "mxfp8": 1.0 / 32.0, "blockwise": 4.0 / 128.0}
+RECIPES = {"delayed": None, "tensorwise": None, "mxfp8": 1.0 / 32.0, "blockwise": 4.0 / 128.0, "rowwise": 0.0}
+#: recipes whose two orientations are quantised by two separate casts (each reads the bf16 tensor
+#: and writes one fp8 copy) rather than one fused cast-transpose
+SEPARATE_CASTS = ("rowwise",)
 
 
 @attrs.frozen(kw_only=True)
@@ -71,7 +85,11 @@ class Fp8Options:
     transpose_cache: bool = option(True, doc="keep an fp8 transposed weight copy besides the fp8 weights")
     recipe: str = option("delayed", choices=tuple(RECIPES),
                          doc="scaling recipe (--fp8-recipe): per-tensor delayed or tensorwise (current) scales, "
-                             "or block-scaled mxfp8 / blockwise (row- and column-wise quantised copies)")
+                             "block-scaled mxfp8 / blockwise (row- and column-wise quantised copies), or "
+                             "torchao's rowwise (per-row scales along the reduction dimension)")
+    weight_cache: bool = option(True, doc="keep the quantised weights across micro-batches (Transformer Engine); "
+                                          "false: each GEMM weight is cast in every forward and again, transposed, in "
+                                          "every backward and no copy is kept (torchao's Float8Linear)")
 
 
 def _scale_bytes(rows) -> np.ndarray:
@@ -88,16 +106,21 @@ def layer(state, rows):
     block = np.isfinite(scale)
     # bf16 (2 B) → fp8 (1 B, plus the column-wise copy's scales when block-scaled)
     saved = np.where(rows.options["fp8_activations"] > 0.5, 1.0 - (1.0 + np.nan_to_num(scale)) / 2.0, 0.0)
-    # block-scaled: read bf16 once, write the row- and the column-wise copy with their scales
+    # block-scaled: read bf16 once, write the row- and the column-wise copy with their scales; torchao's
+    # rowwise casts each orientation on its own (bf16 read twice)
     cast = np.where(block, 2.0 + 2.0 * (1.0 + np.nan_to_num(scale)), CAST_BYTES)
+    separate = np.logical_or.reduce([rows.choice("recipe", r) for r in SEPARATE_CASTS])
+    cast = np.where(separate, 2.0 * CAST_BYTES, cast)
+    weight_cast = np.where(rows.options["weight_cache"] > 0.5, 0.0, cast)
     mx = np.where(rows.choice("recipe", "mxfp8"), state.ctx.hardware.efficiency.mxfp8_gemm_relative_efficiency, 1.0)
-    return reprice_gemms(state, FP8, rows.options["efficiency"] * mx, cast, saved)
+    return reprice_gemms(state, FP8, rows.options["efficiency"] * mx, cast, saved, weight_cast_bytes=weight_cast)
 
 
 def memory(state, rows):
     scale = _scale_bytes(rows)
     # block-scaled: both orientations always; per-tensor: the transposed copy if cached
     copies = np.where(np.isfinite(scale) | (rows.options["transpose_cache"] > 0.5), 2.0, 1.0)
+    copies = np.where(rows.options["weight_cache"] > 0.5, copies, 0.0)  # cast when used, none kept
     return with_weight_copies(state, (1.0 + np.nan_to_num(scale)) * copies)
 
 
@@ -113,7 +136,11 @@ def mofa_candidate_constraints(batch, model, hardware):
 
 
 def megatron_args(options) -> list[str]:
-    return ["--fp8-format", "hybrid", "--fp8-recipe", options.recipe if options is not None else "delayed"]
+    o = options if options is not None else Fp8Options()
+    if o.recipe == "rowwise" or not o.weight_cache:
+        return [f"# fp8 as torchao's Float8Linear ({o.recipe} scaling{', weights cast every micro-batch' if not o.weight_cache else ''}): "
+                "no Megatron-LM recipe does this; torchtitan's --quantize.linear.float8.recipe_name"]
+    return ["--fp8-format", "hybrid", "--fp8-recipe", o.recipe]
 
 
 def from_megatron(args):

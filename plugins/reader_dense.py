@@ -12,7 +12,8 @@ and the ``*_dense.csv`` twins of NVIDIA's tables. What it knows, by the ``framew
   2021's stage-3 defaults, :func:`deepspeed_2021`); DeepSpeed's pipeline engine cannot interleave;
 - the ZeroBubble fork: its schedules (1F1B, interleaved, ZB-1p / ZB-2p / ZB-V) with the end stages
   one layer lighter;
-- torchtitan: FSDP2 under a pipeline keeps parameters gathered and gradients unsharded in fp32
+- torchtitan: float8 through torchao (``fp8`` with ``weight_cache`` and ``fp8_activations`` off; its
+  "rowwise" recipe as ``rowwise``); FSDP2 under a pipeline keeps parameters gathered and gradients unsharded in fp32
   (the distributed optimizer, ZeRO-1); an FSDP rank with no
   stated micro-batch runs its whole batch at once; its "selective layer" AC is full recompute of every
   other block (``selective_ac_option = "2"``), its "selective op" the per-op policy;
@@ -159,6 +160,13 @@ def _sharding(fw: str, dopt: str, pp: int) -> tuple[bool, bool]:
     full_shard = not zero2 and not _gathered_under_pipeline(fw, dopt, pp) and (
         "zero-3" in dopt or "fsdp" in dopt or "zero-3" in fw.lower())
     return zero2, full_shard
+
+
+def _torchao(fw: str, precision_text: str) -> bool:
+    """FP8 through torchao's Float8Linear (torchtitan's float8 converter), not Transformer Engine: no
+    quantised weight kept across micro-batches, bf16 inputs saved for the weight gradient (the
+    ``fp8`` feature's ``weight_cache`` and ``fp8_activations`` off)."""
+    return "torchtitan" in fw.lower() or "torchao" in precision_text.lower()
 
 
 def _gathered_under_pipeline(fw: str, dopt: str, pp: int) -> bool:
@@ -403,6 +411,8 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         job["features"]["fsdp"] = _fsdp_options(notes)
     elif dopt.startswith("y") or "zero-1" in dopt or "distributed" in dopt and not dopt.startswith("ddp"):
         job["features"]["distributed_optimizer"] = {}
+    if lowp == "fp8" and _torchao(fw, ctx.text(r, "precision")):
+        lowp_options = {**lowp_options, "weight_cache": False, "fp8_activations": False}
     if lowp:
         job["features"][lowp] = lowp_options
     job["features"].update(loss_features(fw, f"{notes} {ctx.text(r, 'source_ref')}"))

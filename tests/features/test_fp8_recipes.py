@@ -57,6 +57,51 @@ def test_block_scaled_recipes_write_two_copies_with_scales(mofa_predictor):
         close(mem.weights_bytes[1, i] - mem.weights_bytes[1, 0], 2 * s * LAYERS_PER_STAGE * 12 * H * H / TP)
 
 
+def test_torchao_float8_casts_weights_every_micro_batch_and_keeps_no_copy(mofa_predictor):
+    """torchao's Float8Linear: ``weight_cache = false`` casts each GEMM weight (k·n elements) in every
+    forward and again, transposed, in every backward, at the recipe's bytes per element (3 per-tensor),
+    and keeps no fp8 weight; ``rowwise`` makes each orientation with its own cast, 2·3 bytes per
+    element for the activations and gradients (and the weights) instead of one fused 2 + 2 (s ≈ 0)."""
+    def job(**opts):
+        return mofa_predictor.job({**BASE, "features": {"fp8": opts}})
+    pred = _evaluate(mofa_predictor, [job(recipe="tensorwise"), job(recipe="tensorwise", weight_cache=False),
+                                      job(recipe="rowwise"), job(recipe="rowwise", weight_cache=False)])
+    L, hw = pred.state.layers["dense"], pred.state.ctx.hardware
+    bw = hw.efficiency.memory_efficiency * hw.hbm_bandwidth_bytes_per_s
+    weights = 12 * H * H / TP  # QKV 3h², O h², FC1 4h², FC2 4h², over TP
+    fwd_elements, bwd_elements = T * H * (2 + 5 / TP), T * H * (2 + 7 / TP)
+    close(L.fwd_compute_s[1] - L.fwd_compute_s[0], 3.0 * weights / bw)
+    close(L.bwd_input_s[1] - L.bwd_input_s[0], 3.0 * weights / bw)
+    close(L.fwd_compute_s[2] - L.fwd_compute_s[0], 3.0 * fwd_elements / bw)  # 6 B against tensorwise's 3
+    close(L.bwd_input_s[2] - L.bwd_input_s[0], 3.0 * bwd_elements / bw)
+    close(L.fwd_compute_s[3] - L.fwd_compute_s[2], 6.0 * weights / bw)
+    mem = pred.state.mem
+    # tensorwise keeps the fp8 weights and their transpose (2 B per GEMM parameter), rowwise both
+    # orientations (2 B); without the cache neither
+    for cached, uncached in ((0, 1), (2, 3)):
+        close(mem.weights_bytes[1, cached] - mem.weights_bytes[1, uncached], 2.0 * LAYERS_PER_STAGE * weights)
+
+
+def test_torchtitan_float8_is_torchao(mofa_predictor):
+    """A torchtitan row's float8 is torchao's Float8Linear (no weight cache, bf16 inputs saved), its
+    rowwise recipe ``rowwise``; a Megatron row's FP8 stays Transformer Engine's."""
+    from mofa_framework.measurements import ReadContext
+    from mofa_plugins.reader_dense import map_row
+
+    row = {"row_id": "t", "source": "test", "model_name": "Llama 3.1 8B", "n_layers": "32", "hidden": "4096",
+           "n_heads": "32", "n_kv_heads": "8", "ffn_hidden": "14336", "vocab": "128256", "seq_len": "8192",
+           "gpu_type": "H100 80GB HBM3 @700W", "n_gpus": "8", "tp": "1", "pp": "1", "micro_batch": "1",
+           "global_batch": "8", "derived_iter_time_s": "1"}
+
+    def fp8(fw, text):
+        ctx = ReadContext(source="test", registry=mofa_predictor.registry)
+        return map_row({**row, "framework": fw, "precision": text}, ctx).job["features"]["fp8"]
+    assert fp8("torchtitan", "float8 rowwise") == {"recipe": "rowwise", "weight_cache": False, "fp8_activations": False}
+    assert fp8("torchtitan", "float8 (torchao tensorwise, nn.Linear)") == {
+        "recipe": "tensorwise", "weight_cache": False, "fp8_activations": False}
+    assert fp8("Megatron-LM", "FP8-CS") == {"recipe": "tensorwise"}
+
+
 def test_mxfp8_gemm_relative_efficiency_slows_only_mxfp8_gemms(mofa_predictor):
     hw = mofa_predictor.registry.hardware_profile("gb300-nvl72")
     slow = attrs.evolve(hw, efficiency=attrs.evolve(hw.efficiency, mxfp8_gemm_relative_efficiency=0.5))
@@ -114,7 +159,7 @@ def test_recipe_reaches_megatron_arguments(mofa_predictor, recipe):
 
 @pytest.mark.parametrize("text, recipe", [("MXFP8", "mxfp8"), ("FP8-MX (MXFP8 32x32)", "mxfp8"),
                                           ("FP8-CS (per-tensor current scaling)", "tensorwise"),
-                                          ("float8 tensorwise", "tensorwise"),
+                                          ("float8 tensorwise", "tensorwise"), ("float8 rowwise", "rowwise"),
                                           ("FP8 blockwise (128x128 W / 1x128 act)", "blockwise"), ("FP8", None)])
 def test_sources_precision_column_sets_the_recipe(text, recipe):
     from mofa_plugins._megatron import precision as _precision
