@@ -47,7 +47,8 @@ def _out_proj_input(model, g, block) -> np.ndarray:
     return g.dt * g.tokens * width / g.t
 
 
-def reprice_gemms(state, target: int, efficiency, cast_bytes, saved_fraction, share=1.0, weight_cast_bytes=0.0):
+def reprice_gemms(state, target: int, efficiency, cast_bytes, saved_fraction, share=1.0, weight_cast_bytes=0.0,
+                  recast_input_bytes=0.0):
     """Every layer's GEMMs but the attention core re-priced at numeric format ``target``.
 
     ``Δt_op = t_op(target) / efficiency − t_op(row precision)`` is applied to the layer fields
@@ -55,7 +56,9 @@ def reprice_gemms(state, target: int, efficiency, cast_bytes, saved_fraction, sh
     features read), plus the quantisation casts: each GEMM's activation input in forward and its
     output gradient in backward, ``cast_bytes`` per element (scalar or per row) at η_m·BW_hbm, and,
     where no quantised weight copy is kept across micro-batches, its weight in forward and again
-    (transposed) in backward, ``weight_cast_bytes`` per element (0: cached). Saved GEMM inputs
+    (transposed) in backward, ``weight_cast_bytes`` per element (0: cached), and where the bf16 input
+    is saved instead of its quantised copy, that input again in backward, ``recast_input_bytes``
+    per element. Saved GEMM inputs
     shrink by ``saved_fraction`` of their bf16 bytes. ``share`` (0–1) scales all of it: the share
     of the layers that run quantised.
     """
@@ -75,7 +78,8 @@ def reprice_gemms(state, target: int, efficiency, cast_bytes, saved_fraction, sh
         for o in ops:
             mult = np.asarray(o.flops) / np.maximum(2.0 * o.m * o.n * o.k, 1.0)  # grouped GEMMs: local experts
             cast_f += mult * (o.m * o.k * cast_bytes + o.k * o.n * weight_cast_bytes) / bw
-            cast_b += mult * (o.m * o.n * cast_bytes + o.k * o.n * weight_cast_bytes) / bw
+            cast_b += mult * (o.m * o.n * cast_bytes + o.k * o.n * weight_cast_bytes
+                              + o.m * o.k * recast_input_bytes) / bw
         saved_cut = saved_fraction * gemm_input_bytes(ctx.model, g, kind) * share
         c = with_op_deltas(c, ops, [(tq / efficiency - t0) * share for t0, tq in zip(base, fast)])
         out[kind] = attrs.evolve(

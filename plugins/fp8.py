@@ -51,9 +51,9 @@ makes each orientation with its own cast: ``2 · 3`` bytes per element instead o
 cast-transpose (its rowwise-scaled GEMMs stay at the fp8 rate: no shared measurement of them).
 ``weight_cache = false``: no quantised weight is kept — each GEMM weight (``k·n`` elements) is cast
 in every forward and, transposed, in every backward, at the recipe's cast bytes per element, and
-the weights' memory gains no copy. ``fp8_activations = false``: it saves the bf16 input for the
-weight gradient (and casts it again there). Those rows' Megatron-LM line is a note: Megatron has no
-such recipe.
+the weights' memory gains no copy. ``fp8_activations = false`` (any recipe): the bf16 input is
+saved for the weight gradient and cast again there, ``3`` bytes per element in backward. Those
+rows' Megatron-LM line is a note: Megatron has no such recipe.
 """
 
 from __future__ import annotations
@@ -112,8 +112,11 @@ def layer(state, rows):
     separate = np.logical_or.reduce([rows.choice("recipe", r) for r in SEPARATE_CASTS])
     cast = np.where(separate, 2.0 * CAST_BYTES, cast)
     weight_cast = np.where(rows.options["weight_cache"] > 0.5, 0.0, cast)
+    # a bf16 input saved for the weight gradient is quantised again there (one orientation)
+    recast = np.where(rows.options["fp8_activations"] > 0.5, 0.0, CAST_BYTES)
     mx = np.where(rows.choice("recipe", "mxfp8"), state.ctx.hardware.efficiency.mxfp8_gemm_relative_efficiency, 1.0)
-    return reprice_gemms(state, FP8, rows.options["efficiency"] * mx, cast, saved, weight_cast_bytes=weight_cast)
+    return reprice_gemms(state, FP8, rows.options["efficiency"] * mx, cast, saved, weight_cast_bytes=weight_cast,
+                         recast_input_bytes=recast)
 
 
 def memory(state, rows):
@@ -138,8 +141,9 @@ def mofa_candidate_constraints(batch, model, hardware):
 def megatron_args(options) -> list[str]:
     o = options if options is not None else Fp8Options()
     if o.recipe == "rowwise" or not o.weight_cache:
-        return [f"# fp8 as torchao's Float8Linear ({o.recipe} scaling{', weights cast every micro-batch' if not o.weight_cache else ''}): "
-                "no Megatron-LM recipe does this; torchtitan's --quantize.linear.float8.recipe_name"]
+        weights = ", weights cast every micro-batch" if not o.weight_cache else ""
+        return [f"# fp8 as torchao's Float8Linear ({o.recipe} scaling{weights}): no Megatron-LM recipe does this; "
+                "torchtitan's --quantize.linear.float8.recipe_name"]
     return ["--fp8-format", "hybrid", "--fp8-recipe", o.recipe]
 
 

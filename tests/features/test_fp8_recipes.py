@@ -80,6 +80,11 @@ def test_torchao_float8_casts_weights_every_micro_batch_and_keeps_no_copy(mofa_p
     # orientations (2 B); without the cache neither
     for cached, uncached in ((0, 1), (2, 3)):
         close(mem.weights_bytes[1, cached] - mem.weights_bytes[1, uncached], 2.0 * LAYERS_PER_STAGE * weights)
+    # the bf16 input saved instead of its fp8 copy is cast again for the weight gradient: 3 B per element
+    both = _evaluate(mofa_predictor, [job(recipe="tensorwise"), job(recipe="tensorwise", fp8_activations=False)])
+    B = both.state.layers["dense"]
+    close(B.bwd_input_s[1] - B.bwd_input_s[0], 3.0 * fwd_elements / bw)
+    close(B.fwd_compute_s[1], B.fwd_compute_s[0])
 
 
 def test_torchtitan_float8_is_torchao(mofa_predictor):
