@@ -720,10 +720,36 @@ def _apply_phase(state: CostState, registry, phase: Phase, trail: dict) -> CostS
     return state
 
 
+class _TakenLayerCosts(LayerCosts):
+    """A :class:`LayerCosts` whose rows are another's rows ``inverse`` (:func:`_expand`), each field
+    taken on first read: past the layer phase the engine and the features read a few of a layer's
+    fields (activation bytes, recompute FLOPs), so the others are never repeated to every row."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        src, inverse = self.__dict__["_src"], self.__dict__["_inverse"]
+        value = getattr(src, name)
+        if isinstance(value, np.ndarray):
+            value = value.take(inverse, axis=-1)
+        object.__setattr__(self, name, value)
+        return value
+
+
+def _taken_layer_costs(c: LayerCosts, inverse: np.ndarray) -> LayerCosts:
+    if type(c) is _TakenLayerCosts and "_src" in c.__dict__:  # rows of rows: one index, one source
+        c, inverse = c.__dict__["_src"], c.__dict__["_inverse"][inverse]
+    out = object.__new__(_TakenLayerCosts)
+    out.__dict__.update(_src=c, _inverse=inverse)
+    return out
+
+
 def _expand(obj, inverse: np.ndarray):
     """Rows of per-structure results, repeated to the batch's rows (last axis)."""
     if isinstance(obj, np.ndarray):
         return obj.take(inverse, axis=-1)  # as obj[..., inverse], several times faster
+    if isinstance(obj, LayerCosts):
+        return _taken_layer_costs(obj, inverse)
     if isinstance(obj, Mapping):
         return {k: _expand(v, inverse) for k, v in obj.items()}
     if attrs.has(type(obj)):

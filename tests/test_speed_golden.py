@@ -78,3 +78,25 @@ if __name__ == "__main__":
     predictor = Predictor()
     GOLDEN.write_text(json.dumps({n: sample(predictor, j) for n, j in JOBS.items()}, sort_keys=True) + "\n")
     sys.exit(0)
+
+
+def test_layer_costs_taken_to_rows_read_as_the_rows_themselves():
+    """Past the layer phase the engine repeats a layer's costs to every row lazily (engine._expand):
+    each field, property and rows-of-rows read equals the eager gather, and evolving one builds a
+    whole LayerCosts."""
+    from mofa_framework import engine
+
+    names = [f.name for f in attrs.fields(engine.LayerCosts)]
+    rng = np.random.default_rng(0)
+    c = engine.LayerCosts(**{n: rng.random(3) for n in names})
+    inv, inv2 = np.array([2, 0, 0, 1]), np.array([3, 1])
+    taken = engine._expand(c, inv)
+    for n in names:
+        np.testing.assert_array_equal(getattr(taken, n), getattr(c, n)[inv])
+    np.testing.assert_array_equal(taken.fwd_s, c.fwd_s[inv])
+    np.testing.assert_array_equal(engine.layer_work_s(taken), engine.layer_work_s(c)[inv])
+    twice = engine._expand(engine._expand(c, inv), inv2)
+    np.testing.assert_array_equal(twice.bwd_input_total_s, c.bwd_input_total_s[inv][inv2])
+    changed = attrs.evolve(twice, recompute_s=np.zeros(2))
+    np.testing.assert_array_equal(changed.act_saved_bytes, c.act_saved_bytes[inv][inv2])
+    assert isinstance(changed, engine.LayerCosts) and not changed.recompute_s.any()
