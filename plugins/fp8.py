@@ -50,10 +50,11 @@ reduction dimension (negligible bytes), so the backward needs the column-wise co
 makes each orientation with its own cast: ``2 · 3`` bytes per element instead of one fused
 cast-transpose (its rowwise-scaled GEMMs stay at the fp8 rate: no shared measurement of them).
 ``weight_cache = false``: no quantised weight is kept — each GEMM weight (``k·n`` elements) is cast
-in every forward and, transposed, in every backward, at the recipe's cast bytes per element, and
-the weights' memory gains no copy. ``fp8_activations = false`` (any recipe): the bf16 input is
-saved for the weight gradient and cast again there, ``3`` bytes per element in backward. Those
-rows' Megatron-LM line is a note: Megatron has no such recipe.
+in every forward and, transposed, in every backward, one orientation each, ``2 + (1 + s)`` bytes per
+element per pass, and the weights' memory gains no copy. ``fp8_activations = false``: the bf16
+input is saved for the weight gradient; a per-tensor recipe casts it again there, ``3`` bytes per
+element in backward (a two-orientation recipe's input cast already counts the column-wise copy).
+Those rows' Megatron-LM line is a note: Megatron has no such recipe.
 """
 
 from __future__ import annotations
@@ -111,9 +112,13 @@ def layer(state, rows):
     cast = np.where(block, 2.0 + 2.0 * (1.0 + np.nan_to_num(scale)), CAST_BYTES)
     separate = np.logical_or.reduce([rows.choice("recipe", r) for r in SEPARATE_CASTS])
     cast = np.where(separate, 2.0 * CAST_BYTES, cast)
-    weight_cast = np.where(rows.options["weight_cache"] > 0.5, 0.0, cast)
-    # a bf16 input saved for the weight gradient is quantised again there (one orientation)
-    recast = np.where(rows.options["fp8_activations"] > 0.5, 0.0, CAST_BYTES)
+    # uncached weights: each pass casts the one orientation its GEMM reads (forward the weight, backward
+    # its transpose): bf16 read, fp8 (+ scales) written
+    one_orientation = 2.0 + (1.0 + np.nan_to_num(scale))
+    weight_cast = np.where(rows.options["weight_cache"] > 0.5, 0.0, one_orientation)
+    # a per-tensor recipe's bf16 input saved for the weight gradient is quantised again there; a
+    # two-orientation recipe's cast above already counts the column-wise copy the weight gradient reads
+    recast = np.where((rows.options["fp8_activations"] > 0.5) | block, 0.0, CAST_BYTES)
     mx = np.where(rows.choice("recipe", "mxfp8"), state.ctx.hardware.efficiency.mxfp8_gemm_relative_efficiency, 1.0)
     return reprice_gemms(state, FP8, rows.options["efficiency"] * mx, cast, saved, weight_cast_bytes=weight_cast,
                          recast_input_bytes=recast)
