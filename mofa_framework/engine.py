@@ -722,8 +722,9 @@ def _apply_phase(state: CostState, registry, phase: Phase, trail: dict) -> CostS
 
 class _TakenLayerCosts(LayerCosts):
     """A :class:`LayerCosts` whose rows are another's rows ``inverse`` (:func:`_expand`), each field
-    taken on first read: past the layer phase the engine and the features read a few of a layer's
-    fields (activation bytes, recompute FLOPs), so the others are never repeated to every row."""
+    taken on first read: a search repeats per-structure and per-node layer costs to every leaf, whose
+    finish reads a few of their fields (activation bytes, recompute FLOPs), so the others are never
+    repeated. A transform that evolves one gets a whole object (``attrs.evolve`` reads every field)."""
 
     def __getattr__(self, name: str):
         if name.startswith("_"):

@@ -151,15 +151,15 @@ def deepspeed_stage(fw: str, dopt: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _sharding(fw: str, dopt: str, pp: int) -> tuple[bool, bool]:
-    """(ZeRO-2-like sharding, full sharding) of a run that is not DeepSpeed's ZeRO, from the
-    framework and the ``distributed_optimizer`` text."""
+def _sharding(fw: str, dopt: str, pp: int) -> tuple[bool, bool, bool]:
+    """(ZeRO-2-like sharding, full sharding, FSDP kept gathered under a pipeline) of a run that is not
+    DeepSpeed's ZeRO, from the framework and the ``distributed_optimizer`` text."""
     # ZeRO-3 / FSDP: the `fsdp` feature; an FSDP that keeps the parameters gathered (Llama 3's:
     # "ZeRO-2-like", sharding optimizer states and gradients) is the distributed optimizer
     zero2 = re.search(r"zero-?2|not reshard|no reshard", dopt) is not None
-    full_shard = not zero2 and not _gathered_under_pipeline(fw, dopt, pp) and (
-        "zero-3" in dopt or "fsdp" in dopt or "zero-3" in fw.lower())
-    return zero2, full_shard
+    gathered = not zero2 and _gathered_under_pipeline(fw, dopt, pp)
+    full_shard = not zero2 and not gathered and ("zero-3" in dopt or "fsdp" in dopt or "zero-3" in fw.lower())
+    return zero2, full_shard, gathered
 
 
 def _torchao(fw: str, precision_text: str) -> bool:
@@ -308,7 +308,7 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     dopt = ctx.text(r, "distributed_optimizer").lower()
     pp = ctx.count(r, "pp", 1)
     ds_stage = deepspeed_stage(fw, dopt)
-    zero2, full_shard = (False, ds_stage == 3) if ds_stage else _sharding(fw, dopt, pp)
+    zero2, full_shard, gathered = (False, ds_stage == 3, False) if ds_stage else _sharding(fw, dopt, pp)
     if ds_stage:
         ref += f" (DeepSpeed ZeRO-{ds_stage})"
     skip = lambda reason: SkippedRow(source=ctx.source, reference=ref, row_id=rid, model=name or "?", reason=reason)  # noqa: E731
@@ -405,7 +405,7 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         job["features"]["fsdp"] = dict(_fsdp_options(notes), reshard_after_forward=False)
     elif zero2:
         job["features"]["distributed_optimizer"] = {"shard_gradients": True}
-    elif _gathered_under_pipeline(fw, dopt, pp):
+    elif gathered:
         job["features"]["distributed_optimizer"] = {}
     elif full_shard:
         job["features"]["fsdp"] = _fsdp_options(notes)
