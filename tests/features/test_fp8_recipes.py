@@ -166,6 +166,15 @@ def test_recipe_reaches_megatron_arguments(mofa_predictor, recipe):
     assert FEATURE.megatron_args(Fp8Options(recipe=recipe))[-2:] == ["--fp8-recipe", recipe]
 
 
+def test_torchao_float8_has_no_megatron_recipe_and_says_so():
+    """torchao's rowwise scaling or uncached weights are no Megatron-LM recipe: one note, no flags."""
+    from mofa_plugins.fp8 import FEATURE, Fp8Options
+
+    for opts in (Fp8Options(recipe="rowwise"), Fp8Options(recipe="tensorwise", weight_cache=False)):
+        (line,) = FEATURE.megatron_args(opts)
+        assert line.startswith("# fp8 as torchao's Float8Linear") and "--fp8-recipe" not in line
+
+
 @pytest.mark.parametrize("text, recipe", [("MXFP8", "mxfp8"), ("FP8-MX (MXFP8 32x32)", "mxfp8"),
                                           ("FP8-CS (per-tensor current scaling)", "tensorwise"),
                                           ("float8 tensorwise", "tensorwise"), ("float8 rowwise", "rowwise"),
