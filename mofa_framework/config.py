@@ -26,6 +26,7 @@ from .batch import ATTENTION_KERNELS, PRECISIONS, CandidateBatch, FeatureRows
 from .errors import ConfigError, UnknownRecordError
 from .limits import INT64_MAX, decode_text, limit, optional, short
 from .hf_config import hf_model_fields, read_hf_bytes
+from .pipeline_layout import end_stage_layers
 from .types import ModelSpec
 
 
@@ -254,6 +255,9 @@ class ParallelConfig:
     precision: str = attrs.field(default="bf16", validator=v.in_(PRECISIONS))
     first_stage_layers: int = attrs.field(default=0, validator=limit("parallel.first_stage_layers"))
     last_stage_layers: int = attrs.field(default=0, validator=limit("parallel.last_stage_layers"))
+    #: Megatron-Core's ``--pipeline-model-parallel-layout`` (e.g. ``"Et*4|(t*4|)*14tmL"``), read at
+    #: resolution into first_stage_layers, last_stage_layers and vpp (:mod:`~mofa_framework.pipeline_layout`)
+    pipeline_layout: str = ""
     flash_attention: bool = True
     #: fused-attention kernel (:data:`~mofa_framework.batch.ATTENTION_KERNELS`); "auto" = what a
     #: Megatron-Core-style framework runs on the GPU (cuDNN on Hopper and later, else FlashAttention-2)
@@ -438,6 +442,21 @@ def _feature_options(registry, name: str, table: Mapping[str, Any], where: str):
     return feat.name, enabled, opts
 
 
+def _with_layout(par: ParallelConfig, model: ModelSpec, where: str) -> ParallelConfig:
+    """`par` with its pipeline layout read into end-stage sizes and vpp (the string then cleared: the
+    numbers are what the engine and the tuner read); a layout that contradicts a size also given is refused."""
+    field = f"{where}: parallel.pipeline_layout"
+    first, last, vpp = end_stage_layers(par.pipeline_layout, par.pp, model.num_layers, model.num_mtp_layers, field)
+    given = {"first_stage_layers": (par.first_stage_layers, first), "last_stage_layers": (par.last_stage_layers, last),
+             "vpp": (par.vpp if par.vpp != 1 else 0, vpp)}
+    for name, (stated, implied) in given.items():
+        if stated and stated != implied:
+            raise ConfigError(f"{field} = {par.pipeline_layout!r} implies {name} = {implied}, but parallel.{name} = "
+                              f"{stated}: give one of them")
+    return attrs.evolve(par, first_stage_layers=first if par.pp > 1 else 0, last_stage_layers=last if par.pp > 1 else 0,
+                        vpp=vpp, pipeline_layout="")
+
+
 def resolve_job(raw: JobFile, registry, where: str) -> TrainingJob:
     model = resolve_model(raw.model, registry, where)
     hw = registry.hardware_profile(raw.hardware.name, field=f"{where}: hardware.name")
@@ -448,6 +467,8 @@ def resolve_job(raw: JobFile, registry, where: str) -> TrainingJob:
     if raw.hardware.num_gpus % denom:
         raise ConfigError(f"{where}: hardware.num_gpus ({raw.hardware.num_gpus}) must be a multiple of "
                           f"tp × pp × cp = {denom}; change the GPU count or the parallel sizes")
+    if par.pipeline_layout:
+        par = _with_layout(par, model, where)
     etp = par.etp or (par.tp if model.is_moe else 1)
     sp = par.tp > 1 if par.sequence_parallel is None else par.sequence_parallel
     par = attrs.evolve(par, etp=etp, sequence_parallel=sp)

@@ -465,9 +465,6 @@ def _parallel(a: MegatronArgs, num_layers: int | None, notes: list[str]) -> dict
             raise ConfigError(f"--num-layers-per-virtual-pipeline-stage {per_chunk}: the layers per stage "
                               f"({counted} / {pp}) must be a multiple of it")
         vpp = counted // pp // per_chunk
-    if a.has("--pipeline-model-parallel-layout"):
-        notes.append("--pipeline-model-parallel-layout is not read: give first_stage_layers / last_stage_layers "
-                     "and vpp in the job if the layout is uneven")
     # the embedding / the loss counted as a layer of the first / last stage's share
     emb, loss = a.has("--account-for-embedding-in-pipeline-split"), a.has("--account-for-loss-in-pipeline-split")
     if (emb or loss) and pp > 1 and num_layers is not None and not (first or last):
@@ -479,6 +476,9 @@ def _parallel(a: MegatronArgs, num_layers: int | None, notes: list[str]) -> dict
         par["first_stage_layers"] = first
     if last:
         par["last_stage_layers"] = last
+    layout = a.value("--pipeline-model-parallel-layout")
+    if layout:  # read into the stage sizes and vpp when the job is resolved (mofa_framework.pipeline_layout)
+        par["pipeline_layout"] = layout
     return par
 
 

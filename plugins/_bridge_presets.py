@@ -231,6 +231,26 @@ BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
 )
 
 
+#: Megatron-Bridge's DeepSeek-V3 pipeline layouts (``--pipeline-model-parallel-layout``) by the number
+#: of virtual stages pp·vpp: ``set_deepseek_v3_pipeline_model_parallel_layout`` (4, 8 and 16 stages,
+#: whatever the split into pp and vpp) and the presets' ``pp_layout`` (32 stages, H100 PP 8 VP 4): the
+#: embedding with the first layers, the MTP module and the loss after the last layer, which is why the
+#: last stage holds the fewest layers. "{mtp}" is "m" per MTP layer ("" for the model without MTP)
+DSV3_LAYOUT_SOURCE = (f"{_MB}@042641823051ce167c52b0ae289941a227c11535 src/megatron/bridge/recipes/deepseek/"
+                      "deepseek_v3.py (set_deepseek_v3_pipeline_model_parallel_layout) and scripts/performance/"
+                      "configs/deepseek/deepseek_workload_base_configs.py (pp_layout)")
+_DSV3_LAYOUTS = {4: "Et*16|t*16|t*16|t*13{mtp}L", 8: "Et*8|(t*8|)*6t*5{mtp}L", 16: "Et*4|(t*4|)*14t{mtp}L",
+                 32: "Et|(tt|)*30{mtp}L"}
+
+
+def dsv3_layout(model: str, stages: int, mtp_layers: int) -> str:
+    """The layout Megatron-Bridge runs DeepSeek-V3 with on `stages` = pp·vpp virtual stages, "" if
+    it sets none (or the model is not DeepSeek-V3)."""
+    if model not in _DSV3 or stages not in _DSV3_LAYOUTS:
+        return ""
+    return _DSV3_LAYOUTS[stages].format(mtp="m" * mtp_layers)
+
+
 #: Megatron-Core's DeepSeek-V3-on-GB200 optimisation guide (the MoE model zoo's MCORE-DSV3GB200 rows,
 #: one per step of its history): the recompute modules and CUDA-graph scope its text gives for each
 #: step, in order. Steps before "Remove up_proj recompute" ran ``--recompute-modules mlp up_proj``,
