@@ -874,6 +874,24 @@ def test_the_gb200_guide_steps_carry_the_guides_recompute_and_graphs():
             assert graphs["attn"] and graphs["moe_router"] and graphs["moe_preprocess"] and graphs["mlp"] == (n >= 10)
 
 
+def test_deepseek_v3_rows_run_the_pipeline_layouts_their_sources_give():
+    """Megatron-Bridge's DeepSeek-V3 rows take its recipes' layout for their pp·vpp stages (B200 PP 16:
+    "Et*4|(t*4|)*14tmL", 4 + 14 × 4 + 1 layers; GB200 PP 4 VP 4: the same 16 stages, 16 / 16 / 13);
+    the GB200 guide's rows the layout their notes state ("Et|(tt|)*30L" on PP 8: 7 / 8 / 6)."""
+    from mofa_framework.api import Predictor
+    from mofa_framework.validate import map_rows
+
+    p = Predictor()
+    mapped, _ = map_rows([DATA / "nvidia_megatron_bridge.csv", DATA / "megatron_core_moe.csv"], p.registry)
+    rows = {m.row_id: m for m in mapped}
+    for rid, layout, ends in (("MB-ARC-119", "Et*4|(t*4|)*14tmL", (4, 1, 1)), ("MB-CUR-002", "Et*4|(t*4|)*14tmL", (16, 13, 4)),
+                              ("MCORE-DSV3GB200-013", "Et|(tt|)*30L", (7, 6, 4))):
+        assert rows[rid].job["parallel"]["pipeline_layout"] == layout
+        par = p.job(rows[rid].job).parallel
+        assert (par.first_stage_layers, par.last_stage_layers, par.vpp) == ends
+    assert "pipeline_layout" not in rows["MB-ARC-121"].job["parallel"]  # GPT-OSS: PP 1, no layout
+
+
 def test_a_job_measured_more_than_once_is_one_strategy_in_the_ranking():
     """Group g: job A predicted 1.0 s/seq and measured three times (1.0, 1.2, 1.1: median 1.1), B
     predicted 2.0 measured 2.0, C predicted 3.0 measured 1.5. Three strategies: measured ranks
