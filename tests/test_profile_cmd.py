@@ -109,3 +109,19 @@ def test_profile_without_torch_is_one_line(cli, tmp_path, monkeypatch):
     r = CliRunner().invoke(cli, ["profile", "--base", "h100-sxm5-80gb", "--name", "x", "--out", str(tmp_path / "x.toml")])
     assert r.exit_code == 2
     assert "pip install 'mofa[profile]'" in r.output and "Traceback" not in r.output
+
+
+def test_a_noisy_backward_timing_cannot_read_above_the_forward(monkeypatch):
+    """The attention backward is timed as (forward + backward) − forward; when noise makes the
+    difference ≤ 0 it is bounded by the forward time (a fused backward is never shorter), so the
+    point reads 2.5 × the forward's TFLOPS, not the 1 ns that wrote 41,943 TFLOPS on a busy host."""
+    need_torch()
+    import torch
+
+    from mofa_plugins import profiler
+
+    times = iter([1.0, 0.5])  # forward 1 s, then forward + backward "0.5 s"
+    monkeypatch.setattr(profiler, "_time", lambda fn, sync, iters: next(times))
+    fwd, bwd = profiler.measure_attention(torch, torch.device("cpu"), (8,), (16,), iters=1, batch_heads=1)
+    # forward FLOPs 4 · 1 · 16² · 8 / 2 = 4,096 in 1 s; backward 2.5 × 4,096 in the bound of 1 s
+    assert fwd["tflops"] == pytest.approx(4096e-12, rel=1e-3) and bwd["tflops"] == pytest.approx(2.5 * 4096e-12, rel=1e-3)
