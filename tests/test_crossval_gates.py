@@ -107,13 +107,15 @@ from mofa_framework.uncertainty import TABLE
 #: release (19 "groups", worst ρ −0.71); 5 have three strategies or more, all ρ 1.00 (met, off the list).
 #: Selene's two groups (Korthikanti's selective and micro-batch-level recompute map to one job) have two
 #: strategies each: no ranking gate. torchtitan 0.00 → 0.50 (3 groups), MoE zoo 0.10 unchanged
+#: Reset after DeepSeek-V3's rows took their sources' pipeline layouts (the last stage light: Megatron-Bridge's
+#: `Et*4|(t*4|)*14tmL` and the like) and H100, B200, B300, GB200 and GB300 were refitted: Megatron-Bridge 12.95 →
+#: 12.09 %, NeMo long context 12.30 → 9.15 % (met, off the list), overall 7.63 → 7.49 %, in-sample 6.59 → 6.50 %
 NOT_YET_MET: dict[str, float] = {
-    "source:nvidia_megatron_bridge": 0.1295,
-    "source:nemo_long_context": 0.1230,
+    "source:nvidia_megatron_bridge": 0.1209,
     "source:megatron_core_moe": 0.1754,
     "source:torchtitan_benchmarks": 0.1464,
-    "overall": 0.0764,
-    "in-sample": 0.0660,
+    "overall": 0.0749,
+    "in-sample": 0.0650,
     "ranking:zero_bubble": 0.7483,
     "ranking:megatron_core_moe": 0.1026,
     "ranking:torchtitan_benchmarks": 0.5000,
