@@ -294,7 +294,7 @@ def _opts_text(opts: dict) -> str:
 
 def job_dict_from_flags(model, hardware, gpus, tp, pp, vpp, cp, ep, etp, mbs, gbs, seq, precision, schedule,
                         sequence_parallel, features, tokens, moe_load_factor=None, flash_attention=None,
-                        attention_kernel=None, power_limit_w=None, document_length=None) -> dict:
+                        attention_kernel=None, power_limit_w=None, document_length=None, pipeline_layout=None) -> dict:
     if not (model and hardware) or None in (gpus, gbs, seq):  # 0 or -1 reach the bounds, which name them
         raise ConfigError("give a job file, or --model, --hardware, --gpus, --gbs and --seq")
     model_section = {"config": model} if model.endswith(".json") else {"name": model}
@@ -303,7 +303,8 @@ def job_dict_from_flags(model, hardware, gpus, tp, pp, vpp, cp, ep, etp, mbs, gb
     par = {k: v for k, v in dict(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, micro_batch_size=mbs,
                                   global_batch_size=gbs, sequence_length=seq, precision=precision,
                                   sequence_parallel=sequence_parallel, flash_attention=flash_attention,
-                                  attention_kernel=attention_kernel, document_length=document_length).items()
+                                  attention_kernel=attention_kernel, document_length=document_length,
+                                  pipeline_layout=pipeline_layout).items()
            if v is not None}
     data = {"name": "cli", "model": model_section, "hardware": {"name": hardware, "num_gpus": gpus}, "parallel": par}
     if power_limit_w is not None:
@@ -379,6 +380,10 @@ def job_options(f):
                           "flash_attention)."),
         ATTENTION_KERNEL_OPTION,
         DOCUMENT_LENGTH_OPTION,
+        click.option("--pipeline-layout", "pipeline_layout", metavar="LAYOUT",
+                     help="Megatron-Core's --pipeline-model-parallel-layout, e.g. 'Et*4|(t*4|)*14tmL': the layers "
+                          "of each pipeline stage, read into the end-stage sizes and --vpp ([parallel] "
+                          "pipeline_layout; docs/schedules.md)."),
         POWER_LIMIT_OPTION,
         click.option("--feature", "features", multiple=True, metavar="NAME[:key=value,...]",
                      help="Enable a feature plugin with options (repeatable)."),

@@ -108,3 +108,23 @@ def test_the_megatron_import_reads_the_layout(registry):
     assert r.job["parallel"]["pipeline_layout"] == "Et*4|(t*4|)*14tmL"
     job = job_from_dict(r.job, registry)
     assert (job.parallel.first_stage_layers, job.parallel.last_stage_layers, job.parallel.vpp) == (16, 13, 4)
+
+
+def test_the_cli_takes_the_layout_as_a_flag_and_refuses_a_runaway_repeat():
+    """`mofa predict --pipeline-layout`: the same end stages as the job file (4 / 1 on PP 16 for the
+    16-stage Bridge layout); a repeat count that would unroll past MAX_UNROLLED is one line, exit 2."""
+    import json
+
+    from click.testing import CliRunner
+
+    from mofa_framework.cli import cli
+
+    args = ["predict", "--model", "deepseek-v3", "--hardware", "b200-sxm-180gb", "--gpus", "256", "--pp", "16",
+            "--ep", "8", "--gbs", "4096", "--seq", "4096", "--format", "json"]
+    r = CliRunner().invoke(cli, [*args, "--pipeline-layout", "Et*4|(t*4|)*14tmL"])
+    assert r.exit_code == 0, r.output
+    par = json.loads(r.output)["parallel"]
+    assert (par["first_stage_layers"], par["last_stage_layers"], par["vpp"]) == (4, 1, 1)
+    bad = CliRunner().invoke(cli, [*args, "--pipeline-layout", "(t|)*99999999999"])
+    lines = [ln for ln in bad.output.splitlines() if ln.strip()]
+    assert bad.exit_code == 2 and len(lines) == 1 and "repeat count is too large" in lines[0], bad.output
