@@ -451,8 +451,8 @@ def _with_layout(par: ParallelConfig, model: ModelSpec, where: str) -> ParallelC
              "vpp": (par.vpp if par.vpp != 1 else 0, vpp)}
     for name, (stated, implied) in given.items():
         if stated and stated != implied:
-            raise ConfigError(f"{field} = {short(par.pipeline_layout)} implies {name} = {implied}, but parallel.{name} = "
-                              f"{stated}: give one of them")
+            raise ConfigError(f"{field} = {short(par.pipeline_layout)} implies {name} = {implied}, "
+                              f"but parallel.{name} = {stated}: give one of them")
     return attrs.evolve(par, first_stage_layers=first if par.pp > 1 else 0, last_stage_layers=last if par.pp > 1 else 0,
                         vpp=vpp, pipeline_layout="")
 

@@ -69,13 +69,14 @@ def end_stage_layers(layout: str, pp: int, num_layers: int, num_mtp_layers: int,
                           f"{num_layers} and {num_mtp_layers}: give each once")
     on_rank = [[stages[c * pp + r] for c in range(vpp)] for r in range(pp)]
     misplaced = [f"{what} off the {where} rank" for ch, what, where, rank in
-                 (("E", "the embedding", "first", 0), ("m", "an MTP module", "last", pp - 1), ("L", "the loss", "last", pp - 1))
+                 (("E", "the embedding", "first", 0), ("m", "an MTP module", "last", pp - 1),
+                  ("L", "the loss", "last", pp - 1))
                  if any(ch in s for r, chunks in enumerate(on_rank) if r != rank for s in chunks)]
     if misplaced:
         raise ConfigError(f"{field} = {short(layout)} puts {misplaced[0]}: MoFa places the embedding on the first "
                           "pipeline rank and the MTP modules and loss on the last")
     totals = [sum(s.count("t") for s in chunks) for chunks in on_rank]
     if len(set(totals[1:-1])) > 1:
-        raise ConfigError(f"{field} = {short(layout)} gives the middle ranks {short(totals[1:-1])} layers: MoFa's stages have "
-                          "one middle size; give every rank but the first and last the same layers")
+        raise ConfigError(f"{field} = {short(layout)} gives the middle ranks {short(totals[1:-1])} layers: "
+                          "MoFa's stages have one middle size; give every rank but the first and last the same layers")
     return totals[0], totals[-1], vpp

@@ -33,7 +33,7 @@ from mofa_framework import hookimpl
 from mofa_framework.measurements import ReadContext
 from mofa_framework.types import MappedRow, MeasurementReader, SkippedRow
 
-from ._bridge_presets import BRIDGE_RECIPES, GUIDE_STEPS, dsv3_layout, guide_features
+from ._bridge_presets import BRIDGE_RECIPES, DSV3_LAYOUT_SOURCE, GUIDE_STEPS, dsv3_layout, guide_features
 from ._frameworks import attention_kernel, loss_features, memory_counter
 from ._megatron import (
     UNEVEN_STAGES_IGNORED,
@@ -255,9 +255,12 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         variants = vpp_variants(L, pp)
         ignore = UNEVEN_STAGES_IGNORED
     layout = _pipeline_layout(notes, ctx.source, model, pp, vpp)
+    layout_assumed = ""
     if layout and not variants:
         par["pipeline_layout"] = layout
         ignore = frozenset()
+        if layout not in notes:
+            layout_assumed = f"pipeline layout {layout} from {DSV3_LAYOUT_SOURCE}"
     feats = megatron_core_recipe(tp, pp, cp, full_shard)
     if lowp:
         feats[lowp] = dict(lowp_options)
@@ -278,7 +281,8 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     # a step of the source's optimisation history (Megatron-Core's DeepSeek-V3 on GB200: 13 steps of one
     # configuration, 494 -> 970 TFLOPS) measures its software's progress: predicted, never fitted to
     history = re.search(r"optimi[sz]ation step", notes, re.I) is not None
-    assumed = "; ".join(filter(None, (layout_note, f"reduced-layer proxy: {proxy} layers" if proxy else "",
+    assumed = "; ".join(filter(None, (layout_note, layout_assumed,
+                                      f"reduced-layer proxy: {proxy} layers" if proxy else "",
                                       "a step of the source's optimisation history: not for fitting" if history
                                       else "")))
     group = (ctx.source, model.name, hw.name, num_gpus, seq, ctx.text(r, "precision"), task)

@@ -891,6 +891,8 @@ def test_deepseek_v3_rows_run_the_pipeline_layouts_their_sources_give():
         par = p.job(rows[rid].job).parallel
         assert (par.first_stage_layers, par.last_stage_layers, par.vpp) == ends
     assert "pipeline_layout" not in rows["MB-ARC-121"].job["parallel"]  # GPT-OSS: PP 1, no layout
+    assert "set_deepseek_v3_pipeline_model_parallel_layout" in rows["MB-ARC-119"].assumptions  # where it came from
+    assert "pipeline layout" not in rows["MCORE-DSV3GB200-013"].assumptions  # stated by the row itself
 
 
 def test_a_job_measured_more_than_once_is_one_strategy_in_the_ranking():
