@@ -337,6 +337,9 @@ class SearchSection:
     #: layers fewer on the first and last pipeline stage than on the middle ones (0 = default split)
     lighter_ends: tuple[int, ...] | None = attrs.field(default=None,
                                                       validator=_search_values("parallel.first_stage_layers"))
+    #: layers fewer on the last pipeline stage than on the first (output layer, loss, MTP modules)
+    lighter_last: tuple[int, ...] | None = attrs.field(default=None,
+                                                      validator=_search_values("parallel.last_stage_layers"))
 
 
 @attrs.frozen(kw_only=True)

@@ -86,6 +86,15 @@ class SearchSpace:
     ``--account-for-embedding/loss-in-pipeline-split``: the embedding and the loss count as a
     layer each, as Llama 3 405B ran on 16 stages: 7 + 14 × 8 + 7). Explicit end stages may split
     into virtual chunks unevenly, so they combine with interleaving where the default split cannot.
+
+    ``lighter_last``: how many layers fewer the last stage holds than the first, on top of
+    ``lighter_ends``. The last stage also runs the output layer and the loss, and a model's
+    multi-token-prediction modules (each a layer with its own output layer), so it is the critical
+    stage of a split that ignores them: e = d' − d ≥ 1 places ``(L + 2d + e)/pp`` layers on each
+    middle stage, ``mid − d`` on the first and ``mid − d − e`` on the last (Megatron-Bridge runs
+    DeepSeek-V3's 61 layers and MTP module on 16 stages as 4 + 14 × 4 + 1, d = 0, e = 3). At pp 2
+    (no middle stage) only d = 0 is meaningful: ``(L + e)/2`` layers first, ``(L − e)/2`` last.
+    d = e = 0 is the default split.
     """
 
     tp: tuple[int, ...]
@@ -98,11 +107,13 @@ class SearchSpace:
     schedules: tuple[str, ...]
     features: Mapping[str, tuple[Mapping[str, Any] | None, ...]] = attrs.field(factory=dict)
     lighter_ends: tuple[int, ...] = (0,)
+    lighter_last: tuple[int, ...] = (0,)
 
     @property
     def structures(self) -> int:
         return math.prod(len(x) for x in (self.tp, self.pp, self.vpp, self.cp, self.ep, self.etp,
-                                          self.micro_batch_size, self.schedules, self.lighter_ends))
+                                          self.micro_batch_size, self.schedules, self.lighter_ends,
+                                          self.lighter_last))
 
     @property
     def feature_combinations(self) -> int:
@@ -132,9 +143,10 @@ def feature_choices(registry, name: str, fixed: Mapping[str, Any] | None = None,
 def default_space(registry, model: ModelSpec, hardware: HardwareProfile, num_gpus: int, seq: int,
                   features: Iterable[str] | None = None) -> SearchSpace:
     """The paper's space: powers of two within sensible bounds, every schedule, end stages balanced
-    or one layer lighter (where that divides), and the `features` named (default: every *tunable*
-    feature, what ``mofa tune`` searches; numerics such as fp8, software-stack settings and LoRA
-    are searched only when named)."""
+    or one layer lighter (where that divides), the last stage up to :func:`last_stage_relief` layers
+    lighter than the first, and the `features` named (default: every *tunable* feature, what
+    ``mofa tune`` searches; numerics such as fp8, software-stack settings and LoRA are searched
+    only when named)."""
     G = hardware.scaleup_domain_gpus
     tp = tuple(t for t in _pow2_upto(min(G, num_gpus, model.num_attention_heads)))
     pp = tuple(sorted({p for p in (*_pow2_upto(min(num_gpus, model.num_layers)),
@@ -148,6 +160,7 @@ def default_space(registry, model: ModelSpec, hardware: HardwareProfile, num_gpu
     names = [n for n, f in registry.features.items() if f.tunable] if features is None else list(features)
     return SearchSpace(tp=tp, pp=pp, vpp=vpp, cp=cp or (1,), ep=ep, etp=etp, micro_batch_size=(1, 2, 4),
                        schedules=tuple(registry.schedules), lighter_ends=(0, 1),
+                       lighter_last=tuple(range(last_stage_relief(model) + 1)),
                        features={n: feature_choices(registry, n) for n in names if n in registry.features})
 
 
@@ -290,13 +303,25 @@ class TuneProgress:
 # ---------------------------------------------------------------------- enumeration
 
 
-def end_stage_layers(num_layers: int, pp, lighter) -> tuple[np.ndarray, np.ndarray]:
-    """(layers on each end stage, valid) of ``lighter_ends`` = d: 0 for the default split (the
-    engine's balanced placement), else ``(L + 2d)/pp − d`` where pp ≥ 3 divides ``L + 2d``."""
-    pp, d = np.asarray(pp), np.asarray(lighter)
-    mid = (num_layers + 2 * d) // np.maximum(pp, 1)
-    ok = (d == 0) | ((pp >= 3) & ((num_layers + 2 * d) % np.maximum(pp, 1) == 0) & (mid - d >= 1))
-    return np.where(d > 0, mid - d, 0), ok
+def last_stage_relief(model: ModelSpec) -> int:
+    """How many layers lighter than the first the default space lets the last stage be: one for
+    the output layer and loss, two for each multi-token-prediction module (its layer and its own
+    output layer) — DeepSeek-V3 (one module): 3, as Megatron-Bridge places it."""
+    return 1 + 2 * model.num_mtp_layers
+
+
+def end_stage_layers(num_layers: int, pp, lighter, lighter_last=0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(layers on the first stage, on the last, valid) of ``lighter_ends`` = d and ``lighter_last``
+    = e: 0, 0 for the default split (the engine's balanced placement); else ``mid − d`` and
+    ``mid − d − e`` with ``mid = (L + 2d + e)/pp`` layers on each middle stage, where pp divides
+    ``L + 2d + e`` and the last stage keeps a layer; d ≥ 1 needs a middle stage (pp ≥ 3), e ≥ 1
+    two stages."""
+    pp, d, e = np.asarray(pp), np.asarray(lighter), np.asarray(lighter_last)
+    n = num_layers + 2 * d + e
+    mid = n // np.maximum(pp, 1)
+    explicit = (d > 0) | (e > 0)
+    ok = ~explicit | ((pp >= np.where(d > 0, 3, 2)) & (n % np.maximum(pp, 1) == 0) & (mid - d - e >= 1))
+    return np.where(explicit, mid - d, 0), np.where(explicit, mid - d - e, 0), ok
 
 
 def default_end_layers(num_layers: int, pp):
@@ -308,11 +333,11 @@ def default_end_layers(num_layers: int, pp):
     return base - (deficit + 1) // 2, base - deficit // 2
 
 
-def _default_split_covers(num_layers: int, pp, vpp, ends) -> np.ndarray:
+def _default_split_covers(num_layers: int, pp, vpp, first, last) -> np.ndarray:
     """Rows whose explicit end stages are what the default split places anyway, and interleave
-    as well: the same configuration as lighter_ends = 0."""
-    first, last = default_end_layers(num_layers, pp)
-    return (first == ends) & (last == ends) & (ends % vpp == 0)
+    as well: the same configuration as lighter_ends = lighter_last = 0."""
+    d_first, d_last = default_end_layers(num_layers, pp)
+    return (d_first == first) & (d_last == last) & (first % vpp == 0) & (last % vpp == 0)
 
 
 def _structure_batch(req: TuneRequest, registry) -> tuple[CandidateBatch, dict[str, int]]:
@@ -322,18 +347,18 @@ def _structure_batch(req: TuneRequest, registry) -> tuple[CandidateBatch, dict[s
     s = req.space
     L = req.model.num_layers
     pipe = [g.ravel() for g in np.meshgrid(np.array(s.tp), np.array(s.pp), np.array(s.cp), np.array(s.vpp),
-                                           np.array(s.lighter_ends), indexing="ij")]
-    tp, pp, cp, vpp, lighter = pipe
-    ends, split_ok = end_stage_layers(L, pp, lighter)
+                                           np.array(s.lighter_ends), np.array(s.lighter_last), indexing="ij")]
+    tp, pp, cp, vpp, lighter, lighter_last = pipe
+    first, last, split_ok = end_stage_layers(L, pp, lighter, lighter_last)
     rest = len(s.ep) * len(s.etp) * len(s.micro_batch_size) * len(s.schedules)
     removed = {}
     keep = req.num_gpus % (tp * pp * cp) == 0
     removed["hardware.num_gpus must be a multiple of tp × pp × cp"] = int((~keep).sum()) * rest
     bad = keep & ~split_ok
-    removed["lighter end stages need pp ≥ 3 dividing the layers + 2 × (layers fewer per end stage)"] = \
-        int(bad.sum()) * rest
+    removed["lighter end stages need pp dividing the layers + 2 × (layers fewer per end stage) + (fewer on "
+            "the last), pp ≥ 3 for both ends lighter"] = int(bad.sum()) * rest
     keep &= split_ok
-    dup = keep & (lighter > 0) & _default_split_covers(L, pp, vpp, ends)
+    dup = keep & ((lighter > 0) | (lighter_last > 0)) & _default_split_covers(L, pp, vpp, first, last)
     removed["the default split already places the end stages so"] = int(dup.sum()) * rest
     keep &= ~dup
     head = np.flatnonzero(keep)
@@ -341,17 +366,18 @@ def _structure_batch(req: TuneRequest, registry) -> tuple[CandidateBatch, dict[s
                                             np.array([registry.schedule_code(x) for x in s.schedules]), indexing="ij")]
     h_idx = np.repeat(head, len(other[0]))
     o_idx = np.tile(np.arange(len(other[0])), len(head))
-    tp, pp, cp, vpp, ends = (a[h_idx] for a in (tp, pp, cp, vpp, ends))
+    tp, pp, cp, vpp, first, last = (a[h_idx] for a in (tp, pp, cp, vpp, first, last))
     ep, etp, mbs, sched = (a[o_idx] for a in other)
     ok = etp <= tp
     removed["expert tensor parallelism cannot exceed tensor parallelism (etp ≤ tp)"] = int((~ok).sum())
-    tp, pp, vpp, cp, ep, etp, mbs, sched, ends = (a[ok] for a in (tp, pp, vpp, cp, ep, etp, mbs, sched, ends))
+    tp, pp, vpp, cp, ep, etp, mbs, sched, first, last = (a[ok] for a in (tp, pp, vpp, cp, ep, etp, mbs, sched,
+                                                                        first, last))
     n = len(tp)
     batch = CandidateBatch(
         tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=req.num_gpus // (tp * pp * cp), micro_batch_size=mbs,
         global_batch_size=np.full(n, req.global_batch_size), sequence_length=np.full(n, req.sequence_length),
         sequence_parallel=tp > 1, precision=np.full(n, PRECISIONS.index(req.precision)), schedule=sched,
-        first_stage_layers=ends, last_stage_layers=ends, flash_attention=np.full(n, req.flash_attention),
+        first_stage_layers=first, last_stage_layers=last, flash_attention=np.full(n, req.flash_attention),
         attention_kernel=np.full(n, ATTENTION_KERNELS.index(req.attention_kernel)),
         document_length=np.full(n, req.document_length))
     return batch, removed
@@ -1040,7 +1066,7 @@ class _Search:
 
 
 #: the parallel sizes a job's search ranges over (``[search]``, ``values=``, ``--*-values``)
-SEARCHED_SIZES = ("tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size", "lighter_ends")
+SEARCHED_SIZES = ("tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size", "lighter_ends", "lighter_last")
 
 
 def _min_peak(search) -> float:

@@ -30,7 +30,8 @@ JOBS = {
                                                                    "micro_batch_size": (1,)}),
     "moe": ("deepseek-v3", "h800-sxm5-80gb", 1024, 4096, 4096, {"tp": (2,), "pp": (8,), "ep": (64,), "etp": (1,),
                                                                 "micro_batch_size": (1,),
-                                                                "schedules": ("1f1b", "zb-h1", "dualpipe")}),
+                                                                "schedules": ("1f1b", "zb-h1", "dualpipe"),
+                                                                "lighter_last": (0,)}),  # the space recorded
     "hybrid": ("nemotron-h-8b", "a100-sxm4-80gb", 16, 64, 4096, {"tp": (2, 4), "pp": (2,), "micro_batch_size": (1,),
                                                                  "schedules": ("1f1b", "interleaved-1f1b")}),
 }

@@ -403,7 +403,7 @@ def test_chunk_size_does_not_change_the_answer(mofa_predictor):
 # ---------------------------------------------------------------- exactness on an MoE model, every objective
 
 _MOE_SPACE = dict(tp=(1, 2), pp=(1, 2, 4), vpp=(1, 2), cp=(1,), ep=(1, 2, 8), etp=(1,), micro_batch_size=(1,),
-                  schedules=("1f1b", "interleaved-1f1b", "zb-h1"), lighter_ends=(0, 2))
+                  schedules=("1f1b", "interleaved-1f1b", "zb-h1"), lighter_ends=(0, 2), lighter_last=(0, 2, 4))
 _MOE_FEATURES = ("ep_overlap", "recompute", "distributed_optimizer")
 
 
@@ -411,7 +411,8 @@ def _oracle(predictor, hw_name: str, gpus: int, gbs: int, seq: int):
     """Every point of the MoE sub-space as a plain job, predicted in one batch, with the rules
     applied by hand: the plugins' constraints (as `mofa predict` does), the paper's §4.1 rules
     (tp within a scale-up domain, m ≥ the schedule's minimum, vpp only where the schedule
-    interleaves) and lighter_ends = d placing (L + 2d)/pp − d layers on each end stage.
+    interleaves) and lighter_ends = d, lighter_last = e placing mid = (L + 2d + e)/pp layers on each
+    middle stage, mid − d on the first and mid − d − e on the last.
     Returns (jobs, prediction, feasible mask)."""
     from mofa_framework.config import jobs_to_batch
 
@@ -422,18 +423,19 @@ def _oracle(predictor, hw_name: str, gpus: int, gbs: int, seq: int):
     choices = [feature_choices(reg, n) for n in names]
     jobs = []
     s = _MOE_SPACE
-    for tp, pp, vpp, ep, sched, d in itertools.product(s["tp"], s["pp"], s["vpp"], s["ep"], s["schedules"],
-                                                      s["lighter_ends"]):
+    for tp, pp, vpp, ep, sched, d, e in itertools.product(s["tp"], s["pp"], s["vpp"], s["ep"], s["schedules"],
+                                                         s["lighter_ends"], s["lighter_last"]):
         sch = reg.schedule(sched)
         if tp > hw.scaleup_domain_gpus or (vpp > 1) != sch.requires_vpp or gpus % (tp * pp):
             continue
         if gbs // (gpus // (tp * pp)) < sch.min_microbatches(pp):
             continue
         ends = {}
-        if d:
-            if pp < 3 or (layers + 2 * d) % pp:
+        if d or e:
+            mid = (layers + 2 * d + e) // pp
+            if pp < (3 if d else 2) or (layers + 2 * d + e) % pp or mid - d - e < 1:
                 continue
-            ends = {"first_stage_layers": (layers + 2 * d) // pp - d, "last_stage_layers": (layers + 2 * d) // pp - d}
+            ends = {"first_stage_layers": mid - d, "last_stage_layers": mid - d - e}
         for combo in itertools.product(*choices):
             features = {n: dict(o) for n, o in zip(names, combo) if o is not None}
             try:
@@ -594,6 +596,56 @@ def test_405b_tuned_as_meta_ran_it_interleaved_with_lighter_end_stages():
     args = " ".join(out["megatron_args"])
     assert "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split" in args
     assert f"--num-virtual-stages-per-pipeline-rank {best['parallel']['vpp']}" in args
+
+
+def test_end_stage_layers_of_lighter_ends_and_a_lighter_last_stage(mofa_predictor):
+    """Hand-derived: mid = (L + 2d + e)/pp layers on each middle stage, mid − d on the first,
+    mid − d − e on the last; (0, 0) is the default split (0, 0 returned)."""
+    from mofa_framework.tuner import end_stage_layers, last_stage_relief
+
+    cases = [  # (L, pp, d, e) -> (first, last, valid)
+        ((61, 16, 0, 3), (4, 1, True)),   # (61 + 3)/16 = 4: Megatron-Bridge's DeepSeek-V3 split
+        ((61, 8, 1, 1), (7, 6, True)),    # (61 + 2 + 1)/8 = 8
+        ((126, 16, 1, 0), (7, 7, True)),  # (126 + 2)/16 = 8: Llama 3 405B's 7 + 14 × 8 + 7
+        ((61, 2, 0, 1), (31, 30, True)),  # pp 2: (61 + 1)/2 on the first, the rest on the last
+        ((61, 2, 1, 1), (7, 6, False)),   # d needs a middle stage
+        ((61, 16, 0, 2), (3, 1, False)),  # 63 is not a multiple of 16
+        ((4, 4, 0, 4), (2, -2, False)),   # the last stage would hold no layer
+        ((61, 16, 0, 0), (0, 0, True)),   # the default split
+    ]
+    for (L, pp, d, e), (first, last, ok) in cases:
+        f, la, v = end_stage_layers(L, np.array([pp]), np.array([d]), np.array([e]))
+        assert bool(v[0]) == ok, (L, pp, d, e)
+        if ok:
+            assert (int(f[0]), int(la[0])) == (first, last), (L, pp, d, e)
+    reg = mofa_predictor.registry
+    assert last_stage_relief(reg.model("deepseek-v3")) == 3 and last_stage_relief(reg.model("llama3-70b")) == 1
+
+
+def test_deepseek_v3_tuned_with_the_last_stage_lighter_as_megatron_bridge_runs_it(mofa_predictor):
+    """Issue 17: DeepSeek-V3's last stage also runs the output layer, the loss and the MTP module
+    (a layer and a second output layer). On 16 stages the default split puts 2 layers first and
+    3 + MTP last, which makes the last stage critical; the default space holds a last stage up to
+    three layers lighter and finds Megatron-Bridge's 4 + 14 × 4 + 1, faster than the best search
+    without that dimension; the Megatron line states it."""
+    reg = mofa_predictor.registry
+    model, hw = reg.model("deepseek-v3"), reg.hardware_profile("h100-sxm5-80gb")
+    base = default_space(reg, model, hw, 1024, 4096, features=("flex_dispatcher", "distributed_optimizer"))
+    assert base.lighter_last == (0, 1, 2, 3)
+    narrow = dict(tp=(2,), pp=(16,), vpp=(1,), cp=(1,), ep=(64,), etp=(1,), micro_batch_size=(1,),
+                  schedules=("1f1b",))
+    best = {}
+    for last in ((0,), base.lighter_last):
+        space = attrs.evolve(base, **narrow, lighter_last=last)
+        result = tune(mofa_predictor, TuneRequest(model=model, hardware=hw, num_gpus=1024, global_batch_size=8192,
+                                                  sequence_length=4096, precision="fp8", space=space, top_k=1))
+        best[last] = result.best[0]
+    top = best[base.lighter_last]
+    assert (top.parallel["first_stage_layers"], top.parallel["last_stage_layers"]) == (4, 1)
+    assert top.step_time_s < 0.9 * best[(0,)].step_time_s  # 29.8 s against 36.6 s when written
+    args, _ = megatron_arguments(model, top, reg)
+    line = " ".join(args)
+    assert "--decoder-first-pipeline-num-layers 4 --decoder-last-pipeline-num-layers 1" in line
 
 
 def test_pipeline_layout_arguments_follow_megatron_core():

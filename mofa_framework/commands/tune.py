@@ -40,6 +40,7 @@ def _ints(text: str | None, flag: str, minimum: int = 1) -> tuple[int, ...] | No
 _FLAG_BOUNDS = {f"--{k}-values": f"parallel.{k}" for k in ("tp", "pp", "vpp", "cp", "ep", "etp")}
 _FLAG_BOUNDS["--mbs-values"] = "parallel.micro_batch_size"
 _FLAG_BOUNDS["--lighter-ends-values"] = "parallel.first_stage_layers"
+_FLAG_BOUNDS["--lighter-last-values"] = "parallel.last_stage_layers"
 
 
 def _names(text: str | None) -> tuple[str, ...] | None:
@@ -47,7 +48,8 @@ def _names(text: str | None) -> tuple[str, ...] | None:
 
 
 def build_request(state, job_files, flags, *, tp, pp, vpp, cp, ep, etp, mbs_list, schedules, features,
-                  objective, top, pareto, lighter_ends=None, time_budget=None) -> tuple[TuneRequest, object]:
+                  objective, top, pareto, lighter_ends=None, lighter_last=None,
+                  time_budget=None) -> tuple[TuneRequest, object]:
     """A TuneRequest from a job file (its [search] table) or flags; flags override the file."""
     flags = dict(flags)
     num_layers = flags.pop("num_layers", None)  # applies to a job file too
@@ -82,7 +84,8 @@ def build_request(state, job_files, flags, *, tp, pp, vpp, cp, ep, etp, mbs_list
     values = {"tp": _ints(tp, "--tp-values"), "pp": _ints(pp, "--pp-values"), "vpp": _ints(vpp, "--vpp-values"),
               "cp": _ints(cp, "--cp-values"), "ep": _ints(ep, "--ep-values"), "etp": _ints(etp, "--etp-values"),
               "micro_batch_size": _ints(mbs_list, "--mbs-values"),
-              "lighter_ends": _ints(lighter_ends, "--lighter-ends-values", minimum=0)}
+              "lighter_ends": _ints(lighter_ends, "--lighter-ends-values", minimum=0),
+              "lighter_last": _ints(lighter_last, "--lighter-last-values", minimum=0)}
     req = job_request(job, state.pm.registry, features=_names(features) or None, schedules=_names(schedules),
                       values={k: v for k, v in values.items() if v}, objective=objective, top_k=top, pareto=pareto,
                       time_budget_s=time_budget, fields=("--features", "--schedules"))
@@ -257,6 +260,9 @@ class _ProgressLine:
 @click.option("--lighter-ends-values", "lighter_ends",
               help="Layers fewer on the first and last pipeline stage than on the middle ones, e.g. 0,1 "
                    "(default 0,1: Megatron's split, and one layer lighter where that divides).")
+@click.option("--lighter-last-values", "lighter_last",
+              help="Layers fewer on the last pipeline stage than on the first (its output layer, loss and MTP "
+                   "modules), e.g. 0,3 (default 0 to 1 + 2 × the model's MTP modules).")
 @click.option("--time-budget", type=click.FloatRange(min=0.0, min_open=True), metavar="SECONDS",
               help="Stop after SECONDS and print the best found so far (labelled: not proven optimal).")
 @click.option("--progress/--no-progress", default=None,
@@ -266,7 +272,7 @@ class _ProgressLine:
 def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, tokens, flash_attention, attention_kernel,
              document_length, power_limit_w, moe_load_factor, tp,
              pp, vpp, cp, ep, etp, mbs_list, schedules, features, objective, top, pareto, fmt, trace_best, lighter_ends,
-             time_budget, progress, num_layers=None):
+             lighter_last, time_budget, progress, num_layers=None):
     """Find the best parallel strategy and features for a model, GPUs and global batch.
 
     Searches TP × PP × VPP × CP × EP × ETP × micro-batch × schedule × every feature's
@@ -281,7 +287,7 @@ def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, token
     req, job = build_request(state, list(job_files), {k: v for k, v in flags.items()},
                              tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, mbs_list=mbs_list, schedules=schedules,
                              features=features, objective=objective, top=top, pareto=pareto,
-                             lighter_ends=lighter_ends, time_budget=time_budget)
+                             lighter_ends=lighter_ends, lighter_last=lighter_last, time_budget=time_budget)
     if progress is False:
         result = tune(state.predictor(), req)
     elif sys.stderr.isatty():
