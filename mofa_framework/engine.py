@@ -772,16 +772,50 @@ def _stacked_take(values: list, inverse: np.ndarray) -> dict[int, np.ndarray]:
     return dict(zip(idx, taken))
 
 
+#: below this many rows a batch is priced row by row (finding its distinct geometries costs more)
+_GEOMETRY_ROWS = 64
+
+
+def _geometry_rows(g: Geometry) -> tuple[np.ndarray, np.ndarray] | None:
+    """(first row, inverse) of the distinct rows of `g`, or None when fewer than half repeat. Layer,
+    embedding, head and p2p costs are functions of a row's geometry alone (the providers price
+    rows independently), so rows that differ only in what the geometry leaves out — pp, vpp,
+    the schedule, the end stages, features — are priced once: a tuner's structures share a few
+    geometries each."""
+    n = len(g.b)
+    if n < _GEOMETRY_ROWS:
+        return None
+    key = np.zeros(n, np.int64)
+    for f in attrs.fields(Geometry):
+        col = getattr(g, f.name)
+        if np.ndim(col):
+            values, inv = np.unique(col, return_inverse=True)
+            key = np.unique(key * len(values) + inv.reshape(-1), return_inverse=True)[1].reshape(-1)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    return (first, inverse.reshape(-1)) if 2 * len(first) <= n else None
+
+
 def _priced(ctx: Context, batch: CandidateBatch, layers_only: bool = False) -> dict:
     """Everything the providers price: layer costs, embedding/head, p2p τ, DP and the update
-    (only the layer costs with `layers_only`)."""
-    model, g = ctx.model, ctx.geometry
-    n = len(batch)
-    z = np.zeros(n)
-    out: dict = {"layers": {k: _layer_costs(ctx, k) for k in model.block_kinds},
+    (only the layer costs with `layers_only`); what depends on the geometry alone is priced once
+    per distinct geometry (:func:`_geometry_rows`)."""
+    model = ctx.model
+    by_geometry = attrs.evolve(ctx, structure=_geometry_rows(ctx.geometry))
+    out: dict = {"layers": by_geometry.per_structure(lambda c: {k: _layer_costs(c, k) for k in model.block_kinds}),
                  "layout": stage_layout(model, batch)}
     if layers_only:
         return out
+    out.update(by_geometry.per_structure(_end_costs))
+    out["tau"] = np.where(batch.pp > 1, out["tau"], 0.0)
+    out["opt"] = _optimizer_costs(ctx, batch, out["layout"])
+    return out
+
+
+def _end_costs(ctx: Context) -> dict[str, np.ndarray]:
+    """The embedding's and the output head's times and one micro-batch's pipeline p2p (τ)."""
+    model, g = ctx.model, ctx.geometry
+    z = np.zeros(len(g.b))
+    out = {}
     emb_ops, head_ops = embedding_operators(model, g), head_operators(model, g)
     et = price_operators(ctx, emb_ops + head_ops)
     emb_t, head_t = et[: len(emb_ops)], et[len(emb_ops):]
@@ -795,9 +829,8 @@ def _priced(ctx: Context, batch: CandidateBatch, layers_only: bool = False) -> d
     # pipeline p2p: one micro-batch's boundary activation; Megatron sends 1/t of it either way
     # (sequence-parallel shard, or --scatter-gather-tensors-in-pipeline without SP)
     pp_coll = Coll(name="pp_p2p", parallel="pp", kind=4, bytes=g.tokens * model.hidden_size * g.dt / g.t,
-                   group_size=np.full(n, 2.0), stride=g.t * g.c * g.dp)
-    out["tau"] = np.where(batch.pp > 1, price_collectives(ctx, [pp_coll])[0], 0.0)
-    out["opt"] = _optimizer_costs(ctx, batch, out["layout"])
+                   group_size=np.full(len(z), 2.0), stride=g.t * g.c * g.dp)
+    out["tau"] = price_collectives(ctx, [pp_coll])[0]
     return out
 
 

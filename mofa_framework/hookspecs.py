@@ -201,6 +201,9 @@ class MofaSpecs:
         a float64 array of the same length, seconds, finite and ≥ 0; ``None`` defers to the
         next provider. Tensor-core work runs at ``hardware.compute_clock_scale`` of the rated-power
         rate (a GPU run below its TDP, ``compute.power_limit_w``); the built-in providers apply it.
+        Each row is priced from its own fields alone: the engine prices the operators of rows with
+        the same geometry (parallel sizes, micro-batch, sequence, precision, kernel) once and
+        repeats the answer.
         """
 
     @hookspec(firstresult=True)
@@ -213,7 +216,8 @@ class MofaSpecs:
         Called by the engine once per prediction batch with every collective stacked into
         one :class:`~mofa_framework.batch.CollectiveBatch` (kind, bytes, group size, nodes
         spanned, whether it stays in the scale-up domain). Returns a float64 array of the
-        same length, seconds, finite and ≥ 0; ``None`` defers to the next provider.
+        same length, seconds, finite and ≥ 0; ``None`` defers to the next provider. Each row is
+        priced from its own fields alone: the engine asks for a distinct row once and reuses it.
         """
 
     # ------------------------------------------------------------------ contributions

@@ -648,6 +648,32 @@ def test_deepseek_v3_tuned_with_the_last_stage_lighter_as_megatron_bridge_runs_i
     assert "--decoder-first-pipeline-num-layers 4 --decoder-last-pipeline-num-layers 1" in line
 
 
+def test_pricing_once_per_geometry_changes_no_number(mofa_predictor, monkeypatch):
+    """The engine prices the layers, embedding, head and p2p of rows with one geometry once
+    (structures differing in pp's split, vpp, schedule or end stages share it): every output of a
+    batch of structures is bit-for-bit what pricing each row gives."""
+    from mofa_framework import engine
+    from mofa_framework.decompose import Geometry
+    from mofa_framework.tuner import _structure_batch
+
+    reg = mofa_predictor.registry
+    model, hw = reg.model("deepseek-v3"), reg.hardware_profile("h100-sxm5-80gb")
+    space = SearchSpace(tp=(2, 4), pp=(4, 8), vpp=(1, 2), cp=(1,), ep=(8, 16), etp=(1,), micro_batch_size=(1, 2),
+                        schedules=("1f1b", "interleaved-1f1b", "zb-h1"), lighter_ends=(0, 1), lighter_last=(0, 1, 3))
+    req = TuneRequest(model=model, hardware=hw, num_gpus=256, global_batch_size=1024, sequence_length=4096,
+                      space=space)
+    structs, _ = _structure_batch(req, reg)
+    first, inverse = engine._geometry_rows(Geometry.of(structs))
+    assert len(structs) >= 4 * len(first)  # the case the engine takes: a few geometries, many structures
+    shared = mofa_predictor.evaluate(structs, model, hw)
+    monkeypatch.setattr(engine, "_GEOMETRY_ROWS", 10 ** 12)  # row by row
+    alone = mofa_predictor.evaluate(structs, model, hw)
+    np.testing.assert_array_equal(shared.step_time_s, alone.step_time_s)
+    np.testing.assert_array_equal(shared.peak_memory_bytes, alone.peak_memory_bytes)
+    for k in alone.breakdown:
+        np.testing.assert_array_equal(shared.breakdown[k], alone.breakdown[k], err_msg=k)
+
+
 def test_pipeline_layout_arguments_follow_megatron_core():
     """Megatron-Core's rules: --num-layers-per-virtual-pipeline-stage needs every stage alike;
     --decoder-first/last-pipeline-num-layers with interleaving need stages splitting into whole
