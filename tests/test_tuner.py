@@ -674,6 +674,29 @@ def test_pricing_once_per_geometry_changes_no_number(mofa_predictor, monkeypatch
         np.testing.assert_array_equal(shared.breakdown[k], alone.breakdown[k], err_msg=k)
 
 
+def test_lighter_last_from_the_flag_and_the_search_table(tmp_path):
+    """--lighter-last-values and `[search] lighter_last` narrow the dimension: Mixtral 8×7B's 32
+    layers on 2 stages with e = 2 run (32 + 2)/2 = 17 first and 15 last, and with e = 0 only the
+    default split 16 / 16; a negative value is one line, exit 2."""
+    run = lambda *a: CliRunner().invoke(cli, ["tune", *a], catch_exceptions=False)  # noqa: E731
+    flags = ["--model", "mixtral-8x7b", "--hardware", "h100-sxm5-80gb", "--gpus", "16", "--gbs", "64", "--seq",
+             "4096", "--tp-values", "2", "--pp-values", "2", "--ep-values", "8", "--mbs-values", "1",
+             "--schedules", "1f1b", "--features", "distributed_optimizer", "--lighter-ends-values", "0",
+             "--format", "json", "--top", "50"]
+    ends = lambda out: {(c["parallel"]["first_stage_layers"], c["parallel"]["last_stage_layers"])  # noqa: E731
+                        for c in json.loads(out.output)["best"]}
+    assert ends(run(*flags, "--lighter-last-values", "2")) == {(17, 15)}
+    assert ends(run(*flags, "--lighter-last-values", "0")) == {(0, 0)}
+    bad = run(*flags, "--lighter-last-values", "-1")
+    assert bad.exit_code == 2 and "--lighter-last-values" in bad.output and len(bad.output.strip().splitlines()) == 1
+    job = tmp_path / "t.toml"
+    job.write_text('[model]\nname = "mixtral-8x7b"\n[hardware]\nname = "h100-sxm5-80gb"\nnum_gpus = 16\n'
+                   '[parallel]\nglobal_batch_size = 64\nsequence_length = 4096\n'
+                   '[search]\ntp = [2]\npp = [2]\nep = [8]\nmicro_batch_size = [1]\nschedules = ["1f1b"]\n'
+                   'lighter_ends = [0]\nlighter_last = [2]\nfeatures = ["distributed_optimizer"]\n')
+    assert ends(run(str(job), "--format", "json", "--top", "50")) == {(17, 15)}
+
+
 def test_pipeline_layout_arguments_follow_megatron_core():
     """Megatron-Core's rules: --num-layers-per-virtual-pipeline-stage needs every stage alike;
     --decoder-first/last-pipeline-num-layers with interleaving need stages splitting into whole
