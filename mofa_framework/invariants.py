@@ -319,12 +319,13 @@ def check_prediction(pred, pm) -> None:
 # ====================================================================== feasibility callables
 
 
-def feasible_result(registry, kind: str, record, batch, rows):
+def feasible_result(registry, kind: str, record, batch, rows, rule: str = "feasible", *args):
     """``record.feasible(batch, rows)`` of a feature or schedule (`kind`: "features" | "schedules"),
-    with a raising or malformed answer reported as a PluginError naming the record's plugin."""
+    or its other `rule` called with `args` after them (a schedule's ``end_stages``), with a raising
+    or malformed answer reported as a PluginError naming the record's plugin."""
     plugin = registry.provided_by.get((kind, record.name), record.name)
     try:
-        r = record.feasible(batch, rows)
+        r = getattr(record, rule)(batch, rows, *args)
         mask = np.asarray(r.feasible, dtype=bool)
     except Exception as exc:  # noqa: BLE001
         raise PluginError(f"plugin {plugin!r}: {kind[:-1]} {record.name!r}'s feasibility rule failed: "

@@ -982,6 +982,10 @@ class PipelineSchedule:
     route: Callable | None = None
     #: optional ``(batch, rows: BoolArray) -> ConstraintResult`` for rows using this schedule
     feasible: Callable | None = None
+    #: optional ``(batch, rows: BoolArray, num_layers: int) -> ConstraintResult``: which explicit
+    #: end-stage sizes (``rows``: this schedule with ``first_stage_layers`` / ``last_stage_layers``
+    #: set) its implementation can place; None = any (Megatron-Core's layout arguments)
+    end_stages: Callable | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -167,47 +167,96 @@ def feasible_v(batch, rows):
 
 
 FORK = "sail-sg/zero-bubble-pipeline-parallelism fork"
+#: the fork (Megatron-LM of 2024) has no --decoder-first/last-pipeline-num-layers: it splits the
+#: layers evenly, or with ``--allow-padding-num-layers`` pads them to a multiple of pp and takes the
+#: k padded layers off chunks -1, 0, 1, … in its chunk order (``get_offset`` in
+#: megatron/legacy/model/transformer.py at 39f2c18): the last stage then the first (ZB-H1/H2), or
+#: rank 0's two V chunks (ZB-V, whose chunk order runs down the ranks and back up: rank 0 holds
+#: the embedding and the loss). The paper's own runs are such splits ("first & last stage hold one
+#: fewer layer", ../shared/data/zero_bubble.csv)
+END_STAGES_REASON = ("parallel.first_stage_layers / last_stage_layers ({given}): the ZeroBubble schedules run in "
+                     f"the {FORK}, which splits the layers evenly or pads them (--allow-padding-num-layers: "
+                     "{padded}) and cannot place these end stages: remove them, or use 1f1b / interleaved-1f1b")
+
+
+def padded_end_stages(num_layers: int, pp, v_shape: bool):
+    """(first, last, valid): the end stages the fork places — an even split (k = −L mod pp = 0), or
+    what ``--allow-padding-num-layers`` gives where its k padded layers leave the middle stages
+    alike (k = 1 or 2): the last stage one layer fewer, then the first too. Under ZB-V the fork takes them off rank 0, which holds the embedding
+    and the loss; MoFa prices the head on the last stage, so the same sizes stand for it there,
+    and the fork's two equal chunks per stage need an even number of layers per stage."""
+    pp = np.asarray(pp)
+    k = (-num_layers) % np.maximum(pp, 1)
+    mid = (num_layers + k) // np.maximum(pp, 1)
+    first, last = np.where(k == 2, mid - 1, mid), mid - 1
+    first, last = np.where(k == 0, mid, first), np.where(k == 0, mid, last)
+    ok = (k <= 2) & (pp >= 2) & (last >= 1)
+    return first, last, ok & (mid % 2 == 0) if v_shape else ok
+
+
+def fork_end_stages(v_shape: bool):
+    """The schedules' ``end_stages`` rule: explicit end stages only as the fork's padding places them."""
+    def rule(batch, rows, num_layers):
+        first, last, ok = padded_end_stages(num_layers, batch.pp, v_shape)
+        same = ok & (batch.first_stage_layers == first) & (batch.last_stage_layers == last)
+        bad = np.flatnonzero(rows & ~same)
+        i = int(bad[0]) if len(bad) else 0
+        padded = (f"{first[i]} / {last[i]} on {batch.pp[i]} stages" if ok[i] else
+                  f"not with {num_layers} layers on {batch.pp[i]} stages")
+        given = f"{batch.first_stage_layers[i]} / {batch.last_stage_layers[i]}"
+        return ConstraintResult(name="zb_fork_end_stages", feasible=same,
+                                reason=END_STAGES_REASON.format(given=given, padded=padded))
+    return rule
+
+
+def _padding_note(model, parallel, v_shape: bool) -> list[str]:
+    """The fork's --allow-padding-num-layers where its split needs it (the layers not a multiple of pp)."""
+    L, pp = model.num_layers, parallel["pp"]
+    if pp < 2 or L % pp == 0:
+        return []
+    where = "rank 0's two V chunks, where the embedding and the loss are" if v_shape else \
+        "the last stage, then the first"
+    return [f"# {FORK}: --allow-padding-num-layers ({L} layers padded to {L + (-L) % pp}; the padding comes "
+            f"off {where})"]
+
+
+def fork_arguments(flags: str):
+    """ZB-H1 / ZB-H2 in the sail-sg fork: its flags, and the padding that places a split whose
+    layers are not a multiple of pp (no layout arguments: the fork has none)."""
+    def args(model, parallel) -> list[str]:
+        return [f"# {FORK}: {flags}", *_padding_note(model, parallel, v_shape=False)]
+    return args
 
 
 def megatron_args_v(model, parallel) -> list[str]:
     """ZB-V in the sail-sg fork: ``--zero-bubble-v-schedule`` splits every stage into its two V
     chunks itself (no virtual-pipeline arguments); its bubble assumes optimizer post-validation.
-    The fork's ``--allow-padding-num-layers`` gives the first and last stage one layer fewer."""
-    from mofa_framework.tuner import stage_layers
-
-    first, mid, last = stage_layers(model.num_layers, parallel["pp"], parallel.get("first_stage_layers", 0),
-                                    parallel.get("last_stage_layers", 0))
-    out = [f"# {FORK}: --zero-bubble-v-schedule --enable-optimizer-post-validation (two V-shaped chunks "
-           "per stage; no virtual-pipeline arguments)"]
-    if (first, last) != (mid, mid) and parallel["pp"] > 2:
-        out.append(f"# {FORK}: --allow-padding-num-layers (one layer fewer on the first and last stage)"
-                   if first == last == mid - 1 else
-                   f"# MoFa placed {first} / {mid} / {last} layers on the first / middle / last stages; the fork "
-                   "splits the layers evenly")
-    return out
+    Layers not a multiple of pp need ``--allow-padding-num-layers`` (the padding off rank 0)."""
+    return [f"# {FORK}: --zero-bubble-v-schedule --enable-optimizer-post-validation (two V-shaped chunks "
+            "per stage; no virtual-pipeline arguments)", *_padding_note(model, parallel, v_shape=True)]
 
 
 ZB_H1 = PipelineSchedule(
     name="zb-h1", aliases=("zb-1p", "zb1p"),
     description="ZeroBubble ZB-H1: 1F1B with split backward, bubble (p-1)(F+B-W) at 1F1B's memory",
     time=time_h1, inflight=inflight_h1, supports_vpp=False, equation="ZB-H1 (Qi et al. 2023)",
-    min_microbatches=lambda p: p, order=op_order_h1,
-    megatron_args=("# sail-sg/zero-bubble-pipeline-parallelism fork: --enable-zero-bubble",),
+    min_microbatches=lambda p: p, order=op_order_h1, end_stages=fork_end_stages(v_shape=False),
+    megatron_args=fork_arguments("--enable-zero-bubble"),
 )
 ZB_H2 = PipelineSchedule(
     name="zb-h2", aliases=("zb-2p", "zb2p"),
     description="ZeroBubble ZB-H2: bubble (p-1)(F+B-2W)+ with ~2x 1F1B's activations (2p-1 on stage 0)",
     time=time_h2, inflight=inflight_h2, supports_vpp=False, equation="ZB-H2 (Qi et al. 2023)",
-    min_microbatches=lambda p: p, order=op_order_h2,
-    megatron_args=("# sail-sg/zero-bubble-pipeline-parallelism fork: --enable-zero-bubble "
-                   "--zero-bubble-max-pending-backward 2·pp --enable-optimizer-post-validation",),
+    min_microbatches=lambda p: p, order=op_order_h2, end_stages=fork_end_stages(v_shape=False),
+    megatron_args=fork_arguments("--enable-zero-bubble --zero-bubble-max-pending-backward 2·pp "
+                                 "--enable-optimizer-post-validation"),
 )
 ZB_V = PipelineSchedule(
     name="zb-v", aliases=("zbv",),
     description="ZeroBubble ZB-V: V-shaped 2 chunks per stage, bubble (p-1)(F+B-2W)+ per chunk at 1F1B's memory",
     time=time_v, inflight=inflight_v, supports_vpp=True, requires_vpp=True, equation="ZB-V (Qi et al. 2023, §6)",
     min_microbatches=lambda p: p, order=op_order_v, route=lambda p, v, m: v_route(p), feasible=feasible_v,
-    megatron_args=megatron_args_v,
+    end_stages=fork_end_stages(v_shape=True), megatron_args=megatron_args_v,
 )
 
 #: the op-order generator of each schedule, for :func:`mofa_framework.simulate.simulate`

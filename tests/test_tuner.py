@@ -741,6 +741,64 @@ def test_zb_v_and_dualpipe_megatron_lines_match_their_constraints(mofa_predictor
     assert any("pp−1−j" in n and "2·pp micro-batches" in n for n in notes)
 
 
+def test_zero_bubble_schedules_take_only_the_end_stages_their_fork_places(mofa_predictor):
+    """The ZeroBubble schedules run in the sail-sg fork, which has no end-stage arguments: it splits
+    evenly or pads (--allow-padding-num-layers takes the k = −L mod pp padded layers off the last
+    stage then the first; under ZB-V off rank 0, which holds the embedding and the loss, priced as
+    the same sizes with the head on the last stage). Hand-derived: 126 layers on 16 stages pad 2
+    → 7 / 7; 127 on 16 pad 1 → 8 / 7; ZB-V needs an even stage (two equal chunks): 126 on 8 → 15 /
+    15, on 32 → 3 / 3, 62 on 32 (the paper's 28.3B run) → 1 / 1, 30 on 8 (mid 4) → 3 / 3 but 22 on 8 (mid 3) none;
+    61 on 16 pads 3 (uneven middles): none. The tuner then offers a ZeroBubble schedule
+    only with such a split, and its Megatron line names the padding, never Megatron-Core's
+    --decoder-first/last flags the fork lacks; a job asking for another split is one line, exit 2."""
+    from mofa_plugins.schedule_zero_bubble import padded_end_stages
+
+    first, last, ok = padded_end_stages(126, np.array([16, 8]), v_shape=False)
+    assert ok.all() and (first.tolist(), last.tolist()) == ([7, 15], [7, 15])
+    first, last, ok = padded_end_stages(127, np.array([16]), v_shape=False)
+    assert ok.all() and (int(first[0]), int(last[0])) == (8, 7)
+    first, last, ok = padded_end_stages(126, np.array([8, 32]), v_shape=True)
+    assert ok.all() and (first.tolist(), last.tolist()) == ([15, 3], [15, 3])  # 126 on 32: mid 4, pad 2
+    first, last, ok = padded_end_stages(62, np.array([32]), v_shape=True)
+    assert ok.all() and (int(first[0]), int(last[0])) == (1, 1)
+    first, last, ok = padded_end_stages(30, np.array([8]), v_shape=True)
+    assert ok.all() and (int(first[0]), int(last[0])) == (3, 3)
+    assert not padded_end_stages(22, np.array([8]), v_shape=True)[2].any()
+    assert not padded_end_stages(61, np.array([16, 8]), v_shape=False)[2].any()
+    first, last, ok = padded_end_stages(32, np.array([4]), v_shape=False)  # even: 8 each, stated or not
+    assert ok.all() and (int(first[0]), int(last[0])) == (8, 8)
+
+    reg = mofa_predictor.registry
+    model, hw = reg.model("deepseek-v3"), reg.hardware_profile("h800-sxm5-80gb")
+    space = attrs.evolve(default_space(reg, model, hw, 2048, 4096, features=()), tp=(2,), pp=(4, 8, 16),
+                         ep=(64,), etp=(1,), micro_batch_size=(1,))
+    result = tune(mofa_predictor, TuneRequest(model=model, hardware=hw, num_gpus=2048, global_batch_size=15360,
+                                              sequence_length=4096, space=space, top_k=30))
+    zb = [c for c in result.best if c.schedule.startswith("zb-")]
+    assert zb and len(zb) < len(result.best)  # both kinds near the top
+    for c in zb:
+        assert (c.parallel["first_stage_layers"], c.parallel["last_stage_layers"]) == (0, 0), c.parallel
+    assert any(c.parallel["last_stage_layers"] < c.parallel["first_stage_layers"] for c in result.best)
+
+    llama = reg.model("llama3.1-405b")
+    cand = next(iter(tune(mofa_predictor, TuneRequest(
+        model=llama, hardware=reg.hardware_profile("h100-sxm5-80gb"), num_gpus=1024, global_batch_size=512,
+        sequence_length=8192, space=SearchSpace(tp=(8,), pp=(16,), vpp=(1,), cp=(1,), ep=(1,), etp=(1,),
+                                                micro_batch_size=(1,), schedules=("zb-h1",), lighter_ends=(0, 1),
+                                                features={f: feature_choices(reg, f) for f in
+                                                          ("distributed_optimizer", "recompute")}),
+        top_k=1)).best))  # 7 / 7 is the default split too: one candidate
+    args, notes = megatron_arguments(llama, cand, reg)
+    assert not any("--decoder-" in a or "--pipeline-model-parallel-layout" in a for a in args)
+    assert any("--allow-padding-num-layers" in n and "126 layers padded to 128" in n for n in notes)
+
+    run = CliRunner().invoke(cli, ["predict", "--model", "deepseek-v3", "--hardware", "h100-sxm5-80gb", "--gpus",
+                                   "1024", "--gbs", "8192", "--seq", "4096", "--tp", "2", "--pp", "16", "--ep", "64",
+                                   "--etp", "1", "--schedule", "zb-h1", "--pipeline-layout", "Et*4|(t*4|)*14tmL"])
+    assert run.exit_code == 2 and len(run.output.strip().splitlines()) == 1
+    assert "(4 / 1)" in run.output and "1f1b" in run.output
+
+
 def test_rows_identical_in_every_number_collapse_into_one_with_variants(mofa_predictor):
     """Top-k without near-duplicates: configurations with the same structure, step time and memory
     (a feature that changes nothing there, e.g. activation offload keeping every layer resident)
