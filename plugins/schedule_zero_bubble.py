@@ -228,6 +228,29 @@ def fork_arguments(flags: str):
     return args
 
 
+def _pending_backward(args) -> float:
+    """The fork's ``--zero-bubble-max-pending-backward`` over pp ("auto", its default: the adaptive
+    memory limit, taken as ZB-2p's headroom)."""
+    text = args.value("--zero-bubble-max-pending-backward", "auto")
+    pp = max(int(args.parallel.get("pp", 1)), 1)
+    try:
+        return float(text) / pp
+    except ValueError:
+        return 2.0
+
+
+def from_megatron_h1(args) -> bool:
+    """``--enable-zero-bubble`` with at most pp pending backwards (the fork's README: 1 × pp is ZB1P)."""
+    return (args.has("--enable-zero-bubble") and not args.has("--zero-bubble-v-schedule")
+            and _pending_backward(args) < 2.0)
+
+
+def from_megatron_h2(args) -> bool:
+    """``--enable-zero-bubble`` with 2 × pp pending backwards (ZB2P), or the adaptive default."""
+    return (args.has("--enable-zero-bubble") and not args.has("--zero-bubble-v-schedule")
+            and _pending_backward(args) >= 2.0)
+
+
 def megatron_args_v(model, parallel) -> list[str]:
     """ZB-V in the sail-sg fork: ``--zero-bubble-v-schedule`` splits every stage into its two V
     chunks itself (no virtual-pipeline arguments); its bubble assumes optimizer post-validation.
@@ -241,7 +264,8 @@ ZB_H1 = PipelineSchedule(
     description="ZeroBubble ZB-H1: 1F1B with split backward, bubble (p-1)(F+B-W) at 1F1B's memory",
     time=time_h1, inflight=inflight_h1, supports_vpp=False, equation="ZB-H1 (Qi et al. 2023)",
     min_microbatches=lambda p: p, order=op_order_h1, end_stages=fork_end_stages(v_shape=False),
-    megatron_args=fork_arguments("--enable-zero-bubble"),
+    megatron_args=fork_arguments("--enable-zero-bubble --zero-bubble-max-pending-backward pp"),
+    from_megatron=from_megatron_h1,
 )
 ZB_H2 = PipelineSchedule(
     name="zb-h2", aliases=("zb-2p", "zb2p"),
@@ -250,6 +274,7 @@ ZB_H2 = PipelineSchedule(
     min_microbatches=lambda p: p, order=op_order_h2, end_stages=fork_end_stages(v_shape=False),
     megatron_args=fork_arguments("--enable-zero-bubble --zero-bubble-max-pending-backward 2·pp "
                                  "--enable-optimizer-post-validation"),
+    from_megatron=from_megatron_h2,
 )
 ZB_V = PipelineSchedule(
     name="zb-v", aliases=("zbv",),

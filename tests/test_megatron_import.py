@@ -520,3 +520,24 @@ def test_ddp_bucket_size_reaches_dp_overlap_and_round_trips(registry):
     # Megatron-Bridge / NeMo 2: DistributedDataParallelConfig.bucket_size
     flags, _, _ = flags_from_config("ddp.overlap_grad_reduce=true ddp.bucket_size=20000000")
     assert flags == {"--overlap-grad-reduce": (), "--ddp-bucket-size": ("20000000",)}
+
+
+def test_the_zero_bubble_forks_flags_select_its_schedules(registry):
+    """The sail-sg fork: --enable-zero-bubble with --zero-bubble-max-pending-backward pp is ZB-1P,
+    2·pp (or its adaptive default, "auto") ZB-2P (its README); the Megatron line MoFa writes for
+    each reads back as the same schedule."""
+    base = ["--pipeline-model-parallel-size", "4", "--seq-length", "1024", "--global-batch-size", "32", "--bf16",
+            "--enable-zero-bubble"]
+    pick = lambda *extra: from_args(base + list(extra), registry, hardware=H100, num_gpus=8,  # noqa: E731
+                                    model="llama3-8b").job["pipeline"]["schedule"]
+    assert pick("--zero-bubble-max-pending-backward", "4") == "zb-h1"
+    assert pick("--zero-bubble-max-pending-backward", "8") == "zb-h2"
+    assert pick() == "zb-h2"
+    r = from_args(base + ["--zero-bubble-max-pending-backward", "4"], registry, hardware=H100, num_gpus=8,
+                  model="llama3-8b")
+    assert {"--enable-zero-bubble", "--zero-bubble-max-pending-backward"} <= set(r.used)
+    for name in ("zb-h1", "zb-h2"):  # the note's flags, "pp" read as 4
+        note = registry.schedule(name).megatron_args(registry.model("llama3-8b"), {"pp": 4})[0]
+        words = note.split(": ", 1)[1].replace("2·pp", "8").replace(" pp", " 4").split()
+        job = from_args(base[:-1] + words, registry, hardware=H100, num_gpus=8, model="llama3-8b").job
+        assert job["pipeline"] == {"schedule": name}, note
