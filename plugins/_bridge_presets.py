@@ -73,6 +73,15 @@ BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
     # token dispatcher: the DeepSeek-V3 recipe selects the flex dispatcher (HybridEP) on every GPU
     BridgeRecipe(models=_DSV3, gpus=(), features=_FLEX,
                  source=f"{_MB}@355cef457010f70533a5c83f1ed97899d0e0af43 src/megatron/bridge/recipes/deepseek/deepseek_v3.py"),
+    # Kimi-K2 on GB300 (the rows' PP 4 × VP 4, MBS 2, GBS 4096): HybridEP, mla_up_proj recompute, no
+    # CUDA graphs (cuda_graph_scope [])
+    BridgeRecipe(models=("kimi-k2",), gpus=("gb300",), layout={"tp": 1, "pp": 4, "vpp": 4, "ep": 64, "mbs": 2,
+                                                              "gbs": 4096},
+                 features={"flex_dispatcher": {"backend": "hybridep"},
+                           "recompute": {"granularity": "selective", "mla_up_proj": True}},
+                 source=f"{_MB}@fecfbc9a1a2a10c95a843b5983a6d505fc1ecf46 scripts/performance/configs/kimi/"
+                        "kimi_workload_base_configs.py (KIMI_K2_PRETRAIN_CONFIG_GB300; the same at 4f910586d and "
+                        "in src/megatron/bridge/perf_recipes/kimi/gb300/kimi_k2.py @d98e8a64)"),
     # Qwen3: flex for every 30B row and for 235B on GB300/GB200/B300 (alltoall on B200/H100)
     BridgeRecipe(models=("qwen3-30b-a3b",), gpus=(), features=_FLEX,
                  source=f"{_MB}@05c0c90fbbf69c7bd57ee93c32f28b840f31484f scripts/performance/configs/qwen/qwen3_llm_pretrain.py"),
@@ -243,12 +252,24 @@ _DSV3_LAYOUTS = {4: "Et*16|t*16|t*16|t*13{mtp}L", 8: "Et*8|(t*8|)*6t*5{mtp}L", 1
                  32: "Et|(tt|)*30{mtp}L"}
 
 
-def dsv3_layout(model: str, stages: int, mtp_layers: int) -> str:
-    """The layout Megatron-Bridge runs DeepSeek-V3 with on `stages` = pp·vpp virtual stages, "" if
-    it sets none (or the model is not DeepSeek-V3)."""
-    if model not in _DSV3 or stages not in _DSV3_LAYOUTS:
-        return ""
-    return _DSV3_LAYOUTS[stages].format(mtp="m" * mtp_layers)
+#: Megatron-Bridge's Kimi-K2 layouts: ``_get_kimi_k2_pipeline_layout(pp, vp)``, which its performance
+#: configs apply for their PP and VP sizes (GB300 and GB200: PP 4, VP 4) — the same splits as
+#: DeepSeek-V3's on 4, 8 and 16 virtual stages, keyed by (pp, vp) (other pairs: no layout)
+KIMI_K2_LAYOUT_SOURCE = (f"{_MB}@fecfbc9a1a2a10c95a843b5983a6d505fc1ecf46 src/megatron/bridge/recipes/kimi/"
+                         "kimi_k2.py (_get_kimi_k2_pipeline_layout, since 13caf4fc8, 2026-02-12) and scripts/"
+                         "performance/configs/kimi/kimi_llm_pretrain.py")
+_KIMI_K2 = ("kimi-k2",)
+_KIMI_K2_PP_VP = {(4, 1), (8, 1), (4, 2), (16, 1), (8, 2), (4, 4)}
+
+
+def bridge_layout(model: str, pp: int, vpp: int, mtp_layers: int) -> tuple[str, str]:
+    """(layout, source) Megatron-Bridge runs DeepSeek-V3 or Kimi-K2 with on `pp` stages of `vpp`
+    chunks, ("", "") where it sets none (or for another model)."""
+    if model in _DSV3 and pp * vpp in _DSV3_LAYOUTS:
+        return _DSV3_LAYOUTS[pp * vpp].format(mtp="m" * mtp_layers), DSV3_LAYOUT_SOURCE
+    if model in _KIMI_K2 and (pp, vpp) in _KIMI_K2_PP_VP:
+        return _DSV3_LAYOUTS[pp * vpp].format(mtp="m" * mtp_layers), KIMI_K2_LAYOUT_SOURCE
+    return "", ""
 
 
 #: Megatron-Core's DeepSeek-V3-on-GB200 optimisation guide (the MoE model zoo's MCORE-DSV3GB200 rows,

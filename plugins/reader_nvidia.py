@@ -12,8 +12,8 @@ zoo (``megatron_core_moe.csv``) and torchtitan's tables. What it knows:
   ``recompute=norm, act``, ``+1f1b overlap``, the dispatcher), Megatron-Bridge's presets
   (``_bridge_presets``) and its MoE recipes' expert TP of 1;
 - pipeline layouts: one the notes state ("PP layout Et|(tt|)*30L") and Megatron-Bridge's DeepSeek-V3
-  layouts (``dsv3_layout``: the last stage light, holding the MTP module and the loss), as
-  ``parallel.pipeline_layout``;
+  and Kimi-K2 layouts (``bridge_layout``: the last stage light, holding the MTP module and the loss),
+  as ``parallel.pipeline_layout``;
 - TFLOPS-only rows: NeMo's tables under NeMo's FLOPs formula, Megatron-Core's under
   Megatron-LM's count (the ``flops_conventions`` plugin);
 - reduced-layer proxy runs: the layer count their notes state, as a ``[model] num_layers`` override;
@@ -33,7 +33,7 @@ from mofa_framework import hookimpl
 from mofa_framework.measurements import ReadContext
 from mofa_framework.types import MappedRow, MeasurementReader, SkippedRow
 
-from ._bridge_presets import BRIDGE_RECIPES, DSV3_LAYOUT_SOURCE, GUIDE_STEPS, dsv3_layout, guide_features
+from ._bridge_presets import BRIDGE_RECIPES, GUIDE_STEPS, bridge_layout, guide_features
 from ._frameworks import attention_kernel, loss_features, memory_counter
 from ._megatron import (
     UNEVEN_STAGES_IGNORED,
@@ -254,13 +254,13 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         # dense schema's rule (a tuned run interleaves), resolved by `validate.resolve_unstated`
         variants = vpp_variants(L, pp)
         ignore = UNEVEN_STAGES_IGNORED
-    layout = _pipeline_layout(notes, ctx.source, model, pp, vpp)
+    layout, layout_source = _pipeline_layout(notes, ctx.source, model, pp, vpp)
     layout_assumed = ""
     if layout and not variants:
         par["pipeline_layout"] = layout
         ignore = frozenset()
-        if layout not in notes:
-            layout_assumed = f"pipeline layout {layout} from {DSV3_LAYOUT_SOURCE}"
+        if layout_source:
+            layout_assumed = f"pipeline layout {layout} from {layout_source}"
     feats = megatron_core_recipe(tp, pp, cp, full_shard)
     if lowp:
         feats[lowp] = dict(lowp_options)
@@ -294,15 +294,16 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
                      fit=not history, framework=framework_generation(fw, ctx.text(r, "release")))
 
 
-def _pipeline_layout(notes: str, source: str, model, pp: int, vpp: int) -> str:
-    """The row's ``--pipeline-model-parallel-layout``: the one its notes state ("PP layout Et|(tt|)*30L"),
-    else, for Megatron-Bridge's DeepSeek-V3 runs, the one its recipes set (:func:`dsv3_layout`)."""
+def _pipeline_layout(notes: str, source: str, model, pp: int, vpp: int) -> tuple[str, str]:
+    """The row's ``--pipeline-model-parallel-layout`` and where it comes from ("" when its notes state
+    it, "PP layout Et|(tt|)*30L"), else, for Megatron-Bridge's DeepSeek-V3 and Kimi-K2 runs, the one
+    its recipes set (:func:`bridge_layout`)."""
     stated = re.search(r"PP layout\s+([EtmL|()*\d,]+)", notes)
     if stated:
-        return stated.group(1).rstrip(",")
+        return stated.group(1).rstrip(","), ""
     if source == "nvidia_megatron_bridge" and pp > 1:
-        return dsv3_layout(model.name, pp * vpp, model.num_mtp_layers)
-    return ""
+        return bridge_layout(model.name, pp, vpp, model.num_mtp_layers)
+    return "", ""
 
 
 READER = MeasurementReader(

@@ -895,6 +895,27 @@ def test_deepseek_v3_rows_run_the_pipeline_layouts_their_sources_give():
     assert "pipeline layout" not in rows["MCORE-DSV3GB200-013"].assumptions  # stated by the row itself
 
 
+def test_kimi_k2_rows_run_megatron_bridges_layout_and_preset():
+    """Megatron-Bridge's Kimi-K2 rows (GB300, PP 4 × VP 4, MBS 2, GBS 4096) run its recipe's layout
+    for (4, 4) — the embedding and 4 layers first, 14 × 4, then 1 layer and the loss: 16 / 16 / 13 per
+    rank in 4 chunks — and its preset's HybridEP dispatcher and mla_up_proj recompute; the
+    assumptions cite both."""
+    from mofa_framework.api import Predictor
+    from mofa_framework.validate import map_rows
+
+    p = Predictor()
+    mapped, _ = map_rows([DATA / "nvidia_megatron_bridge.csv"], p.registry)
+    kimi = [m for m in mapped if m.job["model"]["name"] == "kimi-k2"]
+    assert len(kimi) == 4
+    for m in kimi:
+        assert m.job["parallel"]["pipeline_layout"] == "Et*4|(t*4|)*14tL"
+        par = p.job(m.job).parallel
+        assert (par.first_stage_layers, par.last_stage_layers, par.vpp) == (16, 13, 4)
+        assert m.job["features"]["flex_dispatcher"] == {"backend": "hybridep"}
+        assert m.job["features"]["recompute"]["mla_up_proj"] is True
+        assert "_get_kimi_k2_pipeline_layout" in m.assumptions
+
+
 def test_a_job_measured_more_than_once_is_one_strategy_in_the_ranking():
     """Group g: job A predicted 1.0 s/seq and measured three times (1.0, 1.2, 1.1: median 1.1), B
     predicted 2.0 measured 2.0, C predicted 3.0 measured 1.5. Three strategies: measured ranks
