@@ -90,7 +90,7 @@ class SearchSpace:
     ``lighter_last``: how many layers fewer the last stage holds than the first, on top of
     ``lighter_ends``. The last stage also runs the output layer and the loss, and a model's
     multi-token-prediction modules (each a layer with its own output layer), so it is the critical
-    stage of a split that ignores them: e = d' − d ≥ 1 places ``(L + 2d + e)/pp`` layers on each
+    stage of a split that ignores them: e ≥ 1 places ``mid = (L + 2d + e)/pp`` layers on each
     middle stage, ``mid − d`` on the first and ``mid − d − e`` on the last (Megatron-Bridge runs
     DeepSeek-V3's 61 layers and MTP module on 16 stages as 4 + 14 × 4 + 1, d = 0, e = 3). At pp 2
     (no middle stage) only d = 0 is meaningful: ``(L + e)/2`` layers first, ``(L − e)/2`` last.
