@@ -299,7 +299,8 @@ for flag, value, frag in (("--tokens", "inf", "--tokens"), ("--tokens", "-1", "-
     case(f"e2e:{flag}={value}", [*E2E, flag, value], frag, files=_E2E_FILES)
 TUNE = ["tune", "--model", "llama3-8b", "--hardware", "h100-sxm5-80gb", "--gpus", "8", "--gbs", "32", "--seq", "4096"]
 for flag, value in (("--tp-values", "0"), ("--tp-values", "99999999999999999999"), ("--pp-values", "x"),
-                    ("--mbs-values", "1,,-2"), ("--cp-values", "1.5"), ("--vpp-values", "1000000")):
+                    ("--mbs-values", "1,,-2"), ("--cp-values", "1.5"), ("--vpp-values", "1000000"),
+                    ("--lighter-last-values", "-1"), ("--lighter-last-values", "99999999")):
     case(f"tune:{flag}={value}", [*TUNE, flag, value], flag)
 case("tune:--schedules-unknown", [*TUNE, "--schedules", "nonesuch"], "--schedules")
 case("tune:--power-limit-w-above-tdp", [*TUNE, "--power-limit-w", "900"], "--power-limit-w", "at most 700")
@@ -349,6 +350,8 @@ for id_, content, frag in (
         ("search-huge", (_VALID + "\n[search]\npp = [1000000000000]\n").encode(), "search.pp"),
         ("search-features-empty", (_VALID + "\n[search]\nfeatures = []\n").encode(), "search.features"),
         ("search-schedules-int", (_VALID + "\n[search]\nschedules = [1]\n").encode(), "search.schedules"),
+        ("search-lighter-last-negative", (_VALID + "\n[search]\nlighter_last = [-2]\n").encode(),
+         "search.lighter_last"),
         ("name-int", ("name = 5\n" + _VALID).encode(), "name"),
 ):
     case(f"file:{id_}", ["predict", "{dir}/job.toml"], frag, files=[("job.toml", content)])
@@ -389,6 +392,10 @@ for id_, doc, frags in (
         ("layout-wrong-layer-count", with_value(with_value(L405, "parallel.pp", 4), "parallel.pipeline_layout",
                                                 "Et*30|(t*32|)*2t*30L"), ("pipeline_layout", "places 124 layers")),
         ("layout-not-a-string", with_value(L405, "parallel.pipeline_layout", 8), ("pipeline_layout", "string")),
+        ("zero-bubble-end-stages", with_value(with_value(with_value(L405, "pipeline.schedule", "zb-h1"),
+                                                         "parallel.first_stage_layers", 6),
+                                              "parallel.last_stage_layers", 8),
+         ("first_stage_layers / last_stage_layers (6 / 8)", "7 / 7 on 16 stages", "1f1b")),
         ("end-stage-all-layers-pp2", with_value(with_value(L405, "parallel.pp", 2), "parallel.first_stage_layers", 126),
          ("first_stage_layers",)),
         ("moe-load-factor-dense", with_value(BASE, "model.moe_load_factor", 2.0), ("moe_load_factor",)),
