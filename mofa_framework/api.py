@@ -128,8 +128,10 @@ class Predictor:
             if sched.feasible is not None and rows.any():
                 r = feasible_result(self.registry, "schedules", sched, batch, rows)
                 out.append(attrs.evolve(r, feasible=r.feasible | ~rows))
+            if sched.end_stages is None or not rows.any():
+                continue
             rows = rows & ((batch.first_stage_layers > 0) | (batch.last_stage_layers > 0)) & (batch.pp > 1)
-            if sched.end_stages is not None and rows.any():
+            if rows.any():  # only rows that state their end stages: the default split runs everywhere
                 r = feasible_result(self.registry, "schedules", sched, batch, rows, "end_stages", model.num_layers)
                 out.append(attrs.evolve(r, feasible=r.feasible | ~rows))
         for feat in self.registry.features.values():
