@@ -1111,7 +1111,9 @@ class MappedRow:
     ignore_constraints: frozenset[str] = frozenset()
     notes: str = ""
     #: updates to ``job["parallel"]`` for a setting the source leaves unstated, one per candidate
-    #: value (None removes a key); ``validate.resolve_unstated`` keeps the fastest
+    #: value (None removes a key; a ``"features"`` entry replaces the job's features, for settings
+    #: the features follow); ``validate.resolve_unstated`` keeps the fastest — the fastest that fits
+    #: in memory when the unstated setting is the parallel layout itself (``"tp"`` in the variants)
     variants: tuple[dict, ...] = ()
     #: what the mapping assumed beyond the row (an unstated setting chosen, a column overruled)
     assumptions: str = ""

@@ -387,10 +387,13 @@ def summarize(source: str, rows: Sequence[RowResult], skipped: Sequence[SkippedR
 def resolve_unstated(mapped: Sequence[MappedRow], predictor) -> list[MappedRow]:
     """Settle each row's unstated setting (its ``variants``) to what a tuned run would use.
 
-    Every candidate is predicted and the fastest is kept. Memory does not decide: the sources that
-    leave the interleaving unstated leave recompute and sequence parallelism unstated too (Llama 3,
-    the Megatron-Core README), so the mapped job's memory is not the run's. The choice is made
-    once, with the predictor's current profiles, and written into the row's notes.
+    Every candidate is predicted and the fastest is kept. For an unstated interleaving memory does
+    not decide: the sources that leave it unstated leave recompute and sequence parallelism
+    unstated too (Llama 3, the Megatron-Core README), so the mapped job's memory is not the run's.
+    For an unstated layout (``tp`` among the variants: "the most performant model- and
+    data-parallel configuration") the run had to fit, so the fastest layout that fits is kept (the
+    fastest of all when none does, and the note says so). The choice is made once, with the
+    predictor's current profiles, and written into the row's notes.
     """
     todo = [i for i, m in enumerate(mapped) if m.variants]
     out = list(mapped)
@@ -401,9 +404,10 @@ def resolve_unstated(mapped: Sequence[MappedRow], predictor) -> list[MappedRow]:
     for i in todo:
         m = mapped[i]
         for v in m.variants:
-            par = {**m.job["parallel"], **v}
+            par = {**m.job["parallel"], **{k: x for k, x in v.items() if k != "features"}}
             par = {k: x for k, x in par.items() if x is not None}
-            trial.append(attrs.evolve(m, job={**m.job, "parallel": par}, variants=()))
+            job = {**m.job, "parallel": par, "features": v.get("features", m.job["features"])}
+            trial.append(attrs.evolve(m, job=job, variants=()))
             owner.append((i, v))
     groups, _ = prepare(trial, predictor)
     arrays = predict_prepared(groups, predictor, n_rows=len(trial))
@@ -411,10 +415,24 @@ def resolve_unstated(mapped: Sequence[MappedRow], predictor) -> list[MappedRow]:
         ks = [k for k, (j, _) in enumerate(owner) if j == i and np.isfinite(arrays["step_s"][k])]
         if not ks:
             continue
+        out[i] = _settled(mapped[i], trial, owner, ks, arrays)
+    return out
+
+
+def _settled(m: MappedRow, trial, owner, ks: list[int], arrays) -> MappedRow:
+    """Row `m` with the variant :func:`resolve_unstated` keeps, and a note saying which and why."""
+    v0 = owner[ks[0]][1]
+    if "tp" not in v0:
         best = min(ks, key=lambda k: arrays["step_s"][k])
         note = f"interleaving not stated: vpp {owner[best][1]['vpp']}, the fastest of {len(ks)} predicted"
-        out[i] = attrs.evolve(trial[best], assumptions="; ".join(filter(None, (mapped[i].assumptions, note))))
-    return out
+    else:
+        fit = [k for k in ks if arrays["fits"][k] > 0.5]
+        best = min(fit or ks, key=lambda k: arrays["step_s"][k])
+        p = trial[best].job["parallel"]
+        note = (f"layout not stated: TP {p['tp']}, PP {p['pp']}, the fastest of "
+                + (f"the {len(fit)} of {len(ks)} layouts that fit in memory" if fit
+                   else f"{len(ks)} layouts (none fits in memory)"))
+    return attrs.evolve(trial[best], assumptions="; ".join(filter(None, (m.assumptions, note))))
 
 
 def select_sources(mapped: list[MappedRow], skipped: list[SkippedRow], sources: Iterable[str] | None
