@@ -143,6 +143,43 @@ def fine_tuning(task: str) -> str | None:
     return None
 
 
+#: notes saying the row's TP / PP are not stated because the run used the fastest it found (NeMo's
+#: long-sequence tables: "the most performant model- and data-parallel config without CP")
+LAYOUT_UNSTATED = re.compile(r"tp/pp not stated|most performant model", re.I)
+
+
+def layout_variants(model, hw, num_gpus: int, cp: int, gbs: int, mbs: int) -> list[tuple[int, int]]:
+    """The (TP, PP) layouts a run of `num_gpus` GPUs at context parallelism `cp` could have used:
+    TP a power of two within the scale-up domain dividing the attention heads, PP a power of two
+    up to the layers (an uneven split allowed), and the data-parallel size left dividing the
+    global batch in micro-batches of `mbs`, at least one per pipeline stage: a pipeline deeper than
+    its micro-batches idles most of the step, and which one ran would then decide the answer."""
+    out = []
+    tp = 1
+    while tp <= hw.scaleup_domain_gpus and model.num_attention_heads % tp == 0:
+        pp = 1
+        while pp <= model.num_layers:
+            dp, rem = divmod(num_gpus, tp * pp * cp)
+            if dp and not rem and gbs % (dp * mbs) == 0 and gbs // (dp * mbs) >= pp:
+                out.append((tp, pp))
+            pp *= 2
+        tp *= 2
+    return out
+
+
+def _layout_search(model, hw, feats: dict, num_gpus: int, cp: int, gbs: int, mbs: int,
+                   full_shard: bool) -> tuple[dict, ...]:
+    """``MappedRow.variants`` for an unstated layout: each of :func:`layout_variants`, its end stages
+    a layer lighter where PP does not divide the layers, and the recipe's features following its
+    TP and PP (those of a TP > 1, PP > 1 layout name every key the recipe may set)."""
+    L = model.num_layers
+    common = {k: v for k, v in feats.items() if k not in megatron_core_recipe(2, 2, cp, full_shard)}
+    return tuple({"tp": t, "pp": q, "vpp": 1, "first_stage_layers": None, "last_stage_layers": None,
+                  **(uneven_pipeline(L, q, 1) if L % q else {}),
+                  "features": {**common, **megatron_core_recipe(t, q, cp, full_shard)}}
+                 for t, q in layout_variants(model, hw, num_gpus, cp, gbs, mbs))
+
+
 def _target(r: dict, ctx: ReadContext, model, fw: str, num_gpus: int, gbs, seq) -> tuple[float, str] | str:
     """The measured or derived step time, else one from the TFLOPS under the framework's convention."""
     for col in ("step_time_s", "step_time_s_derived"):
@@ -151,7 +188,8 @@ def _target(r: dict, ctx: ReadContext, model, fw: str, num_gpus: int, gbs, seq) 
     tflops = ctx.number(r, "model_tflops_per_gpu")
     conv = flops_convention(fw, model)
     if tflops and conv:
-        if not (ctx.text(r, "tp") and gbs and seq):
+        stated = ctx.text(r, "tp") or LAYOUT_UNSTATED.search(ctx.text(r, "notes"))
+        if not (stated and gbs and seq):
             return ("only model TFLOPS, and the run's TP/PP/CP layout, global batch or sequence length "
                     "is not stated")
         flops = ctx.step_flops(conv, model, gbs, seq)
@@ -261,6 +299,7 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         ignore = frozenset()
         if layout_source:
             layout_assumed = f"pipeline layout {layout} from {layout_source}"
+    searched = not ctx.text(r, "tp") and LAYOUT_UNSTATED.search(notes) is not None
     feats = megatron_core_recipe(tp, pp, cp, full_shard)
     if lowp:
         feats[lowp] = dict(lowp_options)
@@ -278,20 +317,30 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
                 feats.update({k: dict(v) for k, v in recipe.features.items()})
     job = {"model": model_section, "hardware": {"name": hw.name, "num_gpus": num_gpus}, "parallel": par,
            "features": feats}
+    searched_note = ""
+    if searched:
+        # the layout the run found fastest: `validate.resolve_unstated` keeps MoFa's fastest that fits;
+        # MoFa chose it, so the row is predicted, not fitted
+        variants = _layout_search(model, hw, feats, num_gpus, cp, gbs, mbs, full_shard)
+        if not variants:
+            return skip(f"TP/PP not stated, and no layout of {num_gpus} GPUs at CP {cp} divides the global "
+                        f"batch {gbs} into at least one micro-batch of {mbs} per pipeline stage")
+        ignore = UNEVEN_STAGES_IGNORED
+        searched_note = "the layout is MoFa's choice: not for fitting"
     # a step of the source's optimisation history (Megatron-Core's DeepSeek-V3 on GB200: 13 steps of one
     # configuration, 494 -> 970 TFLOPS) measures its software's progress: predicted, never fitted to
     history = re.search(r"optimi[sz]ation step", notes, re.I) is not None
     assumed = "; ".join(filter(None, (layout_note, layout_assumed,
                                       f"reduced-layer proxy: {proxy} layers" if proxy else "",
                                       "a step of the source's optimisation history: not for fitting" if history
-                                      else "")))
+                                      else "", searched_note)))
     group = (ctx.source, model.name, hw.name, num_gpus, seq, ctx.text(r, "precision"), task)
     return MappedRow(source=ctx.source, reference=ref, row_id=rid, job=job, measured_s=measured, target=target,
                      group=group, measured_tflops=ctx.number(r, "model_tflops_per_gpu"),
                      tflops_convention="model FLOPs (NVIDIA)", measured_memory_gib=ctx.number(r, "peak_mem_gib"),
                      memory_counter=memory_counter(fw, notes),
                      notes=notes[:200], assumptions=assumed, ignore_constraints=ignore, variants=variants,
-                     fit=not history, framework=framework_generation(fw, ctx.text(r, "release")))
+                     fit=not (history or searched), framework=framework_generation(fw, ctx.text(r, "release")))
 
 
 def _pipeline_layout(notes: str, source: str, model, pp: int, vpp: int) -> tuple[str, str]:
