@@ -143,15 +143,11 @@ def fine_tuning(task: str) -> str | None:
     return None
 
 
-#: notes saying the row's TP / PP are not stated because the run used the fastest it found (NeMo's
-#: long-sequence tables: "the most performant model- and data-parallel config without CP")
-LAYOUT_UNSTATED = re.compile(r"tp/pp not stated|most performant model", re.I)
-
-
 def layout_variants(model, hw, num_gpus: int, cp: int, gbs: int, mbs: int) -> list[tuple[int, int]]:
     """The (TP, PP) layouts a run of `num_gpus` GPUs at context parallelism `cp` could have used:
     TP a power of two within the scale-up domain dividing the attention heads, PP a power of two
-    up to the layers (an uneven split allowed), and the data-parallel size left dividing the
+    that splits the layers (evenly, or with the end stages a layer lighter: :func:`uneven_pipeline`),
+    and the data-parallel size left dividing the
     global batch in micro-batches of `mbs`, at least one per pipeline stage: a pipeline deeper than
     its micro-batches idles most of the step, and which one ran would then decide the answer."""
     out = []
@@ -160,7 +156,8 @@ def layout_variants(model, hw, num_gpus: int, cp: int, gbs: int, mbs: int) -> li
         pp = 1
         while pp <= model.num_layers:
             dp, rem = divmod(num_gpus, tp * pp * cp)
-            if dp and not rem and gbs % (dp * mbs) == 0 and gbs // (dp * mbs) >= pp:
+            splits = model.num_layers % pp == 0 or uneven_pipeline(model.num_layers, pp, 1)
+            if splits and dp and not rem and gbs % (dp * mbs) == 0 and gbs // (dp * mbs) >= pp:
                 out.append((tp, pp))
             pp *= 2
         tp *= 2
@@ -168,16 +165,17 @@ def layout_variants(model, hw, num_gpus: int, cp: int, gbs: int, mbs: int) -> li
 
 
 def _layout_search(model, hw, feats: dict, num_gpus: int, cp: int, gbs: int, mbs: int,
-                   full_shard: bool) -> tuple[dict, ...]:
-    """``MappedRow.variants`` for an unstated layout: each of :func:`layout_variants`, its end stages
-    a layer lighter where PP does not divide the layers, and the recipe's features following its
-    TP and PP (those of a TP > 1, PP > 1 layout name every key the recipe may set)."""
+                   full_shard: bool, pp: int | None) -> tuple[dict, ...]:
+    """``MappedRow.variants`` for an unstated TP (and PP, unless `pp` is given): each of
+    :func:`layout_variants`, its end stages a layer lighter where PP does not divide the layers,
+    and the recipe's features following its TP and PP (those of a TP > 1, PP > 1 layout name every
+    key the recipe may set)."""
     L = model.num_layers
     common = {k: v for k, v in feats.items() if k not in megatron_core_recipe(2, 2, cp, full_shard)}
     return tuple({"tp": t, "pp": q, "vpp": 1, "first_stage_layers": None, "last_stage_layers": None,
                   **(uneven_pipeline(L, q, 1) if L % q else {}),
                   "features": {**common, **megatron_core_recipe(t, q, cp, full_shard)}}
-                 for t, q in layout_variants(model, hw, num_gpus, cp, gbs, mbs))
+                 for t, q in layout_variants(model, hw, num_gpus, cp, gbs, mbs) if pp in (None, q))
 
 
 def _target(r: dict, ctx: ReadContext, model, fw: str, num_gpus: int, gbs, seq) -> tuple[float, str] | str:
@@ -188,10 +186,8 @@ def _target(r: dict, ctx: ReadContext, model, fw: str, num_gpus: int, gbs, seq) 
     tflops = ctx.number(r, "model_tflops_per_gpu")
     conv = flops_convention(fw, model)
     if tflops and conv:
-        stated = ctx.text(r, "tp") or LAYOUT_UNSTATED.search(ctx.text(r, "notes"))
-        if not (stated and gbs and seq):
-            return ("only model TFLOPS, and the run's TP/PP/CP layout, global batch or sequence length "
-                    "is not stated")
+        if not (gbs and seq):  # a step's FLOPs do not depend on the layout, which may be unstated
+            return "only model TFLOPS, and the run's global batch or sequence length is not stated"
         flops = ctx.step_flops(conv, model, gbs, seq)
         if isinstance(flops, str):
             return f"only model TFLOPS, and {flops}, so no step time can be derived"
@@ -299,7 +295,9 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         ignore = frozenset()
         if layout_source:
             layout_assumed = f"pipeline layout {layout} from {layout_source}"
-    searched = not ctx.text(r, "tp") and LAYOUT_UNSTATED.search(notes) is not None
+    # no TP stated (NeMo's long-sequence tables: "the most performant model- and data-parallel config
+    # without CP", "TP/PP not stated"): the layout a tuned run would use, PP kept where stated
+    searched = not ctx.text(r, "tp")
     feats = megatron_core_recipe(tp, pp, cp, full_shard)
     if lowp:
         feats[lowp] = dict(lowp_options)
@@ -321,10 +319,12 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     if searched:
         # the layout the run found fastest: `validate.resolve_unstated` keeps MoFa's fastest that fits;
         # MoFa chose it, so the row is predicted, not fitted
-        variants = _layout_search(model, hw, feats, num_gpus, cp, gbs, mbs, full_shard)
+        variants = _layout_search(model, hw, feats, num_gpus, cp, gbs, mbs, full_shard,
+                                  pp if ctx.text(r, "pp") else None)
         if not variants:
-            return skip(f"TP/PP not stated, and no layout of {num_gpus} GPUs at CP {cp} divides the global "
-                        f"batch {gbs} into at least one micro-batch of {mbs} per pipeline stage")
+            return skip(f"{'TP' if ctx.text(r, 'pp') else 'TP/PP'} not stated, and no layout of {num_gpus} GPUs "
+                        f"at CP {cp} divides the global batch {gbs} into at least one micro-batch of {mbs} per "
+                        "pipeline stage")
         ignore = UNEVEN_STAGES_IGNORED
         searched_note = "the layout is MoFa's choice: not for fitting"
     # a step of the source's optimisation history (Megatron-Core's DeepSeek-V3 on GB200: 13 steps of one

@@ -986,3 +986,28 @@ def test_a_job_measured_more_than_once_is_one_strategy_in_the_ranking():
     stats = rank_stats(g + h)
     assert stats.groups == 1 and stats.spearman == {"g": pytest.approx(0.5)}
     assert stats.regret == {"g": pytest.approx(0.0)}
+
+
+def test_a_row_without_tp_is_a_tuned_layout_not_tp_1(tmp_path, mofa_predictor):
+    """An NVIDIA-schema row with no TP is read as the layout a tuned run would use, whatever its
+    notes say: its candidates are :func:`layout_variants`'s (here Llama 3 70B on 64 H100s at global
+    batch 128: TP 1–8 × PP 1–8 where 64 / (TP·PP) data-parallel ranks leave ≥ PP micro-batches),
+    a stated PP is kept, and the row is predicted on the fastest that fits, never fitted."""
+    from mofa_framework.validate import map_rows, resolve_unstated
+    from mofa_plugins.reader_nvidia import layout_variants
+
+    head = ("source_id,release,framework,task,model,system,gpu_type,num_gpus,precision,gbs,mbs,seq_len,fsdp,tp,pp,"
+            "cp,vp,ep,etp,dp,ga,step_time_s,notes\n")
+    rows = ["A,r,NeMo,pretrain,LLAMA3-70B,DGX-H100,H100,64,BF16,128,1,8192,,,,1,,,,,,20.0,\n",
+            "B,r,NeMo,pretrain,LLAMA3-70B,DGX-H100,H100,64,BF16,128,1,8192,,,4,1,,,,,,20.0,\n"]
+    p = tmp_path / "nvidia.csv"
+    p.write_text(head + "".join(rows))
+    reg = mofa_predictor.registry
+    (a, b), skipped = map_rows([p], reg)
+    assert not skipped and not a.fit and not b.fit
+    want = layout_variants(reg.model("llama3-70b"), reg.hardware_profile("h100-sxm5-80gb"), 64, 1, 128, 1)
+    assert [(v["tp"], v["pp"]) for v in a.variants] == want and (8, 8) in want and (1, 1) in want
+    assert [(v["tp"], v["pp"]) for v in b.variants] == [(t, q) for t, q in want if q == 4]
+    ra, rb = resolve_unstated([a, b], mofa_predictor)
+    assert ra.job["parallel"]["tp"] > 1 and rb.job["parallel"]["pp"] == 4  # 70B does not fit on TP 1
+    assert "layout not stated" in ra.assumptions and "layouts that fit in memory" in ra.assumptions
