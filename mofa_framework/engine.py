@@ -568,16 +568,22 @@ def kinds_on_stages(model: ModelSpec, batch: CandidateBatch, total: np.ndarray) 
     return np.stack([first_k, mid_k, last_k], axis=1).take(inverse.ravel(), axis=-1)
 
 
-def layers_per_stage_valid(model: ModelSpec, batch: CandidateBatch) -> BoolArray:
+def stages_hold_layers(model: ModelSpec, batch: CandidateBatch) -> BoolArray:
+    """Every layer on exactly one stage and every stage holding at least one (p = 2: the two end
+    stages; p = 1: the only one, so explicit end-stage sizes must be the whole model there) —
+    what any placement needs, even one whose chunks are uneven."""
     p = batch.pp
     first, mid, last = stage_sizes(model, batch)
-    # every layer on exactly one stage (p = 2: the two end stages; p = 1: the only one, so explicit
-    # end-stage sizes must be the whole model there)
     placed = np.where(p > 2, first + last + mid * (p - 2), np.where(p == 2, first + last, first))
-    covered = placed >= model.num_layers
     exact = placed == model.num_layers
     exact &= (p > 1) | (((batch.first_stage_layers == 0) | (batch.first_stage_layers == model.num_layers))
                         & ((batch.last_stage_layers == 0) | (batch.last_stage_layers == model.num_layers)))
+    return exact & (first >= 1) & (last >= 1) & np.where(p > 2, mid >= 1, True) & (p <= model.num_layers)
+
+
+def layers_per_stage_valid(model: ModelSpec, batch: CandidateBatch) -> BoolArray:
+    p = batch.pp
+    first, mid, last = stage_sizes(model, batch)
     v = batch.vpp
     # the middle stages split into v equal chunks; explicitly uneven end stages may split unevenly
     # (Megatron-Core --pipeline-model-parallel-layout), balanced ones must split equally too
@@ -585,7 +591,7 @@ def layers_per_stage_valid(model: ModelSpec, batch: CandidateBatch) -> BoolArray
     chunks_ok = (np.mod(mid, v) == 0) | (p <= 2)
     chunks_ok &= explicit | np.where(p > 1, (np.mod(first, v) == 0) & (np.mod(last, v) == 0), np.mod(first, v) == 0)
     chunks_ok &= (first >= v) & (last >= v) & np.where(p > 2, mid >= v, True)  # every stage holds a layer
-    return covered & exact & (first >= 1) & (last >= 1) & chunks_ok & (p <= model.num_layers)
+    return stages_hold_layers(model, batch) & chunks_ok
 
 
 # ====================================================================== the engine

@@ -11,7 +11,7 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.batch import PRECISIONS
-from mofa_framework.engine import layers_per_stage_valid
+from mofa_framework.engine import layers_per_stage_valid, stage_sizes, stages_hold_layers
 from mofa_framework.types import ConstraintResult
 
 
@@ -43,6 +43,10 @@ def mofa_candidate_constraints(batch, model, hardware):
         reason=_end_stage_reason(model, batch, bad[0]) if len(bad) and explicit[bad[0]] else
         f"parallel.pp × parallel.vpp must split model.num_layers ({model.num_layers}) into whole chunks: "
         "choose pp/vpp dividing it, or set parallel.first_stage_layers / last_stage_layers")
+    held = stages_hold_layers(model, batch)
+    yield ConstraintResult(
+        name="stages_hold_layers", feasible=held,
+        reason=_unplaceable_reason(model, batch, np.flatnonzero(~held)))
     yield ConstraintResult(
         name="vpp_needs_pp", feasible=(batch.vpp == 1) | (batch.pp > 1),
         reason="parallel.vpp > 1 interleaves pipeline stages and needs parallel.pp > 1: set vpp = 1")
@@ -110,3 +114,14 @@ def _recurrent_heads(model, t):
         yield ConstraintResult(name="tp_divides_linear_heads", feasible=(hk % t == 0) & (hv % t == 0),
                                reason=f"parallel.tp must divide model.linear_num_key_heads ({hk}) and "
                                       f"linear_num_value_heads ({hv}): choose a smaller tp")
+
+
+def _unplaceable_reason(model, batch, bad: np.ndarray) -> str:
+    """Why the first row of `bad` cannot place its layers, with its numbers."""
+    if not len(bad):
+        return ""
+    i = int(bad[0])
+    first, mid, last = (int(x) for x in stage_sizes(model, batch)[:, i])
+    return (f"parallel.pp = {int(batch.pp[i])} cannot place model.num_layers ({model.num_layers}) with every stage "
+            f"holding a layer (the split would put {first} / {mid} / {last} on the first / each middle / the last "
+            "stage): choose a pp dividing the layers, or set parallel.first_stage_layers / last_stage_layers")

@@ -51,6 +51,25 @@ def test_end_stage_layers_must_hold_every_layer_once(pp, first, last):
         PRED.predict(PRED.job(doc))
 
 
+@pytest.mark.parametrize("pp, held", [(32, False), (16, True), (3, True), (40, True), (41, True)])
+def test_stages_hold_layers_even_where_the_divisibility_rule_is_relaxed(pp, held):
+    """80 layers (Llama 3 70B) on pp stages by the engine's own split — ⌈80/pp⌉ per stage, the
+    deficit ⌈80/pp⌉·pp − 80 taken off the end stages — by hand: pp 16 → 5 / 5 / 5; pp 3 → 26 / 27 /
+    27 (deficit 1); pp 40 → 2 / 2 / 2; pp 41 → 1 / 2 / 1 (deficit 2; 1 + 39·2 + 1 = 80); pp 32 →
+    −5 / 3 / −5 (deficit 16): no stage may be empty. A reader that relaxes `pp_splits_layers` for
+    uneven real runs still meets `stages_hold_layers`, so such a row is refused with its numbers,
+    not priced into negative memory."""
+    from mofa_framework.engine import stage_sizes, stages_hold_layers
+
+    doc = small("llama3-70b", gpus=pp * 8, tp=8, pp=pp)
+    job = PRED.job(doc)
+    batch = jobs_to_batch([job], PRED.registry)
+    first, mid, last = (int(x) for x in stage_sizes(job.model, batch)[:, 0])
+    placed = first + last + mid * (pp - 2) if pp > 2 else first + last
+    assert bool(stages_hold_layers(job.model, batch)[0]) is held
+    assert held is (placed == 80 and min(first, mid, last) >= 1)
+
+
 def test_meta_layout_still_accepted():
     pred, _ = evaluate(example("llama3-405b-e2e.toml"))  # 7 + 14 × 8 + 7 = 126
     assert pred.mfu[0] < 1 and np.all(pred.state.layout.total[:, 0] == [7, 8, 7])

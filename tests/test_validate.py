@@ -1011,3 +1011,21 @@ def test_a_row_without_tp_is_a_tuned_layout_not_tp_1(tmp_path, mofa_predictor):
     ra, rb = resolve_unstated([a, b], mofa_predictor)
     assert ra.job["parallel"]["tp"] > 1 and rb.job["parallel"]["pp"] == 4  # 70B does not fit on TP 1
     assert "layout not stated" in ra.assumptions and "layouts that fit in memory" in ra.assumptions
+
+
+def test_a_stated_layout_that_leaves_a_stage_empty_is_one_row_not_predicted(tmp_path):
+    """80 layers on PP 32 (the reader relaxes the divisibility rule for uneven real runs) cannot give
+    every stage a layer: that row is listed as infeasible with the numbers, and the file's other rows
+    are still predicted (it used to stop the whole validation with a plugin's invariant error)."""
+    from mofa_framework.validate import validate
+
+    head = ("source_id,release,framework,task,model,system,gpu_type,num_gpus,precision,gbs,mbs,seq_len,fsdp,tp,pp,"
+            "cp,vp,ep,etp,dp,ga,step_time_s,notes\n")
+    p = tmp_path / "nvidia.csv"
+    p.write_text(head + "A,r,NeMo,pretrain,LLAMA3-70B,DGX-H100,H100,64,BF16,128,1,8192,,2,32,1,,,,,,20.0,\n"
+                 "B,r,NeMo,pretrain,LLAMA3-70B,DGX-H100,H100,64,BF16,128,1,8192,,8,8,1,,,,,,20.0,\n")
+    res = validate([p])
+    assert [r.row_id for r in res.rows] == ["B"]
+    (s,) = res.skipped
+    assert s.row_id == "A" and s.kind == "infeasible" and "stages_hold_layers" in s.reason
+    assert "-5 / 3 / -5" in s.reason
