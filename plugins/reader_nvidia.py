@@ -147,9 +147,9 @@ def layout_variants(model, hw, num_gpus: int, cp: int, gbs: int, mbs: int) -> li
     """The (TP, PP) layouts a run of `num_gpus` GPUs at context parallelism `cp` could have used:
     TP a power of two within the scale-up domain dividing the attention heads, PP a power of two
     that splits the layers (evenly, or with the end stages a layer lighter: :func:`uneven_pipeline`),
-    and the data-parallel size left dividing the
-    global batch in micro-batches of `mbs`, at least one per pipeline stage: a pipeline deeper than
-    its micro-batches idles most of the step, and which one ran would then decide the answer."""
+    and the data-parallel size left dividing the global batch in micro-batches of `mbs`, at least
+    one per pipeline stage: a pipeline deeper than its micro-batches idles most of the step, and
+    which one ran would then decide the answer."""
     out = []
     tp = 1
     while tp <= hw.scaleup_domain_gpus and model.num_attention_heads % tp == 0:
@@ -296,7 +296,8 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         if layout_source:
             layout_assumed = f"pipeline layout {layout} from {layout_source}"
     # no TP stated (NeMo's long-sequence tables: "the most performant model- and data-parallel config
-    # without CP", "TP/PP not stated"): the layout a tuned run would use, PP kept where stated
+    # without CP", "TP/PP not stated"): the layout a tuned run would use, PP kept where stated (not
+    # interleaved: the layouts replace an unstated interleaving's candidates)
     searched = not ctx.text(r, "tp")
     feats = megatron_core_recipe(tp, pp, cp, full_shard)
     if lowp:
