@@ -44,6 +44,7 @@ from ._megatron import (
     UNEVEN_STAGES_IGNORED,
     UNSTATED_VPP_MIN_RATIO,
     framework_generation,
+    layout_variants,
     megatron_core_recipe,
     precision,
     proxy_layers,
@@ -300,6 +301,30 @@ def _cp_form(features: dict, cp: int, text: str) -> None:
         features.pop("cp_overlap", None)
 
 
+#: frameworks whose runs choose a TP (an FSDP or ZeRO-3 run without one has none)
+MEGATRON_FAMILY = re.compile(r"megatron|nemo|megascale|ptd-p", re.I)
+
+
+def _searched_layout(r: dict, ctx: ReadContext, spec: ModelSpec, hw, skip) -> MappedRow | SkippedRow:
+    """A Megatron-family row with no TP: the row mapped on each layout it could have run
+    (:func:`~mofa_plugins._megatron.layout_variants`, a stated PP kept), as ``variants`` that
+    ``validate.resolve_unstated`` settles to the fastest that fits; predicted, never fitted."""
+    n_gpus, gbs, cp = ctx.count(r, "n_gpus"), ctx.count(r, "global_batch"), ctx.count(r, "cp", 1)
+    mbs, pp = ctx.count(r, "micro_batch", 1), ctx.count(r, "pp") if ctx.text(r, "pp") else None
+    mapped = [map_row({**r, "tp": str(t), "pp": str(q)}, ctx)
+              for t, q in layout_variants(spec, hw, n_gpus, cp, gbs, mbs) if pp in (None, q)]
+    mapped = [m for m in mapped if isinstance(m, MappedRow)]
+    if not mapped:
+        return skip(f"{'TP' if pp else 'TP/PP'} not stated, and no layout of {n_gpus} GPUs at CP {cp} divides the "
+                    f"global batch {gbs} into at least one micro-batch of {mbs} per pipeline stage")
+    ends = {"first_stage_layers": None, "last_stage_layers": None}
+    variants = tuple({**ends, **m.job["parallel"], "features": m.job["features"]} for m in mapped)
+    note = "the layout is MoFa's choice: not for fitting"
+    return attrs.evolve(mapped[0], variants=variants, fit=False,
+                        ignore_constraints=mapped[0].ignore_constraints | UNEVEN_STAGES_IGNORED,
+                        assumptions="; ".join(filter(None, (mapped[0].assumptions, note))))
+
+
 def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     ref = short_reference(ctx.text(r, "source"))
     rid = ctx.text(r, "row_id") or str(ctx.index + 1)
@@ -329,6 +354,8 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     if isinstance(timed, str):
         return skip(timed)
     measured, tcol = timed
+    if not ctx.text(r, "tp") and MEGATRON_FAMILY.search(fw) and not (full_shard or ds_stage):
+        return _searched_layout(r, ctx, spec, hw, skip)
     tp = ctx.count(r, "tp", 1)
     vpp, cp = ctx.count(r, "vpp", 1), ctx.count(r, "cp", 1)
     prec, lowp, lowp_options = precision(ctx.text(r, "precision"))

@@ -484,7 +484,7 @@ def test_layout_variants_hand_values():
     16 sequences no layout keeps a micro-batch per stage (TP·PP ≥ 16 puts 16 / DP = TP·PP / 16
     micro-batches on PP stages, fewer unless TP ≥ 16)."""
     from mofa_framework.api import Predictor
-    from mofa_plugins.reader_nvidia import layout_variants
+    from mofa_plugins._megatron import layout_variants
 
     reg = Predictor().registry
     model, hw = reg.model("llama2-7b"), reg.hardware_profile("h100-sxm5-80gb")
@@ -994,7 +994,7 @@ def test_a_row_without_tp_is_a_tuned_layout_not_tp_1(tmp_path, mofa_predictor):
     batch 128: TP 1–8 × PP 1–8 where 64 / (TP·PP) data-parallel ranks leave ≥ PP micro-batches),
     a stated PP is kept, and the row is predicted on the fastest that fits, never fitted."""
     from mofa_framework.validate import map_rows, resolve_unstated
-    from mofa_plugins.reader_nvidia import layout_variants
+    from mofa_plugins._megatron import layout_variants
 
     head = ("source_id,release,framework,task,model,system,gpu_type,num_gpus,precision,gbs,mbs,seq_len,fsdp,tp,pp,"
             "cp,vp,ep,etp,dp,ga,step_time_s,notes\n")
@@ -1029,3 +1029,37 @@ def test_a_stated_layout_that_leaves_a_stage_empty_is_one_row_not_predicted(tmp_
     (s,) = res.skipped
     assert s.row_id == "A" and s.kind == "infeasible" and "stages_hold_layers" in s.reason
     assert "-5 / 3 / -5" in s.reason
+
+
+def test_a_megatron_plain_row_without_tp_is_searched_an_fsdp_one_is_tp_1(tmp_path, mofa_predictor):
+    """Plain (dense) schema: a Megatron-family row with no TP or PP (Narayanan 2021's GPT 39.1B on
+    512 A100s with its TP 8 / PP 2 blanked) is mapped on every layout it could have run — each
+    candidate the reader's own mapping of the row at that TP and PP — and settled to the fastest
+    that fits, never fitted; an FSDP row (llm-foundry) with no TP ran none: TP 1, no variants."""
+    import csv
+    import io
+
+    from mofa_framework.validate import map_rows, resolve_unstated
+
+    def rows_of(name):
+        return list(csv.DictReader(io.StringIO((DATA / name).read_text())))
+
+    selene = next(r for r in rows_of("megatron_selene_a100.csv") if r["model_name"] == "GPT 39.1B")
+    foundry = next(r for r in rows_of("llm_foundry.csv") if r["n_gpus"] and int(r["n_gpus"]) >= 8)
+    for name, r in (("selene.csv", selene), ("foundry.csv", foundry)):
+        out = io.StringIO()
+        w = csv.DictWriter(out, fieldnames=list(r))
+        w.writeheader()
+        w.writerow({**r, "tp": "", "pp": "" if name == "selene.csv" else r["pp"]})
+        (tmp_path / name).write_text(out.getvalue())
+    reg = mofa_predictor.registry
+    (m,), _ = map_rows([tmp_path / "selene.csv"], reg)
+    # by hand: 48 layers split by PP 1…16, 64 heads by TP 1…8; 512 / (TP·PP) ranks of 4-sequence
+    # micro-batches leave 1536 / (4·DP) = 0.75·TP·PP of them, whole and ≥ PP: TP ≥ 2, 4 | TP·PP
+    want = [(2, 2), (2, 4), (2, 8), (2, 16), *[(t, q) for t in (4, 8) for q in (1, 2, 4, 8, 16)]]
+    assert not m.fit and m.job["parallel"]["micro_batch_size"] == 4
+    assert sorted((v["tp"], v["pp"]) for v in m.variants) == want
+    (r,) = resolve_unstated([m], mofa_predictor)
+    assert "layout not stated" in r.assumptions and not r.variants
+    (f,), _ = map_rows([tmp_path / "foundry.csv"], reg)
+    assert f.job["parallel"]["tp"] == 1 and not f.variants and f.fit
