@@ -312,16 +312,17 @@ def map_plain_row(row: Mapping[str, str], ctx: ReadContext) -> MappedRow | Skipp
     if isinstance(timed, str):
         return skip(timed)
     par: dict[str, Any] = {"global_batch_size": gbs, "sequence_length": seq}
-    auto_vpp = cell_text(row, "vpp").lower() == "auto"
+    auto = {c for c in ("tp", "pp", "vpp") if cell_text(row, c).lower() == "auto"}
     for col in PLAIN_LAYOUT:
-        if col == "vpp" and auto_vpp:
+        if col in auto:
             continue
         try:
             x = cell_count(row, col, minimum=0 if col in ("etp", "document_length") else 1)
         except CellError as exc:
-            if col != "vpp":
+            if col not in ("tp", "pp", "vpp"):
                 raise
-            raise CellError(col, exc.value, "not a count", "write a whole number, or auto to try every factor") from None
+            what = "factor" if col == "vpp" else "layout"
+            raise CellError(col, exc.value, "not a count", f"write a whole number, or auto to try every {what}") from None
         if x is not None:
             par[col] = x
     for col in ("sequence_parallel", "flash_attention"):
@@ -336,10 +337,50 @@ def map_plain_row(row: Mapping[str, str], ctx: ReadContext) -> MappedRow | Skipp
     if sched := cell_text(row, "schedule"):
         job["pipeline"] = {"schedule": sched}
     measured, target = timed
+    layouts = _auto_layout(auto & {"tp", "pp"}, par, model, hw, n, gbs)
+    if auto & {"tp", "pp"} and not layouts:
+        return skip(f"{' and '.join(sorted(auto & {'tp', 'pp'}))} = auto, and no layout of {n} GPUs divides the global "
+                    f"batch {gbs} into at least one micro-batch per pipeline stage")
     return MappedRow(source=ctx.source, reference=ref, row_id=rid, job=job, measured_s=measured, target=target,
-                     group=(ctx.source, name, hw.name, n, seq), variants=_auto_vpp(auto_vpp, par, model),
+                     group=(ctx.source, name, hw.name, n, seq),
+                     variants=layouts or _auto_vpp("vpp" in auto, par, model),
                      measured_memory_gib=cell_float(row, "measured_memory_gib"), notes=cell_text(row, "notes")[:200],
-                     framework=cell_text(row, "framework")[:60])
+                     framework=cell_text(row, "framework")[:60],
+                     fit=not layouts, assumptions="the layout is MoFa's choice: not for fitting" if layouts else "")
+
+
+def layout_variants(model: ModelSpec, hw, num_gpus: int, cp: int, gbs: int, mbs: int) -> list[tuple[int, int]]:
+    """The (TP, PP) layouts a run of `num_gpus` GPUs at context parallelism `cp` could have used:
+    TP a power of two within the scale-up domain dividing the attention heads, PP a power of two
+    that splits the layers (evenly, or with the two end stages a layer lighter, as Megatron-Core's
+    embedding / loss accounting does), and the data-parallel size left dividing the global batch in
+    micro-batches of `mbs`, at least one per pipeline stage: a pipeline deeper than its
+    micro-batches idles most of the step, and which one ran would then decide the answer."""
+    L, out, tp = model.num_layers, [], 1
+    while tp <= hw.scaleup_domain_gpus and model.num_attention_heads % tp == 0:
+        pp = 1
+        while pp <= L:
+            dp, rem = divmod(num_gpus, tp * pp * cp)
+            splits = L % pp == 0 or (pp > 2 and (L + 2) % pp == 0)
+            if splits and dp and not rem and gbs % (dp * mbs) == 0 and gbs // (dp * mbs) >= pp:
+                out.append((tp, pp))
+            pp *= 2
+        tp *= 2
+    return out
+
+
+def _auto_layout(auto: set[str], par: dict, model: ModelSpec | None, hw, n: int, gbs: int) -> tuple[dict, ...]:
+    """``tp = auto`` / ``pp = auto`` (the run's layout was tuned, not stated): every layout of
+    :func:`layout_variants` (a stated TP or PP kept), end stages a layer lighter where PP does not
+    divide the layers; ``validate.resolve_unstated`` keeps the fastest that fits."""
+    if not auto or model is None:
+        return ()
+    L, out = model.num_layers, []
+    for t, q in layout_variants(model, hw, n, par.get("cp", 1), gbs, par.get("micro_batch_size", 1)):
+        if ("tp" in auto or par.get("tp", 1) == t) and ("pp" in auto or par.get("pp", 1) == q):
+            ends = (L + 2) // q - 1 if L % q else None
+            out.append({"tp": t, "pp": q, "first_stage_layers": ends, "last_stage_layers": ends})
+    return tuple(out)
 
 
 def _auto_vpp(auto: bool, par: dict, model: ModelSpec | None) -> tuple[dict, ...]:

@@ -76,27 +76,6 @@ def uneven_pipeline(num_layers: int, pp: int, vpp: int) -> dict[str, int]:
     return {}
 
 
-def layout_variants(model, hw, num_gpus: int, cp: int, gbs: int, mbs: int) -> list[tuple[int, int]]:
-    """The (TP, PP) layouts a run of `num_gpus` GPUs at context parallelism `cp` could have used:
-    TP a power of two within the scale-up domain dividing the attention heads, PP a power of two
-    that splits the layers (evenly, or with the end stages a layer lighter: :func:`uneven_pipeline`),
-    and the data-parallel size left dividing the global batch in micro-batches of `mbs`, at least
-    one per pipeline stage: a pipeline deeper than its micro-batches idles most of the step, and
-    which one ran would then decide the answer."""
-    out = []
-    tp = 1
-    while tp <= hw.scaleup_domain_gpus and model.num_attention_heads % tp == 0:
-        pp = 1
-        while pp <= model.num_layers:
-            dp, rem = divmod(num_gpus, tp * pp * cp)
-            splits = model.num_layers % pp == 0 or uneven_pipeline(model.num_layers, pp, 1)
-            if splits and dp and not rem and gbs % (dp * mbs) == 0 and gbs // (dp * mbs) >= pp:
-                out.append((tp, pp))
-            pp *= 2
-        tp *= 2
-    return out
-
-
 def vpp_variants(num_layers: int, pp: int, lowest: int = 1) -> tuple[dict, ...]:
     """``MappedRow.variants`` for an unstated interleaving: every factor from `lowest` that splits
     the layers over ``pp`` stages (evenly, or with the end stages a layer short)."""

@@ -35,7 +35,7 @@ from typing import Any
 import attrs
 
 from mofa_framework import hookimpl
-from mofa_framework.measurements import ReadContext
+from mofa_framework.measurements import ReadContext, layout_variants
 from mofa_framework.types import MappedRow, MeasurementReader, ModelSpec, SkippedRow
 
 from ._frameworks import attention_kernel, loss_features, memory_counter
@@ -44,7 +44,6 @@ from ._megatron import (
     UNEVEN_STAGES_IGNORED,
     UNSTATED_VPP_MIN_RATIO,
     framework_generation,
-    layout_variants,
     megatron_core_recipe,
     precision,
     proxy_layers,
@@ -307,7 +306,7 @@ MEGATRON_FAMILY = re.compile(r"megatron|nemo|megascale|ptd-p", re.I)
 
 def _searched_layout(r: dict, ctx: ReadContext, spec: ModelSpec, hw, skip) -> MappedRow | SkippedRow:
     """A Megatron-family row with no TP: the row mapped on each layout it could have run
-    (:func:`~mofa_plugins._megatron.layout_variants`, a stated PP kept), as ``variants`` that
+    (:func:`~mofa_framework.measurements.layout_variants`, a stated PP kept), as ``variants`` that
     ``validate.resolve_unstated`` settles to the fastest that fits; predicted, never fitted."""
     n_gpus, gbs, cp = ctx.count(r, "n_gpus"), ctx.count(r, "global_batch"), ctx.count(r, "cp", 1)
     mbs, pp = ctx.count(r, "micro_batch", 1), ctx.count(r, "pp") if ctx.text(r, "pp") else None

@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 
 from mofa_framework import hookimpl
-from mofa_framework.measurements import ReadContext
+from mofa_framework.measurements import ReadContext, layout_variants
 from mofa_framework.types import MappedRow, MeasurementReader, SkippedRow
 
 from ._bridge_presets import BRIDGE_RECIPES, GUIDE_STEPS, bridge_layout, guide_features
@@ -39,7 +39,6 @@ from ._megatron import (
     UNEVEN_STAGES_IGNORED,
     UNSTATED_VPP_MIN_RATIO,
     framework_generation,
-    layout_variants,
     megatron_core_recipe,
     precision,
     proxy_layers,

@@ -323,6 +323,30 @@ def test_plain_schema_vpp_that_is_neither_a_count_nor_auto_names_both(mofa_predi
     assert "vpp = 'abc': not a count; write a whole number, or auto" in skipped[0].reason
 
 
+def test_plain_schema_tp_and_pp_auto_search_the_layout(mofa_predictor, tmp_path):
+    """``tp = auto`` / ``pp = auto``: the run's layout was tuned, not stated. Llama 3 70B (80
+    layers, 64 heads) on 64 H100s at global batch 128, micro-batch 1, by hand: TP 1, 2, 4, 8 ×
+    PP 1, 2, 4, 8, 16 (32 splits 80 layers neither evenly nor with lighter ends), 64 / (TP·PP)
+    whole data-parallel ranks each with 2·TP·PP ≥ PP micro-batches — all but TP 8 × PP 16 (128
+    GPUs): 19 layouts; ``pp = 4`` stated keeps the 4 with PP 4. The row is predicted on the
+    fastest that fits and never fitted; a count that is neither a number nor auto names both."""
+    from mofa_framework.validate import resolve_unstated
+
+    head = "model,hardware,num_gpus,tp,pp,global_batch_size,sequence_length,step_time_s\n"
+    path = write(tmp_path, "a.csv", head + "llama3-70b,h100,64,auto,auto,128,8192,20\n"
+                                           "llama3-70b,h100,64,auto,4,128,8192,20\n"
+                                           "llama3-70b,h100,64,x,4,128,8192,20\n")
+    mapped, skipped = map_rows([path], mofa_predictor.registry)
+    both, tp_only = mapped
+    want = sorted((t, q) for t in (1, 2, 4, 8) for q in (1, 2, 4, 8, 16) if t * q <= 64)
+    assert len(want) == 19 and sorted((v["tp"], v["pp"]) for v in both.variants) == want
+    assert sorted((v["tp"], v["pp"]) for v in tp_only.variants) == [(1, 4), (2, 4), (4, 4), (8, 4)]
+    assert not both.fit and not tp_only.fit and "tp" not in both.job["parallel"]
+    (r,) = resolve_unstated([both], mofa_predictor)
+    assert "layout not stated" in r.assumptions and r.job["parallel"]["tp"] > 1 and not r.variants
+    assert "tp = 'x': not a count; write a whole number, or auto to try every layout" in skipped[0].reason
+
+
 def test_plain_schema_states_the_attention_kernel(mofa_predictor, tmp_path):
     """``attention_kernel`` is the job file's [parallel] key: a row states the fused-attention
     kernel its stack ran (Meta's 2024 stack: FlashAttention-2), a row without it leaves the

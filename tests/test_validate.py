@@ -484,7 +484,7 @@ def test_layout_variants_hand_values():
     16 sequences no layout keeps a micro-batch per stage (TP·PP ≥ 16 puts 16 / DP = TP·PP / 16
     micro-batches on PP stages, fewer unless TP ≥ 16)."""
     from mofa_framework.api import Predictor
-    from mofa_plugins._megatron import layout_variants
+    from mofa_framework.measurements import layout_variants
 
     reg = Predictor().registry
     model, hw = reg.model("llama2-7b"), reg.hardware_profile("h100-sxm5-80gb")
@@ -994,7 +994,7 @@ def test_a_row_without_tp_is_a_tuned_layout_not_tp_1(tmp_path, mofa_predictor):
     batch 128: TP 1–8 × PP 1–8 where 64 / (TP·PP) data-parallel ranks leave ≥ PP micro-batches),
     a stated PP is kept, and the row is predicted on the fastest that fits, never fitted."""
     from mofa_framework.validate import map_rows, resolve_unstated
-    from mofa_plugins._megatron import layout_variants
+    from mofa_framework.measurements import layout_variants
 
     head = ("source_id,release,framework,task,model,system,gpu_type,num_gpus,precision,gbs,mbs,seq_len,fsdp,tp,pp,"
             "cp,vp,ep,etp,dp,ga,step_time_s,notes\n")
