@@ -568,12 +568,13 @@ def kinds_on_stages(model: ModelSpec, batch: CandidateBatch, total: np.ndarray) 
     return np.stack([first_k, mid_k, last_k], axis=1).take(inverse.ravel(), axis=-1)
 
 
-def stages_hold_layers(model: ModelSpec, batch: CandidateBatch) -> BoolArray:
+def stages_hold_layers(model: ModelSpec, batch: CandidateBatch, sizes: np.ndarray | None = None) -> BoolArray:
     """Every layer on exactly one stage and every stage holding at least one (p = 2: the two end
     stages; p = 1: the only one, so explicit end-stage sizes must be the whole model there) —
-    what any placement needs, even one whose chunks are uneven."""
+    what any placement needs, even one whose chunks are uneven. `sizes`: :func:`stage_sizes`, if
+    the caller has it."""
     p = batch.pp
-    first, mid, last = stage_sizes(model, batch)
+    first, mid, last = stage_sizes(model, batch) if sizes is None else sizes
     placed = np.where(p > 2, first + last + mid * (p - 2), np.where(p == 2, first + last, first))
     exact = placed == model.num_layers
     exact &= (p > 1) | (((batch.first_stage_layers == 0) | (batch.first_stage_layers == model.num_layers))
@@ -581,9 +582,13 @@ def stages_hold_layers(model: ModelSpec, batch: CandidateBatch) -> BoolArray:
     return exact & (first >= 1) & (last >= 1) & np.where(p > 2, mid >= 1, True) & (p <= model.num_layers)
 
 
-def layers_per_stage_valid(model: ModelSpec, batch: CandidateBatch) -> BoolArray:
+def layers_per_stage_valid(model: ModelSpec, batch: CandidateBatch, sizes: np.ndarray | None = None,
+                           held: BoolArray | None = None) -> BoolArray:
+    """:func:`stages_hold_layers` (`held`, if the caller has it) and every stage splitting into its
+    virtual chunks."""
     p = batch.pp
-    first, mid, last = stage_sizes(model, batch)
+    sizes = stage_sizes(model, batch) if sizes is None else sizes
+    first, mid, last = sizes
     v = batch.vpp
     # the middle stages split into v equal chunks; explicitly uneven end stages may split unevenly
     # (Megatron-Core --pipeline-model-parallel-layout), balanced ones must split equally too
@@ -591,7 +596,7 @@ def layers_per_stage_valid(model: ModelSpec, batch: CandidateBatch) -> BoolArray
     chunks_ok = (np.mod(mid, v) == 0) | (p <= 2)
     chunks_ok &= explicit | np.where(p > 1, (np.mod(first, v) == 0) & (np.mod(last, v) == 0), np.mod(first, v) == 0)
     chunks_ok &= (first >= v) & (last >= v) & np.where(p > 2, mid >= v, True)  # every stage holds a layer
-    return stages_hold_layers(model, batch) & chunks_ok
+    return (stages_hold_layers(model, batch, sizes) if held is None else held) & chunks_ok
 
 
 # ====================================================================== the engine

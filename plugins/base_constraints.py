@@ -35,7 +35,9 @@ def mofa_candidate_constraints(batch, model, hardware):
     ffn = model.moe_ffn_hidden_size if model.is_moe and not model.num_dense_layers else model.ffn_hidden_size
     yield ConstraintResult(name="tp_divides_ffn", feasible=ffn % t == 0,
                            reason=f"parallel.tp must divide model.ffn_hidden_size ({ffn})")
-    valid = layers_per_stage_valid(model, batch)
+    sizes = stage_sizes(model, batch)
+    held = stages_hold_layers(model, batch, sizes)
+    valid = layers_per_stage_valid(model, batch, sizes, held)
     explicit = (batch.first_stage_layers > 0) | (batch.last_stage_layers > 0)
     bad = np.flatnonzero(~valid)
     yield ConstraintResult(
@@ -43,10 +45,9 @@ def mofa_candidate_constraints(batch, model, hardware):
         reason=_end_stage_reason(model, batch, bad[0]) if len(bad) and explicit[bad[0]] else
         f"parallel.pp × parallel.vpp must split model.num_layers ({model.num_layers}) into whole chunks: "
         "choose pp/vpp dividing it, or set parallel.first_stage_layers / last_stage_layers")
-    held = stages_hold_layers(model, batch)
     yield ConstraintResult(
         name="stages_hold_layers", feasible=held,
-        reason=_unplaceable_reason(model, batch, np.flatnonzero(~held)))
+        reason=_unplaceable_reason(model, batch, sizes, np.flatnonzero(~held)))
     yield ConstraintResult(
         name="vpp_needs_pp", feasible=(batch.vpp == 1) | (batch.pp > 1),
         reason="parallel.vpp > 1 interleaves pipeline stages and needs parallel.pp > 1: set vpp = 1")
@@ -116,12 +117,12 @@ def _recurrent_heads(model, t):
                                       f"linear_num_value_heads ({hv}): choose a smaller tp")
 
 
-def _unplaceable_reason(model, batch, bad: np.ndarray) -> str:
-    """Why the first row of `bad` cannot place its layers, with its numbers."""
+def _unplaceable_reason(model, batch, sizes: np.ndarray, bad: np.ndarray) -> str:
+    """Why the first row of `bad` cannot place its layers, with its numbers (`sizes`: stage_sizes)."""
     if not len(bad):
         return ""
     i = int(bad[0])
-    first, mid, last = (int(x) for x in stage_sizes(model, batch)[:, i])
+    first, mid, last = (int(x) for x in sizes[:, i])
     return (f"parallel.pp = {int(batch.pp[i])} cannot place model.num_layers ({model.num_layers}) with every stage "
             f"holding a layer (the split would put {first} / {mid} / {last} on the first / each middle / the last "
             "stage): choose a pp dividing the layers, or set parallel.first_stage_layers / last_stage_layers")
