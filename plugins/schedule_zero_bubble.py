@@ -182,9 +182,10 @@ END_STAGES_REASON = ("parallel.first_stage_layers / last_stage_layers ({given}):
 def padded_end_stages(num_layers: int, pp, v_shape: bool):
     """(first, last, valid): the end stages the fork places — an even split (k = −L mod pp = 0), or
     what ``--allow-padding-num-layers`` gives where its k padded layers leave the middle stages
-    alike (k = 1 or 2): the last stage one layer fewer, then the first too. Under ZB-V the fork takes them off rank 0, which holds the embedding
-    and the loss; MoFa prices the head on the last stage, so the same sizes stand for it there,
-    and the fork's two equal chunks per stage need an even number of layers per stage."""
+    alike (k = 1 or 2): the last stage one layer fewer, then the first too. Under ZB-V the fork
+    takes them off rank 0, which holds the embedding and the loss; MoFa prices the head on the
+    last stage, so the same sizes stand for it there, and the fork's two equal chunks per stage
+    need an even number of layers per stage."""
     pp = np.asarray(pp)
     k = (-num_layers) % np.maximum(pp, 1)
     mid = (num_layers + k) // np.maximum(pp, 1)
