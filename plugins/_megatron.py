@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import re
 
+import attrs
+
+from mofa_framework.measurements import layout_variants
+from mofa_framework.types import MappedRow
+
 #: frameworks whose published runs use Megatron-Core's performance recipes
 MEGATRON_CORE = re.compile(r"megatron[- ]core|\bmcore\b|\bnemo\b|megatron-bridge", re.I)
 
@@ -74,6 +79,30 @@ def uneven_pipeline(num_layers: int, pp: int, vpp: int) -> dict[str, int]:
         ends = (num_layers + 2) // pp - 1
         return {"first_stage_layers": ends, "last_stage_layers": ends}
     return {}
+
+
+def searched_layout(row: dict, ctx, map_row, model, hw, *, num_gpus: int, cp: int, gbs: int, mbs: int,
+                    skip, blank: tuple[str, ...] = ()):
+    """A row that states no TP (nor, maybe, PP): the reader's own mapping of the row at each layout
+    it could have run (:func:`~mofa_framework.measurements.layout_variants`, a stated PP kept; the
+    `blank` columns, which a stated TP would have to agree with, emptied), as ``variants`` that
+    ``validate.resolve_unstated`` settles to the fastest that fits. MoFa chose the layout, so the
+    row is predicted, never fitted. Candidates are uninterleaved (their own unstated-interleaving
+    variants are dropped)."""
+    pp = int(ctx.count(row, "pp")) if ctx.text(row, "pp") else None
+    cands = [map_row({**row, **dict.fromkeys(blank, ""), "tp": str(t), "pp": str(q)}, ctx)
+             for t, q in layout_variants(model, hw, num_gpus, cp, gbs, mbs) if pp in (None, q)]
+    cands = [m for m in cands if isinstance(m, MappedRow)]
+    if not cands:
+        return skip(f"{'TP' if pp else 'TP/PP'} not stated, and no layout of {num_gpus} GPUs at CP {cp} divides the "
+                    f"global batch {gbs} into at least one micro-batch of {mbs} per pipeline stage")
+    keys = set().union(*(m.job["parallel"] for m in cands))  # a key one candidate lacks is removed (None)
+    variants = tuple({**{k: m.job["parallel"].get(k) for k in keys}, "features": m.job["features"]} for m in cands)
+    first = cands[0]
+    return attrs.evolve(first, variants=variants, fit=False,
+                        ignore_constraints=frozenset().union(*(m.ignore_constraints for m in cands)),
+                        assumptions="; ".join(filter(None, (first.assumptions,
+                                                            "the layout is MoFa's choice: not for fitting"))))
 
 
 def vpp_variants(num_layers: int, pp: int, lowest: int = 1) -> tuple[dict, ...]:

@@ -35,7 +35,7 @@ from typing import Any
 import attrs
 
 from mofa_framework import hookimpl
-from mofa_framework.measurements import ReadContext, layout_variants
+from mofa_framework.measurements import ReadContext
 from mofa_framework.types import MappedRow, MeasurementReader, ModelSpec, SkippedRow
 
 from ._frameworks import attention_kernel, loss_features, memory_counter
@@ -47,6 +47,7 @@ from ._megatron import (
     megatron_core_recipe,
     precision,
     proxy_layers,
+    searched_layout,
     uneven_pipeline,
     vpp_variants,
 )
@@ -304,26 +305,6 @@ def _cp_form(features: dict, cp: int, text: str) -> None:
 MEGATRON_FAMILY = re.compile(r"megatron|nemo|megascale|ptd-p", re.I)
 
 
-def _searched_layout(r: dict, ctx: ReadContext, spec: ModelSpec, hw, skip) -> MappedRow | SkippedRow:
-    """A Megatron-family row with no TP: the row mapped on each layout it could have run
-    (:func:`~mofa_framework.measurements.layout_variants`, a stated PP kept), as ``variants`` that
-    ``validate.resolve_unstated`` settles to the fastest that fits; predicted, never fitted."""
-    n_gpus, gbs, cp = ctx.count(r, "n_gpus"), ctx.count(r, "global_batch"), ctx.count(r, "cp", 1)
-    mbs, pp = ctx.count(r, "micro_batch", 1), ctx.count(r, "pp") if ctx.text(r, "pp") else None
-    mapped = [map_row({**r, "tp": str(t), "pp": str(q)}, ctx)
-              for t, q in layout_variants(spec, hw, n_gpus, cp, gbs, mbs) if pp in (None, q)]
-    mapped = [m for m in mapped if isinstance(m, MappedRow)]
-    if not mapped:
-        return skip(f"{'TP' if pp else 'TP/PP'} not stated, and no layout of {n_gpus} GPUs at CP {cp} divides the "
-                    f"global batch {gbs} into at least one micro-batch of {mbs} per pipeline stage")
-    ends = {"first_stage_layers": None, "last_stage_layers": None}
-    variants = tuple({**ends, **m.job["parallel"], "features": m.job["features"]} for m in mapped)
-    note = "the layout is MoFa's choice: not for fitting"
-    return attrs.evolve(mapped[0], variants=variants, fit=False,
-                        ignore_constraints=mapped[0].ignore_constraints | UNEVEN_STAGES_IGNORED,
-                        assumptions="; ".join(filter(None, (mapped[0].assumptions, note))))
-
-
 def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     ref = short_reference(ctx.text(r, "source"))
     rid = ctx.text(r, "row_id") or str(ctx.index + 1)
@@ -354,7 +335,8 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         return skip(timed)
     measured, tcol = timed
     if not ctx.text(r, "tp") and MEGATRON_FAMILY.search(fw) and not (full_shard or ds_stage):
-        return _searched_layout(r, ctx, spec, hw, skip)
+        return searched_layout(r, ctx, map_row, spec, hw, num_gpus=ctx.count(r, "n_gpus"), cp=ctx.count(r, "cp", 1),
+                               gbs=ctx.count(r, "global_batch"), mbs=ctx.count(r, "micro_batch", 1), skip=skip)
     tp = ctx.count(r, "tp", 1)
     vpp, cp = ctx.count(r, "vpp", 1), ctx.count(r, "cp", 1)
     prec, lowp, lowp_options = precision(ctx.text(r, "precision"))

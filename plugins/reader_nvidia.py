@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 
 from mofa_framework import hookimpl
-from mofa_framework.measurements import ReadContext, layout_variants
+from mofa_framework.measurements import ReadContext
 from mofa_framework.types import MappedRow, MeasurementReader, SkippedRow
 
 from ._bridge_presets import BRIDGE_RECIPES, GUIDE_STEPS, bridge_layout, guide_features
@@ -42,6 +42,7 @@ from ._megatron import (
     megatron_core_recipe,
     precision,
     proxy_layers,
+    searched_layout,
     uneven_pipeline,
     vpp_variants,
 )
@@ -143,20 +144,6 @@ def fine_tuning(task: str) -> str | None:
     return None
 
 
-def _layout_search(model, hw, feats: dict, num_gpus: int, cp: int, gbs: int, mbs: int,
-                   full_shard: bool, pp: int | None) -> tuple[dict, ...]:
-    """``MappedRow.variants`` for an unstated TP (and PP, unless `pp` is given): each of
-    :func:`layout_variants`, its end stages a layer lighter where PP does not divide the layers,
-    and the recipe's features following its TP and PP (those of a TP > 1, PP > 1 layout name every
-    key the recipe may set)."""
-    L = model.num_layers
-    common = {k: v for k, v in feats.items() if k not in megatron_core_recipe(2, 2, cp, full_shard)}
-    return tuple({"tp": t, "pp": q, "vpp": 1, "first_stage_layers": None, "last_stage_layers": None,
-                  **(uneven_pipeline(L, q, 1) if L % q else {}),
-                  "features": {**common, **megatron_core_recipe(t, q, cp, full_shard)}}
-                 for t, q in layout_variants(model, hw, num_gpus, cp, gbs, mbs) if pp in (None, q))
-
-
 def _target(r: dict, ctx: ReadContext, model, fw: str, num_gpus: int, gbs, seq) -> tuple[float, str] | str:
     """The measured or derived step time, else one from the TFLOPS under the framework's convention."""
     for col in ("step_time_s", "step_time_s_derived"):
@@ -245,6 +232,12 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     mbs = ctx.count(r, "mbs", 1)
     if not (gbs and seq):
         return skip("gbs or seq_len missing")
+    if not ctx.text(r, "tp"):
+        # no TP stated (NeMo's long-sequence tables: "the most performant model- and data-parallel
+        # config without CP", "TP/PP not stated"): the layout a tuned run would use, a stated PP kept;
+        # a stated DP belongs to the unstated layout
+        return searched_layout(r, ctx, map_row, model, hw, num_gpus=num_gpus, cp=cp, gbs=gbs, mbs=mbs, skip=skip,
+                               blank=("dp",))
     if not etp and model.is_moe and ep > 1:
         # ETP not stated: Megatron-Bridge's MoE recipes and the Megatron-Core MoE model zoo set
         # --expert-tensor-parallel-size 1 (every model-zoo row that states it says 1), and where
@@ -274,10 +267,6 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         ignore = frozenset()
         if layout_source:
             layout_assumed = f"pipeline layout {layout} from {layout_source}"
-    # no TP stated (NeMo's long-sequence tables: "the most performant model- and data-parallel config
-    # without CP", "TP/PP not stated"): the layout a tuned run would use, PP kept where stated (not
-    # interleaved: the layouts replace an unstated interleaving's candidates)
-    searched = not ctx.text(r, "tp")
     feats = megatron_core_recipe(tp, pp, cp, full_shard)
     if lowp:
         feats[lowp] = dict(lowp_options)
@@ -295,32 +284,20 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
                 feats.update({k: dict(v) for k, v in recipe.features.items()})
     job = {"model": model_section, "hardware": {"name": hw.name, "num_gpus": num_gpus}, "parallel": par,
            "features": feats}
-    searched_note = ""
-    if searched:
-        # the layout the run found fastest: `validate.resolve_unstated` keeps MoFa's fastest that fits;
-        # MoFa chose it, so the row is predicted, not fitted
-        variants = _layout_search(model, hw, feats, num_gpus, cp, gbs, mbs, full_shard,
-                                  pp if ctx.text(r, "pp") else None)
-        if not variants:
-            return skip(f"{'TP' if ctx.text(r, 'pp') else 'TP/PP'} not stated, and no layout of {num_gpus} GPUs "
-                        f"at CP {cp} divides the global batch {gbs} into at least one micro-batch of {mbs} per "
-                        "pipeline stage")
-        ignore = UNEVEN_STAGES_IGNORED
-        searched_note = "the layout is MoFa's choice: not for fitting"
     # a step of the source's optimisation history (Megatron-Core's DeepSeek-V3 on GB200: 13 steps of one
     # configuration, 494 -> 970 TFLOPS) measures its software's progress: predicted, never fitted to
     history = re.search(r"optimi[sz]ation step", notes, re.I) is not None
     assumed = "; ".join(filter(None, (layout_note, layout_assumed,
                                       f"reduced-layer proxy: {proxy} layers" if proxy else "",
                                       "a step of the source's optimisation history: not for fitting" if history
-                                      else "", searched_note)))
+                                      else "")))
     group = (ctx.source, model.name, hw.name, num_gpus, seq, ctx.text(r, "precision"), task)
     return MappedRow(source=ctx.source, reference=ref, row_id=rid, job=job, measured_s=measured, target=target,
                      group=group, measured_tflops=ctx.number(r, "model_tflops_per_gpu"),
                      tflops_convention="model FLOPs (NVIDIA)", measured_memory_gib=ctx.number(r, "peak_mem_gib"),
                      memory_counter=memory_counter(fw, notes),
                      notes=notes[:200], assumptions=assumed, ignore_constraints=ignore, variants=variants,
-                     fit=not (history or searched), framework=framework_generation(fw, ctx.text(r, "release")))
+                     fit=not history, framework=framework_generation(fw, ctx.text(r, "release")))
 
 
 def _pipeline_layout(notes: str, source: str, model, pp: int, vpp: int) -> tuple[str, str]:
