@@ -337,10 +337,14 @@ def map_plain_row(row: Mapping[str, str], ctx: ReadContext) -> MappedRow | Skipp
     if sched := cell_text(row, "schedule"):
         job["pipeline"] = {"schedule": sched}
     measured, target = timed
+    searched = " and ".join(c for c in ("tp", "pp") if c in auto)
+    if searched and model is None:
+        return skip(f"{searched} = auto needs a zoo model (its layers and heads bound the layouts); {name!r} is not "
+                    "one (`mofa list-models`; your own in MOFA_MODEL_PATH)")
     layouts = _auto_layout(auto & {"tp", "pp"}, par, model, hw, n, gbs)
-    if auto & {"tp", "pp"} and not layouts:
-        return skip(f"{' and '.join(sorted(auto & {'tp', 'pp'}))} = auto, and no layout of {n} GPUs divides the global "
-                    f"batch {gbs} into at least one micro-batch per pipeline stage")
+    if searched and not layouts:
+        return skip(f"{searched} = auto, and no layout of {n} GPUs divides the global batch {gbs} into at least one "
+                    "micro-batch per pipeline stage")
     return MappedRow(source=ctx.source, reference=ref, row_id=rid, job=job, measured_s=measured, target=target,
                      group=(ctx.source, name, hw.name, n, seq),
                      variants=layouts or _auto_vpp("vpp" in auto, par, model),

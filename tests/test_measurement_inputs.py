@@ -345,6 +345,13 @@ def test_plain_schema_tp_and_pp_auto_search_the_layout(mofa_predictor, tmp_path)
     (r,) = resolve_unstated([both], mofa_predictor)
     assert "layout not stated" in r.assumptions and r.job["parallel"]["tp"] > 1 and not r.variants
     assert "tp = 'x': not a count; write a whole number, or auto to try every layout" in skipped[0].reason
+    # a model outside the zoo has no layers or heads to bound the layouts; a batch of 3 fills no pipeline
+    path = write(tmp_path, "b.csv", head + "nosuchmodel,h100,64,auto,4,128,8192,20\n"
+                                           "llama3-70b,h100,64,auto,auto,3,8192,20\n")
+    mapped, skipped = map_rows([path], mofa_predictor.registry)
+    assert not mapped
+    assert "tp = auto needs a zoo model" in skipped[0].reason and "'nosuchmodel'" in skipped[0].reason
+    assert "tp and pp = auto, and no layout of 64 GPUs divides the global batch 3" in skipped[1].reason
 
 
 def test_plain_schema_states_the_attention_kernel(mofa_predictor, tmp_path):
