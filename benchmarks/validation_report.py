@@ -96,6 +96,10 @@ def by_reference(result) -> list[str]:
 
 
 def skipped_table(result) -> list[str]:
+    broken = [s for s in result.skipped if s.kind == "error"]
+    if broken:  # listed for a user's file; in the shipped tables it is a bug to fix, not a row to report
+        raise SystemExit(f"{len(broken)} shipped row(s) could not be priced; first: {broken[0].source} row "
+                         f"{broken[0].row_id}: {broken[0].reason}")
     counts = Counter((s.source, s.kind, s.reason) for s in result.skipped)
     lines = ["| source | kind | rows | reason |", "|---|---|---|---|"]
     for (src, kind, reason), n in sorted(counts.items()):

@@ -1142,7 +1142,8 @@ class SkippedRow:
     model: str
     reason: str
     #: unmappable (the row lacks what a prediction needs) | malformed (a cell is not what its
-    #: column holds) | infeasible (the job breaks a constraint)
+    #: column holds) | infeasible (the job breaks a constraint) | error (the engine could not price
+    #: it: a plugin's answer broke an output invariant)
     kind: str = "unmappable"
 
 

@@ -206,26 +206,63 @@ def prepare(mapped: Sequence[MappedRow], predictor) -> tuple[list[PreparedGroup]
 
 
 def predict_prepared(groups: Sequence[PreparedGroup], predictor, hardware_override: dict | None = None,
-                     n_rows: int | None = None) -> dict[str, np.ndarray]:
+                     n_rows: int | None = None, failed: list[tuple[int, str]] | None = None
+                     ) -> dict[str, np.ndarray]:
     """Arrays over the mapped rows (NaN where not predicted): step time, model TFLOPS, memory, fit and
     the GEMMs' format (``precision``: an index into :data:`~mofa_framework.batch.PRECISIONS`).
 
     ``hardware_override`` maps a profile name to a replacement :class:`HardwareProfile`
-    (calibration evaluates the same batches with other efficiency coefficients).
+    (calibration evaluates the same batches with other efficiency coefficients). With ``failed`` (a
+    list) a group the engine cannot price (a plugin's answer breaks an invariant) is split until
+    the rows at fault are alone: each is appended as (row, message) and left NaN, the others are
+    predicted. Without it the error propagates (a fit must not silently lose rows).
     """
     n = n_rows if n_rows is not None else (max((max(g.rows) for g in groups), default=-1) + 1)
     out = {k: np.full(n, np.nan) for k in ("step_s", "model_tflops", "memory_gib", "runtime_gib", "fits", "precision")}
     for g in groups:
         hw = (hardware_override or {}).get(g.hardware.name, g.hardware)
-        pred = predictor.evaluate(g.batch, g.model, hw)
-        idx = np.asarray(g.rows)
-        out["step_s"][idx] = pred.step_time_s
-        out["model_tflops"][idx] = pred.model_tflops_per_gpu
-        out["memory_gib"][idx] = pred.peak_memory_gib
-        out["runtime_gib"][idx] = pred.memory_breakdown["runtime"] / GIB
-        out["fits"][idx] = np.asarray(pred.fits_in_memory, float)
-        out["precision"][idx] = pred.mfu_precision
+        for idx, pred in _priced(g, predictor, hw, failed):
+            _store(out, idx, pred)
     return out
+
+
+def _priced(g: PreparedGroup, predictor, hw, failed: list[tuple[int, str]] | None):
+    """(rows, prediction) pairs covering the group's rows the engine can price (see
+    :func:`predict_prepared`): the whole group in one evaluation when it succeeds, else its halves."""
+    from .config import jobs_to_batch
+    from .errors import PluginError
+
+    try:
+        return [(np.asarray(g.rows), predictor.evaluate(g.batch, g.model, hw))]
+    except PluginError as exc:
+        if failed is None:
+            raise
+        if len(g.rows) == 1:
+            failed.append((g.rows[0], str(exc)))
+            return []
+    half = len(g.rows) // 2
+    parts = []
+    for sl in (slice(0, half), slice(half, None)):
+        jobs = g.jobs[sl]
+        sub = attrs.evolve(g, batch=jobs_to_batch(jobs, predictor.registry), rows=g.rows[sl], jobs=jobs)
+        parts += _priced(sub, predictor, hw, failed)
+    return parts
+
+
+def _store(out: dict[str, np.ndarray], idx: np.ndarray, pred) -> None:
+    out["step_s"][idx] = pred.step_time_s
+    out["model_tflops"][idx] = pred.model_tflops_per_gpu
+    out["memory_gib"][idx] = pred.peak_memory_gib
+    out["runtime_gib"][idx] = pred.memory_breakdown["runtime"] / GIB
+    out["fits"][idx] = np.asarray(pred.fits_in_memory, float)
+    out["precision"][idx] = pred.mfu_precision
+
+
+def not_priced(m: MappedRow, message: str) -> SkippedRow:
+    """A row the engine could not price (a plugin's answer broke an output invariant), listed as not
+    predicted instead of stopping the whole validation: an internal error to report, not bad input."""
+    return SkippedRow(source=m.source, reference=m.reference, row_id=m.row_id, model=str(m.job["model"].get("name")),
+                      reason=f"internal error, please report it: {message}", kind="error")
 
 
 def _strategy(job: dict) -> str:
@@ -410,7 +447,7 @@ def resolve_unstated(mapped: Sequence[MappedRow], predictor) -> list[MappedRow]:
             trial.append(attrs.evolve(m, job=job, variants=()))
             owner.append((i, v))
     groups, _ = prepare(trial, predictor)
-    arrays = predict_prepared(groups, predictor, n_rows=len(trial))
+    arrays = predict_prepared(groups, predictor, n_rows=len(trial), failed=[])  # a variant not priced is not kept
     for i in todo:
         ks = [k for k, (j, _) in enumerate(owner) if j == i and np.isfinite(arrays["step_s"][k])]
         if not ks:
@@ -480,8 +517,10 @@ def validate(paths: Iterable[str | Path], predictor=None, sources: Iterable[str]
     mapped, skipped = select_sources(mapped, skipped, sources)
     mapped = resolve_unstated(mapped, predictor)
     groups, infeasible = prepare(mapped, predictor)
-    skipped = skipped + infeasible
-    rows = row_results(mapped, predict_prepared(groups, predictor, n_rows=len(mapped)))
+    failed: list[tuple[int, str]] = []
+    arrays = predict_prepared(groups, predictor, n_rows=len(mapped), failed=failed)
+    skipped = skipped + infeasible + [not_priced(mapped[i], message) for i, message in failed]
+    rows = row_results(mapped, arrays)
     if require_rows and not rows:
         raise ConfigError(why_none(skipped, len(skipped)))
     by_source: dict[str, list[RowResult]] = defaultdict(list)

@@ -187,3 +187,63 @@ def test_constraint_hook_with_wrong_shape_is_named():
 
 
 assert PipelineSchedule  # the record type NanSchedule evolves
+
+
+class NanAtMicroBatch2:
+    """Answers NaN for the GEMMs of 2 × 8,192 tokens (micro-batch 2 at sequence 8,192): one row of
+    a file breaks, the others do not."""
+
+    @pluggy.HookimplMarker("mofa")(wrapper=True, tryfirst=True)  # outermost: the table providers wrap too
+    def mofa_operator_latency(self, ops, hardware):
+        out = yield
+        return np.where(ops.gemm_m == 16384, np.nan, out)
+
+
+NVIDIA_HEAD = ("source_id,release,framework,task,model,system,gpu_type,num_gpus,precision,gbs,mbs,seq_len,fsdp,tp,pp,"
+               "cp,vp,ep,etp,dp,ga,step_time_s,notes\n")
+
+
+def test_a_row_the_engine_cannot_price_is_listed_the_others_predicted(tmp_path):
+    """`mofa validate` does not stop at the first row a plugin cannot price: the batch is split until
+    the row at fault is alone, listed as not predicted (kind ``error``, the plugin named), and the
+    file's other rows — in the same batch — are predicted as without the fault. A fit, which must
+    not lose rows silently, still raises."""
+    from mofa_framework.calibrate import calibrate
+    from mofa_framework.validate import validate
+
+    p = tmp_path / "nvidia.csv"
+    p.write_text(NVIDIA_HEAD + "".join(
+        f"{k},r,NeMo,pretrain,LLAMA3-8B,DGX-H100,H100,16,BF16,64,{mbs},8192,,2,2,1,,,,,,{t},\n"
+        for k, mbs, t in (("A", 1, 5.0), ("B", 2, 5.0), ("C", 1, 6.0))))
+    clean = {r.row_id: r.predicted_s for r in validate([p], predictor()).rows}
+    res = validate([p], predictor(nan_m=NanAtMicroBatch2()))
+    assert {r.row_id: r.predicted_s for r in res.rows} == {k: clean[k] for k in ("A", "C")}
+    (s,) = res.skipped
+    assert s.row_id == "B" and s.kind == "error" and "'nan_m'" in s.reason and "internal error" in s.reason
+    with pytest.raises(PluginResultError):
+        calibrate([p], "h100-sxm5-80gb", predictor(nan_m=NanAtMicroBatch2()), parameters=("step_overhead_s",),
+                  folds=0)
+
+
+def test_validate_cli_names_rows_not_priced_and_goes_on(tmp_path, mofa_fake_distribution, monkeypatch):
+    """The CLI with a third party's faulty provider installed: exit 0, the good row in the JSON, the
+    bad one listed with the plugin named, one warning line on stderr."""
+    import json
+
+    monkeypatch.delenv("MOFA_DISABLED_PLUGINS", raising=False)
+    mofa_fake_distribution("nanm", "0.1", {"nan_m": "nan_m_plugin"}, {
+        "nan_m_plugin": "import numpy as np\nimport pluggy\n"
+                        "@pluggy.HookimplMarker('mofa')(wrapper=True, tryfirst=True)\n"
+                        "def mofa_operator_latency(ops, hardware):\n"
+                        "    out = yield\n"
+                        "    return np.where(ops.gemm_m == 16384, np.nan, out)\n"})
+    p = tmp_path / "nvidia.csv"
+    p.write_text(NVIDIA_HEAD + "A,r,NeMo,pretrain,LLAMA3-8B,DGX-H100,H100,16,BF16,64,1,8192,,2,2,1,,,,,,5.0,\n"
+                 "B,r,NeMo,pretrain,LLAMA3-8B,DGX-H100,H100,16,BF16,64,2,8192,,2,2,1,,,,,,5.0,\n")
+    out = CliRunner().invoke(cli, ["validate", str(p), "--format", "json"])
+    assert out.exit_code == 0, out.output
+    d = json.loads(out.stdout)
+    assert [r["row_id"] for r in d["rows"]] == ["A"] and [s["row_id"] for s in d["skipped"]] == ["B"], out.stderr
+    assert "'nan_m'" in d["skipped"][0]["reason"]
+    warnings = [ln for ln in out.stderr.splitlines() if "could not be priced" in ln]
+    assert len(warnings) == 1 and "row B" in warnings[0]

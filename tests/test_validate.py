@@ -88,6 +88,8 @@ def test_overall_step_time_gate(calibration_result):
     total = sum(sum(1 for _ in csv.DictReader((DATA / f).open())) for f in CALIBRATION_SET)
     assert o.rows + len(calibration_result.skipped) == total
     assert all(s.reason for s in calibration_result.skipped)
+    # a row the engine cannot price is listed, not fatal, for users; here it is a bug
+    assert not [s for s in calibration_result.skipped if s.kind == "error"]
 
 
 def test_selene_mape_via_cli(cli):

@@ -124,6 +124,11 @@ def report_notes(notes, skipped) -> None:
         first = bad[0]
         click.echo(f"warning: {len(bad)} malformed row(s) not predicted (listed with the reason); first: "
                    f"{first.source} row {first.row_id}: {first.reason}", err=True)
+    broken = [s for s in skipped if s.kind == "error"]
+    if broken:
+        first = broken[0]
+        click.echo(f"warning: {len(broken)} row(s) could not be priced and are listed as not predicted; first: "
+                   f"{first.source} row {first.row_id}: {first.reason}", err=True)
 
 
 @click.command("validate")
