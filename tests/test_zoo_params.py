@@ -46,6 +46,9 @@ PUBLISHED = [
     ("llama4-maverick", "active", 17 * B, B, "Meta: 17B active"),
     ("qwen3-next-80b-a3b", "total", 79_674_391_296, 1, "safetensors of Qwen3-Coder-Next (the same architecture)"),
     ("qwen3-next-80b-a3b", "active", 3_874_929_408, 1, "the same safetensors, inactive experts left out"),
+    ("gemma-7b", "non-embedding", 7_751_248_896, 1, "Gemma report (arXiv 2403.08295), Table 2"),
+    ("gemma-7b", "total", 8_537_680_896, 1, "Gemma report, Table 2: 786,432,000 embedding + the above"),
+    ("mistral-nemo-12b", "total", 12 * B, B, "Mistral AI: 12B"),
     ("gemma-2-9b", "non-embedding", 8_324_201_984, 1, "Gemma 2 report, Table 1"),
     ("gemma-2-27b", "non-embedding", 26_047_480_320, 1, "Gemma 2 report, Table 1"),
     ("gemma-3-1b", "non-embedding", 698 * M, M, "Gemma 3 report, Table 1"),
@@ -129,5 +132,8 @@ def test_benchmark_spellings_resolve():
                         ("Mistral 7B", "mistral-7b"), ("LLaMA 65B", "llama-65b"), ("DeepSeek V2", "deepseek-v2"),
                         ("Qwen2.5 72B", "qwen2.5-72b"), ("Qwen3 32B", "qwen3-32b"), ("OPT 175B", "opt-175b"),
                         # Megatron-Bridge's recipe names (llama31_405b_pretrain_config, gpt_oss_20b_...)
-                        ("LLAMA31_405B", "llama3.1-405b"), ("llama31_8b", "llama3.1-8b"), ("GPT_OSS_20B", "gpt-oss-20b")):
+                        ("LLAMA31_405B", "llama3.1-405b"), ("llama31_8b", "llama3.1-8b"), ("GPT_OSS_20B", "gpt-oss-20b"),
+                        # NeMo recipe spellings of models of the same shape, and NeMo's other pretraining recipes
+                        ("QWEN2_72B", "qwen2.5-72b"), ("Qwen2-7B", "qwen2.5-7b"), ("GEMMA_7B", "gemma-7b"),
+                        ("Mistral NeMo 12B", "mistral-nemo-12b")):
         assert REG.model(alias).name == name
