@@ -242,6 +242,25 @@ def with_tables(text: str, block: str) -> str:
     return text[:i].rstrip("\n") + "\n\n" + block + "\n" + text[i:]
 
 
+def memory_fields(copy_gbps: float, datasheet_gbps: float) -> tuple[float, float | None]:
+    """(``memory_efficiency``, a replacement ``hbm_bandwidth_gbps`` or None) for a device whose
+    measured copy rate is `copy_gbps` against its base profile's datasheet `datasheet_gbps`: the
+    efficiency against the datasheet — unless that falls under the least efficiency a profile
+    accepts (a device far slower than its base: a CPU profiled with a GPU's specs), where the
+    measured rate becomes the bandwidth, reached in full."""
+    from mofa_framework.limits import LIMITS
+
+    least = LIMITS["efficiency.memory_efficiency"].lo
+    ratio = copy_gbps / datasheet_gbps
+    if ratio >= least:
+        return _sig(min(1.0, ratio)), None
+    return 1.0, _sig(copy_gbps)
+
+
+def set_hbm_bandwidth(text: str, gbps: float) -> str:
+    return re.sub(r"^hbm_bandwidth_gbps = .*$", f"hbm_bandwidth_gbps = {gbps}", text, count=1, flags=re.M)
+
+
 def set_memory_efficiency(text: str, value: float) -> str:
     if re.search(r"^memory_efficiency = ", text, flags=re.M):
         return re.sub(r"^memory_efficiency = .*$", f"memory_efficiency = {value}", text, flags=re.M)
@@ -299,12 +318,16 @@ def run_profile(base: str, name: str, out: Path, quick: bool, iters: int, device
         text = rename_profile(profile_path(hw.name).read_text(), name,
                               f"{hw.display_name or hw.name} profiled by mofa profile as {name}")
         text = with_tables(text, tables_block(gemm, attention, collective, begin=PROFILE_BEGIN))
-        eff = _sig(min(1.0, copy / hw.memory.hbm_bandwidth_gbps))
+        eff, own_bw = memory_fields(copy, hw.memory.hbm_bandwidth_gbps)
         text = set_memory_efficiency(text, eff)
+        against = f"memory_efficiency against {hw.name}'s datasheet {hw.memory.hbm_bandwidth_gbps:g} GB/s"
+        if own_bw is not None:
+            text = set_hbm_bandwidth(text, own_bw)
+            against = (f"under 1 % of {hw.name}'s datasheet {hw.memory.hbm_bandwidth_gbps:g} GB/s, so "
+                       "hbm_bandwidth_gbps is the measured rate and memory_efficiency 1")
         what = (f" Measured by `mofa profile` on {device_name or device.type} ({time.strftime('%Y-%m-%d')}): "
                 f"{len(gemm)} GEMM shapes, {len(attention)} attention kernels, device copy {copy:.4g} GB/s "
-                f"(memory_efficiency against {hw.name}'s datasheet {hw.memory.hbm_bandwidth_gbps:g} GB/s), "
-                f"{len(collective)} collective points; specs from {hw.name}.")
+                f"({against}), {len(collective)} collective points; specs from {hw.name}.")
         text = re.sub(r'^(notes = ".*?)(?: Microbenchmarks:.*)?"$', lambda m: m.group(1) + what + '"', text, count=1,
                       flags=re.M)
         try:

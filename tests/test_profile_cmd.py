@@ -125,3 +125,17 @@ def test_a_noisy_backward_timing_cannot_read_above_the_forward(monkeypatch):
     fwd, bwd = profiler.measure_attention(torch, torch.device("cpu"), (8,), (16,), iters=1, batch_heads=1)
     # forward FLOPs 4 · 1 · 16² · 8 / 2 = 4,096 in 1 s; backward 2.5 × 4,096 in the bound of 1 s
     assert fwd["tflops"] == pytest.approx(4096e-12, rel=1e-3) and bwd["tflops"] == pytest.approx(2.5 * 4096e-12, rel=1e-3)
+
+
+def test_memory_fields_keep_a_slow_device_loadable():
+    """A device copy rate against the base's datasheet: 2,000 of 3,350 GB/s is memory_efficiency 0.59701;
+    above the datasheet it is 1; under 1 % (a CPU's 3.7 GB/s against an H100's 3,350, 0.0011) a profile
+    could not load it (efficiency ≥ 0.01), so the measured rate becomes the bandwidth, reached in full."""
+    from mofa_plugins.profiler import memory_fields, set_hbm_bandwidth
+
+    assert memory_fields(2000.0, 3350.0) == (0.59701, None)
+    assert memory_fields(4000.0, 3350.0) == (1.0, None)
+    assert memory_fields(3.7, 3350.0) == (1.0, 3.7)
+    assert memory_fields(33.5, 3350.0) == (0.01, None)
+    text = "[memory]\nhbm_gib = 80.0\nhbm_bandwidth_gbps = 3350.0\n"
+    assert set_hbm_bandwidth(text, 3.7) == "[memory]\nhbm_gib = 80.0\nhbm_bandwidth_gbps = 3.7\n"
