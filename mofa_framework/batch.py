@@ -35,7 +35,42 @@ def taken(a: np.ndarray, idx) -> np.ndarray:
     return out
 
 
-def _frozen_options(d) -> dict:
+class GatheredOptions(Mapping):
+    """A feature's option arrays over rows, gathered from its (options × choices) table at the rows'
+    choice indices when an option is first read, then kept: the tuner's batches carry every searched
+    feature's options and most phases read a few of them. A read-only mapping of 1-D arrays, like the
+    dict it stands for."""
+
+    __slots__ = ("_index", "_table", "_col", "_got")
+
+    def __init__(self, index: Mapping[str, int], table: np.ndarray, col: np.ndarray):
+        self._index, self._table, self._col, self._got = index, table, col, {}
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        got = self._got.get(key)
+        if got is None:
+            got = self._table[self._index[key]].take(self._col)
+            got.setflags(write=False)
+            self._got[key] = got
+        return got
+
+    def __contains__(self, key) -> bool:
+        return key in self._index
+
+    def __iter__(self):
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def take(self, idx) -> GatheredOptions:
+        """The options of rows `idx` (a boolean mask or indices), still gathered on demand."""
+        return GatheredOptions(self._index, self._table, taken(self._col, idx))
+
+
+def _frozen_options(d) -> Mapping:
+    if isinstance(d, GatheredOptions):
+        return d
     return {k: (v if isinstance(v, np.ndarray) and not v.flags.writeable else np.asarray(v).copy()) for k, v in d.items()}
 
 
@@ -56,8 +91,9 @@ class FeatureRows:
         return self.options[option] == self.choices[option].index(value)
 
     def take(self, idx) -> FeatureRows:
-        return FeatureRows(enabled=taken(self.enabled, idx), options={k: taken(v, idx) for k, v in self.options.items()},
-                           choices=self.choices)
+        opts = self.options
+        opts = opts.take(idx) if isinstance(opts, GatheredOptions) else {k: taken(v, idx) for k, v in opts.items()}
+        return FeatureRows(enabled=taken(self.enabled, idx), options=opts, choices=self.choices)
 
 
 _INT_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "micro_batch_size", "global_batch_size",

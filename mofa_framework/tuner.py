@@ -43,7 +43,7 @@ import attrs
 import numpy as np
 
 from . import engine
-from .batch import ATTENTION_KERNELS, PRECISIONS, CandidateBatch, FeatureRows, taken
+from .batch import ATTENTION_KERNELS, PRECISIONS, CandidateBatch, FeatureRows, GatheredOptions, taken
 from .config import SearchSection, structure
 from .engine import Prediction
 from .errors import ConfigError
@@ -504,21 +504,26 @@ class _Choices:
                        else float(f.default) for f in fields}
             # one more slot, last, for "not set": index −1 reads it
             self.tables.append((np.r_[enabled, False], {k: np.r_[v, default[k]] for k, v in opts.items()}, cats))
-        # the options of each feature as one (options, choices + 1) table: gathered in one take
-        self.stacked = [(list(opts), np.stack(list(opts.values())) if opts else None) for _, opts, _ in self.tables]
+        # the options of each feature as one (options, choices + 1) table, read at the rows' choices
+        # when a phase first asks for an option (GatheredOptions)
+        self.stacked = [({k: i for i, k in enumerate(opts)}, np.stack(list(opts.values())) if opts else None)
+                        for _, opts, _ in self.tables]
 
     def rows(self, choice: np.ndarray) -> dict[str, FeatureRows]:
         """FeatureRows of rows whose choice vectors are `choice` (rows × features)."""
         out = {}
+        # one contiguous copy, feature by feature: the options are read later, from these indices,
+        # whatever becomes of `choice`
+        cols = np.ascontiguousarray(choice.T)
+        cols.setflags(write=False)
+        on = (cols >= 0).any(axis=1)
         for j, name in enumerate(self.names):
-            col = choice[:, j]
-            if not (col >= 0).any():
+            if not on[j]:
                 continue
+            col = cols[j]
             enabled, _, cats = self.tables[j]
-            keys, table = self.stacked[j]
-            opts = {}
-            if table is not None:
-                opts = dict(zip(keys, _columns(table, col)))
+            index, table = self.stacked[j]
+            opts = GatheredOptions(index, table, col) if table is not None else {}
             out[name] = FeatureRows(enabled=taken(enabled, col), options=opts, choices=cats)
         return out
 

@@ -1006,3 +1006,26 @@ def test_e2e_objective_prints_checkpoint_interval_and_ettr_per_row(tmp_path):
     assert all(r["checkpoint_interval_steps"] >= 1 and 0 < r["ettr"] <= 1 for r in rows)
     csv_out = run("--format", "csv").output.splitlines()
     assert "checkpoint_interval_steps" in csv_out[0] and "ettr" in csv_out[0]
+
+
+def test_gathered_options_read_a_feature_table_at_the_rows_choices():
+    """The tuner's FeatureRows options: a feature's (options × choices) table read at each row's choice
+    index when first asked for, then kept; `take` keeps rows by index or mask, still unread; the mapping
+    behaves as the dict it stands for (keys, membership, get, length)."""
+    import numpy as np
+
+    from mofa_framework.batch import FeatureRows, GatheredOptions
+
+    table = np.array([[1.0, 2.0, 4.0], [0.0, 1.0, 0.0]])  # option "chunks", option "mode"; 3 choices
+    col = np.array([2, 0, 1, 2])
+    opts = GatheredOptions({"chunks": 0, "mode": 1}, table, col)
+    assert list(opts) == ["chunks", "mode"] and len(opts) == 2 and "mode" in opts and "nope" not in opts
+    assert opts["chunks"].tolist() == [4.0, 1.0, 2.0, 4.0] and opts.get("nope") is None
+    assert opts["chunks"] is opts["chunks"] and not opts["chunks"].flags.writeable
+    rows = FeatureRows(enabled=np.array([True, False, True, True]), options=opts, choices={"mode": ("a", "b")})
+    assert rows.options is opts  # kept as it is, not gathered into a dict
+    sub = rows.take(np.array([False, True, True, False]))
+    assert isinstance(sub.options, GatheredOptions) and sub.enabled.tolist() == [False, True]
+    assert sub.options["chunks"].tolist() == [1.0, 2.0] and sub.choice("mode", "b").tolist() == [False, True]
+    assert rows.take(np.array([3, 0])).options["mode"].tolist() == [0.0, 0.0]
+    assert dict(sub.options) == {"chunks": sub.options["chunks"], "mode": sub.options["mode"]}
