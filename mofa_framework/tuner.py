@@ -512,15 +512,13 @@ class _Choices:
     def rows(self, choice: np.ndarray) -> dict[str, FeatureRows]:
         """FeatureRows of rows whose choice vectors are `choice` (rows × features)."""
         out = {}
-        # one contiguous copy, feature by feature: the options are read later, from these indices,
-        # whatever becomes of `choice`
-        cols = np.ascontiguousarray(choice.T)
+        # one contiguous copy of the columns of the features some row sets, feature by feature: the
+        # options are read later, from these indices, whatever becomes of `choice`
+        on = np.flatnonzero((choice >= 0).any(axis=0))
+        cols = np.ascontiguousarray(choice[:, on].T)
         cols.setflags(write=False)
-        on = (cols >= 0).any(axis=1)
-        for j, name in enumerate(self.names):
-            if not on[j]:
-                continue
-            col = cols[j]
+        for col, j in zip(cols, on.tolist()):
+            name = self.names[j]
             enabled, _, cats = self.tables[j]
             index, table = self.stacked[j]
             opts = GatheredOptions(index, table, col) if table is not None else {}
