@@ -79,7 +79,9 @@ class FeatureRows:
     """One feature's on/off flags and option arrays over a batch.
 
     ``options[name]`` holds numbers, or for a categorical option the index into that
-    option's ``choices``; :meth:`choice` tests a categorical value.
+    option's ``choices``; :meth:`choice` tests a categorical value. ``options`` is a read-only
+    mapping: a dict, or in the tuner's batches a :class:`GatheredOptions` that reads each option
+    when first asked for (read it by key; do not rely on it being a dict).
     """
 
     enabled: BoolArray = attrs.field(converter=frozen_bool)
