@@ -1029,3 +1029,31 @@ def test_gathered_options_read_a_feature_table_at_the_rows_choices():
     assert sub.options["chunks"].tolist() == [1.0, 2.0] and sub.choice("mode", "b").tolist() == [False, True]
     assert rows.take(np.array([3, 0])).options["mode"].tolist() == [0.0, 0.0]
     assert dict(sub.options) == {"chunks": sub.options["chunks"], "mode": sub.options["mode"]}
+
+
+def test_distinct_rows_number_rows_as_np_unique_does():
+    """The tuner's row ids (structures alike, feature-applicability patterns): hand values, then any
+    bool or small-integer table against ``np.unique(axis=0)`` — same first rows, same ids, same order."""
+    import numpy as np
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+    from hypothesis.extra.numpy import arrays
+
+    from mofa_framework.tuner import _distinct_rows
+
+    first, ids = _distinct_rows(np.array([[2.0, 1.0], [1.0, 5.0], [2.0, 1.0], [1.0, 4.0]]))
+    assert first.tolist() == [3, 1, 0] and ids.tolist() == [2, 1, 2, 0]
+    first, ids = _distinct_rows(np.array([[True, False], [False, True], [True, False]]))
+    assert first.tolist() == [1, 0] and ids.tolist() == [1, 0, 1]
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.integers(1, 70).flatmap(lambda w: st.one_of(
+        arrays(bool, st.tuples(st.integers(1, 40), st.just(w))),
+        arrays(np.float64, st.tuples(st.integers(1, 40), st.just(min(w, 12))),
+               elements=st.integers(0, 3).map(float)))))
+    def check(table):
+        _, want_first, want_ids = np.unique(table, axis=0, return_index=True, return_inverse=True)
+        got_first, got_ids = _distinct_rows(table)
+        assert np.array_equal(table[got_first], table[want_first]) and got_ids.tolist() == want_ids.reshape(-1).tolist()
+
+    check()
