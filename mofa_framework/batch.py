@@ -6,6 +6,7 @@ are 1-D, of the batch's length, read-only; categorical choices are integer codes
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import attrs
@@ -33,6 +34,30 @@ def taken(a: np.ndarray, idx) -> np.ndarray:
     out = a.take(np.flatnonzero(idx) if np.asarray(idx).dtype == bool else idx, axis=0)
     out.setflags(write=False)
     return out
+
+
+def distinct_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(index of each distinct row's first occurrence, each row's distinct-row id) of a 2-D table,
+    the ids in the rows' lexicographic order — as ``np.unique(table, axis=0)`` numbers them, which
+    sorts whole rows (0.17 s for DeepSeek-V3's 54,426 structures in the tuner); here one 1-D sort of
+    a key per row: a bool table's rows packed into big-endian 64-bit words (≤ 64 columns), a
+    numeric one's column value codes in mixed radix (when that fits 63 bits, else ``np.unique``).
+    The tuner's structures, the engine's stage placements and the GEMM table's shapes use it."""
+    n, width = table.shape
+    if table.dtype == bool and width <= 64:
+        packed = np.zeros((n, 8), np.uint8)
+        packed[:, :(width + 7) // 8] = np.packbits(table, axis=1)
+        key = packed.view(">u8").reshape(-1)
+    else:
+        codes = [np.unique(col, return_inverse=True) for col in table.T]
+        if math.prod(len(vals) for vals, _ in codes) >= 2**63:
+            _, first, inverse = np.unique(table, axis=0, return_index=True, return_inverse=True)
+            return first, inverse.reshape(-1)
+        key = np.zeros(n, np.int64)
+        for vals, inv in codes:
+            key = key * len(vals) + inv.reshape(-1)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    return first, inverse.reshape(-1)
 
 
 class GatheredOptions(Mapping):

@@ -24,7 +24,8 @@ from collections.abc import Mapping
 import attrs
 import numpy as np
 
-from .batch import PRECISIONS, CandidateBatch, CollectiveBatch, OperatorBatch, sequence_shapes
+from .batch import (PRECISIONS, CandidateBatch, CollectiveBatch, OperatorBatch, distinct_rows,
+                    sequence_shapes)
 from .decompose import (
     ALL_REDUCE,
     Coll,
@@ -538,9 +539,7 @@ def kinds_on_stages(model: ModelSpec, batch: CandidateBatch, total: np.ndarray) 
     prefix = np.zeros((len(kinds), L + 1))
     prefix[:, 1:] = np.cumsum(np.eye(len(kinds))[index].T, axis=1)
     cols = [batch.pp, batch.vpp, total[0], total[1], total[2], batch.sequence_length]
-    codes = [np.unique(np.asarray(c, dtype=np.int64), return_inverse=True) for c in cols]
-    key = np.ravel_multi_index([inv.ravel() for _, inv in codes], [len(u) for u, _ in codes])
-    rows, inverse = np.unique(key, return_index=True, return_inverse=True)[1:]
+    rows, inverse = distinct_rows(np.stack([np.asarray(c, dtype=np.int64) for c in cols], axis=1))
     p, v, first, mid, last, seq = (np.asarray(c, dtype=np.int64)[rows] for c in cols)
     mid_n = np.maximum(p - 2, 0)
     j = np.arange(max(int(p.max()) - 2, 1))[:, None]  # middle stages 1..p−2 as 0..p−3, (J, 1)

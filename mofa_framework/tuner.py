@@ -43,7 +43,8 @@ import attrs
 import numpy as np
 
 from . import engine
-from .batch import ATTENTION_KERNELS, PRECISIONS, CandidateBatch, FeatureRows, GatheredOptions, taken
+from .batch import (ATTENTION_KERNELS, PRECISIONS, CandidateBatch, FeatureRows, GatheredOptions, distinct_rows,
+                    taken)
 from .config import SearchSection, structure
 from .engine import Prediction
 from .errors import ConfigError
@@ -481,29 +482,6 @@ LEVELS = (
 )
 
 
-def _distinct_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(index of each distinct row's first occurrence, each row's distinct-row id) of a 2-D table,
-    the ids in the rows' lexicographic order — as ``np.unique(table, axis=0)`` numbers them, which
-    sorts whole rows (0.17 s for DeepSeek-V3's 54,426 structures); here one 1-D sort of a key per row: a bool
-    table's rows packed into big-endian 64-bit words (≤ 64 columns), a numeric one's column value
-    codes in mixed radix (when that fits 63 bits)."""
-    n, width = table.shape
-    if table.dtype == bool and width <= 64:
-        packed = np.zeros((n, 8), np.uint8)
-        packed[:, :(width + 7) // 8] = np.packbits(table, axis=1)
-        key = packed.view(">u8").reshape(-1)
-    else:
-        codes = [np.unique(col, return_inverse=True) for col in table.T]
-        if math.prod(len(vals) for vals, _ in codes) >= 2**63:
-            _, first, inverse = np.unique(table, axis=0, return_index=True, return_inverse=True)
-            return first, inverse.reshape(-1)
-        key = np.zeros(n, np.int64)
-        for vals, inv in codes:
-            key = key * len(vals) + inv.reshape(-1)
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    return first, inverse.reshape(-1)
-
-
 def _columns(table: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """Columns `idx` of a (fields, rows) table, read-only: its rows are contiguous arrays the
     frozen converters keep as they are."""
@@ -758,7 +736,7 @@ class _Search:
         self.struct_cols = [(names, np.stack([getattr(structs, n) for n in names])) for names in by_dtype.values()]
         # structures alike but for their pipeline schedule: at pp 1 most schedules run the same step
         layout = np.stack([np.asarray(getattr(structs, n), np.float64) for n in fields if n != "schedule"], axis=1)
-        self.layout_of = _distinct_rows(layout)[1]
+        self.layout_of = distinct_rows(layout)[1]
         self.top = _TopK(req.top_k)
         self.pareto: list[tuple] = []
         self.removed: dict[str, int] = {}
@@ -1202,7 +1180,7 @@ def tune(predictor, req: TuneRequest, progress: Callable[[TuneProgress], None] |
         fn = registry.features[name].applies
         if fn is not None and len(structs):
             applic[:, j] = np.asarray(fn(structs, req.model, req.hardware), bool)
-    first, group_of = _distinct_rows(applic) if len(structs) else (np.zeros(0, np.int64), [])
+    first, group_of = distinct_rows(applic) if len(structs) else (np.zeros(0, np.int64), [])
     sigs = applic[first]
     groups = [_Group.build(req, registry, all_names, [n for n, on in zip(all_names, sig) if on]) for sig in sigs]
     group_of = np.asarray(group_of, np.int64).reshape(-1)

@@ -66,7 +66,7 @@ from pathlib import Path
 import numpy as np
 
 from mofa_framework import hookimpl
-from mofa_framework.batch import OP_KINDS, PRECISIONS
+from mofa_framework.batch import OP_KINDS, PRECISIONS, distinct_rows
 
 NEIGHBOURS = 4
 #: queries per block, to bound the (queries × points) distance matrix
@@ -202,11 +202,9 @@ def _grid_fit(shapes: tuple[tuple[float, float, float, float], ...], sm_count: i
 def _distinct(m, n, k) -> tuple[np.ndarray, np.ndarray]:
     """The distinct (m, n, k) rows (candidates repeat a handful of shapes, each priced once) and
     the index of each input's row among them (1-D sorts only: ``np.unique(axis=0)`` is 10× slower)."""
-    cols = [np.unique(np.asarray(x, dtype=np.float64).ravel(), return_inverse=True) for x in (m, n, k)]
-    key = (cols[0][1].astype(np.int64) * len(cols[1][0]) + cols[1][1]) * len(cols[2][0]) + cols[2][1]
-    first, back = np.unique(key, return_index=True, return_inverse=True)[1:]
-    shapes = np.stack([vals[inv[first]] for vals, inv in cols], axis=1)
-    return shapes, back
+    table = np.stack([np.asarray(x, dtype=np.float64).ravel() for x in (m, n, k)], axis=1)
+    first, back = distinct_rows(table)
+    return table[first], back
 
 
 def model_tflops(pts, hardware, m, n, k) -> np.ndarray:

@@ -1032,18 +1032,19 @@ def test_gathered_options_read_a_feature_table_at_the_rows_choices():
 
 
 def test_distinct_rows_number_rows_as_np_unique_does():
-    """The tuner's row ids (structures alike, feature-applicability patterns): hand values, then any
-    bool or small-integer table against ``np.unique(axis=0)`` — same first rows, same ids, same order."""
+    """Row ids (the tuner's structures and applicability patterns, the engine's stage placements, the
+    GEMM table's shapes): hand values, then any bool or small-integer table against
+    ``np.unique(axis=0)`` — same first rows, same ids, same order."""
     import numpy as np
     from hypothesis import given, settings
     from hypothesis import strategies as st
     from hypothesis.extra.numpy import arrays
 
-    from mofa_framework.tuner import _distinct_rows
+    from mofa_framework.batch import distinct_rows
 
-    first, ids = _distinct_rows(np.array([[2.0, 1.0], [1.0, 5.0], [2.0, 1.0], [1.0, 4.0]]))
+    first, ids = distinct_rows(np.array([[2.0, 1.0], [1.0, 5.0], [2.0, 1.0], [1.0, 4.0]]))
     assert first.tolist() == [3, 1, 0] and ids.tolist() == [2, 1, 2, 0]
-    first, ids = _distinct_rows(np.array([[True, False], [False, True], [True, False]]))
+    first, ids = distinct_rows(np.array([[True, False], [False, True], [True, False]]))
     assert first.tolist() == [1, 0] and ids.tolist() == [1, 0, 1]
 
     @settings(max_examples=60, deadline=None)
@@ -1053,7 +1054,7 @@ def test_distinct_rows_number_rows_as_np_unique_does():
                elements=st.integers(0, 3).map(float)))))
     def check(table):
         _, want_first, want_ids = np.unique(table, axis=0, return_index=True, return_inverse=True)
-        got_first, got_ids = _distinct_rows(table)
+        got_first, got_ids = distinct_rows(table)
         assert np.array_equal(table[got_first], table[want_first]) and got_ids.tolist() == want_ids.reshape(-1).tolist()
 
     check()
