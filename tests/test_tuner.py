@@ -1058,3 +1058,59 @@ def test_distinct_rows_number_rows_as_np_unique_does():
         assert np.array_equal(table[got_first], table[want_first]) and got_ids.tolist() == want_ids.reshape(-1).tolist()
 
     check()
+
+
+def test_pending_level_pops_the_smallest_bounds_first_as_one_sorted_list_would():
+    """``_Level`` keeps each pushed batch sorted with a cursor: hand values, then any sequence of
+    pushes and pops against the whole pending list sorted stably by bound (equal bounds in push
+    order), the budget read as the largest prefix whose children fit (at least one node)."""
+    from mofa_framework.tuner import _Level
+
+    def arrays(bounds, fanouts, first_id=0):
+        n = len(bounds)
+        ids = np.arange(first_id, first_id + n)
+        return ids % 3, ids, ids * 10, np.array(bounds, float), np.array(fanouts, np.int64) * 2, np.array(fanouts, np.int64)
+
+    lv = _Level()
+    lv.push(*arrays([5.0, 1.0, 3.0], [4, 4, 4]))
+    lv.push(*arrays([3.0, 0.5], [4, 4], first_id=3))
+    assert len(lv) == 5 and lv.min() == 0.5
+    assert lv.leaves(3.0) == (2 * 4, 2 * 16)  # only the bound-5 node lies above 3
+    grp, s, sub, bound = lv.pop(limit=4.0, budget=10)  # 0.5, 1.0 (fanout 8 ≤ 10), not a third
+    assert s.tolist() == [4, 1] and bound.tolist() == [0.5, 1.0] and sub.tolist() == [40, 10]
+    assert lv.pop(limit=4.0, budget=1)[1].tolist() == [2]  # equal bounds: the earlier push first
+    assert lv.pop(limit=4.0, budget=100)[1].tolist() == [3] and lv.pop(limit=4.0, budget=100) is None
+    assert len(lv) == 1 and lv.min() == 5.0
+
+    @settings(max_examples=80, deadline=None)
+    @given(st.lists(st.one_of(
+        st.tuples(st.just("push"), st.lists(st.tuples(st.integers(0, 6), st.integers(1, 5)), min_size=1, max_size=12)),
+        st.tuples(st.just("pop"), st.tuples(st.integers(0, 7), st.integers(1, 20)))), max_size=25))
+    def check(ops):
+        lv, ref, next_id = _Level(), [], 0
+        for kind, arg in ops:
+            if kind == "push":
+                bounds, fans = [float(b) for b, _ in arg], [f for _, f in arg]
+                lv.push(*arrays(bounds, fans, next_id))
+                ref += [(b, next_id + i, f) for i, (b, f) in enumerate(zip(bounds, fans))]
+                next_id += len(arg)
+            else:
+                limit, budget = arg
+                live = sorted((n for n in ref if n[0] <= limit), key=lambda n: n[0])  # stable: push order
+                take = 0
+                while take < len(live) and (take == 0 or sum(n[2] for n in live[:take + 1]) <= budget):
+                    take += 1
+                got = lv.pop(float(limit), budget)
+                if not live:
+                    assert got is None
+                    continue
+                want = live[:take]
+                assert got[1].tolist() == [n[1] for n in want] and got[3].tolist() == [n[0] for n in want]
+                ref = [n for n in ref if n not in want]
+            assert len(lv) == len(ref)
+            assert lv.min() == min((n[0] for n in ref), default=np.inf)
+            above = 3.0
+            assert lv.leaves(above) == (sum(2 * n[2] for n in ref if n[0] > above),
+                                        sum(2 * n[2] for n in ref if n[0] <= above))
+
+    check()
