@@ -717,16 +717,22 @@ class _Level:
         """Nodes with bound ≤ `limit`, smallest first (equal bounds in the order they were pushed),
         the most whose children total at most `budget` rows (at least one): (group, structure,
         setting, bound) arrays, or None."""
-        heads = []
+        heads, cut = [], limit
         for k, (cols, _, cfan, cur) in enumerate(self.parts):
             live = int(np.searchsorted(cols[3], limit, side="right")) - cur
             if live <= 0:
                 continue
-            # enough of this part's head to reach the budget on its own
+            # enough of this part's head to pass the budget on its own; no node above the last of
+            # them can be taken (this part's nodes up to it come first and already pass the budget)
             reach = int(np.searchsorted(cfan[cur:], self._before(cfan, cur) + budget, side="right")) + 1
+            if reach <= live:
+                cut = min(cut, float(cols[3][cur + reach - 1]))
             heads.append((k, cur, min(live, reach)))
         if not heads:
             return None
+        heads = [(k, cur, n) for k, cur, n in
+                 ((k, cur, min(n, int(np.searchsorted(self.parts[k][0][3], cut, side="right")) - cur))
+                  for k, cur, n in heads) if n > 0]
         part_of = np.concatenate([np.full(n, k) for k, _, n in heads])
         pick = [np.concatenate([self.parts[k][0][f][cur:cur + n] for k, cur, n in heads]) for f in range(6)]
         order = np.argsort(pick[3], kind="stable")
