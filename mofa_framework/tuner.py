@@ -713,26 +713,29 @@ class _Level:
             pruned += total - self._before(ccount, cut)
         return pruned, kept
 
+    def _heads(self, limit: float, budget: int) -> list[tuple[int, int, int]]:
+        """(part, cursor, nodes) of each part's head that a pop may take: its nodes with bound ≤
+        `limit`, at most as many as pass the `budget` on their own, and none above the bound at which
+        some part's head alone passes it (that part's nodes up to there come first)."""
+        heads, cut = [], limit
+        for k, (cols, _, cfan, cur) in enumerate(self.parts):
+            live = int(np.searchsorted(cols[3], limit, side="right")) - cur
+            if live > 0:
+                reach = int(np.searchsorted(cfan[cur:], self._before(cfan, cur) + budget, side="right")) + 1
+                if reach <= live:
+                    cut = min(cut, float(cols[3][cur + reach - 1]))
+                heads.append((k, cur, min(live, reach)))
+        heads = [(k, cur, min(n, int(np.searchsorted(self.parts[k][0][3], cut, side="right")) - cur))
+                 for k, cur, n in heads]
+        return [h for h in heads if h[2] > 0]
+
     def pop(self, limit: float, budget: int):
         """Nodes with bound ≤ `limit`, smallest first (equal bounds in the order they were pushed),
         the most whose children total at most `budget` rows (at least one): (group, structure,
         setting, bound) arrays, or None."""
-        heads, cut = [], limit
-        for k, (cols, _, cfan, cur) in enumerate(self.parts):
-            live = int(np.searchsorted(cols[3], limit, side="right")) - cur
-            if live <= 0:
-                continue
-            # enough of this part's head to pass the budget on its own; no node above the last of
-            # them can be taken (this part's nodes up to it come first and already pass the budget)
-            reach = int(np.searchsorted(cfan[cur:], self._before(cfan, cur) + budget, side="right")) + 1
-            if reach <= live:
-                cut = min(cut, float(cols[3][cur + reach - 1]))
-            heads.append((k, cur, min(live, reach)))
+        heads = self._heads(limit, budget)
         if not heads:
             return None
-        heads = [(k, cur, n) for k, cur, n in
-                 ((k, cur, min(n, int(np.searchsorted(self.parts[k][0][3], cut, side="right")) - cur))
-                  for k, cur, n in heads) if n > 0]
         part_of = np.concatenate([np.full(n, k) for k, _, n in heads])
         pick = [np.concatenate([self.parts[k][0][f][cur:cur + n] for k, cur, n in heads]) for f in range(6)]
         order = np.argsort(pick[3], kind="stable")
