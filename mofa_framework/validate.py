@@ -26,6 +26,7 @@ import numpy as np
 from .config import listing
 from .errors import ConfigError
 from .measurements import map_files, map_rows  # noqa: F401  (map_rows: part of this module's API)
+from .batch import PRECISIONS
 from .types import ALLOCATOR_COUNTERS, MappedRow, SkippedRow
 from .units import GIB
 
@@ -68,6 +69,11 @@ class RowResult:
     assumptions: str = ""
     #: what the measured memory counts (``MappedRow.memory_counter``)
     memory_counter: str = ""
+    #: the format the GEMMs ran in (:data:`~mofa_framework.batch.PRECISIONS`: the row's precision, or
+    #: fp8 / fp4 where a feature runs them there)
+    precision: str = ""
+    #: the software stack and its generation as the reader names it (``MappedRow.framework``)
+    framework: str = ""
 
 
 @attrs.frozen(kw_only=True)
@@ -292,6 +298,12 @@ def compared_memory_gib(arrays: dict[str, np.ndarray], i: int, m: MappedRow) -> 
     return peak - float(arrays["runtime_gib"][i]) if m.memory_counter in ALLOCATOR_COUNTERS else peak
 
 
+def _precision(arrays: dict[str, np.ndarray], i: int) -> str:
+    """Row `i`'s GEMM format from the arrays' ``precision`` index ("" where they carry none)."""
+    code = arrays.get("precision")
+    return PRECISIONS[int(code[i])] if code is not None and np.isfinite(code[i]) else ""
+
+
 def row_results(mapped: Sequence[MappedRow], arrays: dict[str, np.ndarray]) -> list[RowResult]:
     out = []
     for i, m in enumerate(mapped):
@@ -310,7 +322,7 @@ def row_results(mapped: Sequence[MappedRow], arrays: dict[str, np.ndarray]) -> l
             measured_memory_gib=m.measured_memory_gib, predicted_memory_gib=compared_memory_gib(arrays, i, m),
             fits_in_memory=bool(arrays["fits"][i] > 0.5), group=m.group,
             measured_s_per_seq=m.measured_s / gbs, predicted_s_per_seq=float(t) / gbs, assumptions=m.assumptions,
-            memory_counter=m.memory_counter))
+            memory_counter=m.memory_counter, precision=_precision(arrays, i), framework=m.framework))
     return out
 
 
@@ -378,7 +390,7 @@ def from_sources(row, texts: Iterable[str]) -> bool:
 
 
 #: what ``group_errors`` can group predicted rows by
-GROUP_KEYS = ("source", "reference", "model", "hardware", "num_gpus")
+GROUP_KEYS = ("source", "reference", "model", "hardware", "num_gpus", "precision", "framework")
 
 
 def group_keys(text: str) -> list[str]:

@@ -174,6 +174,23 @@ def test_errors_grouped_by_reference_model_or_hardware(cli):
     assert res.exit_code == 2 and "num_gpus" in res.output and res.output.strip().count("\n") == 0
 
 
+def test_errors_grouped_by_framework_and_precision(cli):
+    """Each predicted row carries the GEMMs' format and the stack its source names, so a pattern by
+    framework or precision is one ``--by`` away (Selene: Megatron-LM's fp16 and bf16 rows and the
+    DeepSpeed ZeRO-3 comparison)."""
+    from mofa_framework.validate import group_errors, validate
+
+    path = DATA / "megatron_selene_a100.csv"
+    rows = validate([path]).rows
+    counts = {g.key: g.step_time.n for g in group_errors(rows, ["framework", "precision"])}
+    assert counts == {("Megatron-LM 2021–22", "fp16"): 16, ("Megatron-LM 2021–22", "bf16"): 12,
+                      ("DeepSpeed ZeRO", "fp16"): 6}
+    res = CliRunner().invoke(cli, ["validate", str(path), "--format", "csv"])
+    lines = res.stdout.splitlines()
+    assert lines[0].endswith(",assumptions,precision,framework")
+    assert sum(line.endswith(",fp16,DeepSpeed ZeRO") for line in lines) == 6
+
+
 def test_parity_plot(cli, tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     path = str(DATA / "megatron_selene_a100.csv")

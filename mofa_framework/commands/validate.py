@@ -147,7 +147,8 @@ def report_notes(notes, skipped) -> None:
                    "(needs matplotlib).")
 @click.option("--by", "by", metavar="KEY[,KEY]",
               help="Also tabulate the error per group of rows, largest share of the error first; keys: "
-                   "source, reference, model, hardware, num_gpus (e.g. --by model,hardware).")
+                   "source, reference, model, hardware, num_gpus, precision (the GEMMs' format), framework "
+                   "(the stack the row names) (e.g. --by framework,precision).")
 @pass_state
 def validate_cmd(state, files, builtin, builtin_set, reader, fmt, sources, show_rows, hardware, plot, by):
     """Predict every row of measurement CSV FILES (or --builtin) and report the error.
@@ -180,17 +181,17 @@ def validate_cmd(state, files, builtin, builtin_set, reader, fmt, sources, show_
         w.writerow(["source", "reference", "row_id", "model", "hardware", "num_gpus", "strategy", "target",
                     "measured_s", "predicted_s", "error_pct", "measured_tflops", "predicted_tflops_source_convention",
                     "predicted_model_tflops", "measured_memory_gib", "predicted_memory_gib", "fits_in_memory",
-                    "status", "reason", "assumptions"])
+                    "status", "reason", "assumptions", "precision", "framework"])
         for r in result.rows:
             w.writerow([r.source, r.reference, r.row_id, r.model, r.hardware, r.num_gpus, r.strategy, r.target,
                         f"{r.measured_s:.6g}", f"{r.predicted_s:.6g}", f"{100 * r.error:.2f}",
                         r.measured_tflops or "", f"{r.predicted_tflops_source_convention:.4g}"
                         if r.predicted_tflops_source_convention else "", f"{r.predicted_model_tflops:.4g}",
                         r.measured_memory_gib or "", f"{r.predicted_memory_gib:.4g}", r.fits_in_memory, "ok", "",
-                        r.assumptions])
+                        r.assumptions, r.precision, r.framework])
         for s in result.skipped:
             w.writerow([s.source, s.reference, s.row_id, s.model, "", "", "", "", "", "", "", "", "", "", "", "",
-                        "", s.kind, s.reason, ""])
+                        "", s.kind, s.reason, "", "", ""])
         click.echo(buf.getvalue(), nl=False)
         return
     if show_rows:
