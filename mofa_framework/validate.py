@@ -23,10 +23,10 @@ from typing import Any
 import attrs
 import numpy as np
 
+from .batch import PRECISIONS
 from .config import listing
 from .errors import ConfigError
 from .measurements import map_files, map_rows  # noqa: F401  (map_rows: part of this module's API)
-from .batch import PRECISIONS
 from .types import ALLOCATOR_COUNTERS, MappedRow, SkippedRow
 from .units import GIB
 
