@@ -411,12 +411,18 @@ class GroupErrors:
     share_of_error: float
 
 
+def _stated(value):
+    """A grouping value, "(not stated)" for an empty one (a plain-schema file without a framework
+    column), as the cross-validation's framework fold names it."""
+    return "(not stated)" if value == "" else value
+
+
 def group_errors(rows: Sequence[RowResult], by: Sequence[str]) -> list[GroupErrors]:
     """Rows grouped by the fields `by` (of :data:`GROUP_KEYS`), largest summed |error| first."""
     by = group_keys(",".join(by))
     groups: dict[tuple, list[float]] = defaultdict(list)
     for r in rows:
-        groups[tuple(getattr(r, k) for k in by)].append(r.error)
+        groups[tuple(_stated(getattr(r, k)) for k in by)].append(r.error)
     total = sum(abs(e) for errs in groups.values() for e in errs) or 1.0
     out = [GroupErrors(key=k, step_time=ErrorStats.of(v), share_of_error=sum(map(abs, v)) / total)
            for k, v in groups.items()]

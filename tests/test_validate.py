@@ -189,6 +189,8 @@ def test_errors_grouped_by_framework_and_precision(cli):
     lines = res.stdout.splitlines()
     assert lines[0].endswith(",assumptions,precision,framework")
     assert sum(line.endswith(",fp16,DeepSpeed ZeRO") for line in lines) == 6
+    plain = [attrs.evolve(r, framework="") for r in rows[:3]]  # a plain-schema file names no stack
+    assert [g.key for g in group_errors(plain, ["framework"])] == [("(not stated)",)]
 
 
 def test_parity_plot(cli, tmp_path, monkeypatch):
