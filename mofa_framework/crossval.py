@@ -46,8 +46,8 @@ import numpy as np
 from .batch import PRECISIONS
 from .errors import ConfigError
 from .types import EfficiencySpec, MappedRow, ModelSpec, SkippedRow
-from .validate import (ErrorStats, RowResult, SourceSummary, predict_prepared, prepare, rank_stats, resolve_unstated,
-                       row_results, summarize)
+from .validate import (NOT_STATED, ErrorStats, RowResult, SourceSummary, predict_prepared, prepare, rank_stats,
+                       resolve_unstated, row_results, summarize)
 
 #: what a fold holds out, in the order the report lists them
 KINDS = ("source", "gpu-precision", "model-family", "framework")
@@ -99,7 +99,7 @@ class Regime:
         if kind == "model-family":
             return self.family
         if kind == "framework":
-            return self.framework or "(not stated)"
+            return self.framework or NOT_STATED
         raise ValueError(kind)
 
 

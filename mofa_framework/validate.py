@@ -411,10 +411,14 @@ class GroupErrors:
     share_of_error: float
 
 
+#: the group an empty value (a plain-schema file without a framework column) falls in, here and in the
+#: cross-validation's framework fold
+NOT_STATED = "(not stated)"
+
+
 def _stated(value):
-    """A grouping value, "(not stated)" for an empty one (a plain-schema file without a framework
-    column), as the cross-validation's framework fold names it."""
-    return "(not stated)" if value == "" else value
+    """A grouping value, :data:`NOT_STATED` for an empty one."""
+    return NOT_STATED if value == "" else value
 
 
 def group_errors(rows: Sequence[RowResult], by: Sequence[str]) -> list[GroupErrors]:
