@@ -65,6 +65,12 @@ CHUNK_ROWS = 32_768
 #: fewer, larger calls (+20 % candidates per CPU-second on the exhaustive sub-spaces of
 #: ``benchmarks/tune_benchmark.py``; peak 211 MiB on DeepSeek-V3's, against 638 MiB at 524,288)
 PARETO_CHUNK_ROWS = 131_072
+#: a best-first search whose leaves mostly do not fit in memory (fewer than this share of those
+#: reached, once a chunk's worth has been) pops :data:`MEMORY_BOUND_GROWTH` times as many candidates
+#: at a time: its fast nodes must all be priced to learn that they do not fit, so the incumbent that
+#: small chunks keep for pruning comes late either way, and larger engine calls price them for less
+MEMORY_BOUND_SHARE = 0.05
+MEMORY_BOUND_GROWTH = 4
 
 
 def _pow2_upto(n: int) -> tuple[int, ...]:
@@ -771,6 +777,10 @@ class _Search:
         self.pareto: list[tuple] = []
         self.removed: dict[str, int] = {}
         self.evaluated = self.feasible = self.bounded_rows = 0
+        #: leaves counted as memory failures by their node's floor, not evaluated
+        self.floored = 0
+        #: the chunk may grow in a memory-bound search (not when the request sets it, nor for a front)
+        self.adaptive = req.chunk_rows is None and not req.pareto
         self.min_peak = np.inf
         self.levels: list[_Level] = []
         self.overhead_s = engine.step_overhead_s(req.model, req.hardware)
@@ -797,6 +807,15 @@ class _Search:
             return np.inf
         t = self.top.threshold()
         return t + abs(t) * _REL_EPS if np.isfinite(t) else t
+
+    def budget(self) -> int:
+        """Candidates the next pop may take: the chunk, or :data:`MEMORY_BOUND_GROWTH` chunks once
+        at least a chunk of leaves has been reached and fewer than :data:`MEMORY_BOUND_SHARE` of them
+        fit (counts, not time: the same search pops the same nodes on any machine)."""
+        reached = self.evaluated + self.floored
+        if self.adaptive and reached >= self.chunk_rows and self.feasible < MEMORY_BOUND_SHARE * reached:
+            return self.chunk_rows * MEMORY_BOUND_GROWTH
+        return self.chunk_rows
 
     def _batch(self, s_idx: np.ndarray, choice: np.ndarray) -> CandidateBatch:
         """The batch of rows (structure, choice vector): as ``structs.take(s_idx)`` with the
@@ -991,6 +1010,7 @@ class _Search:
         for reason, nodes in ((OVER_HBM, over_hbm), (OVER_HOST, over_host)):
             if nodes.any():
                 self.removed[reason] = self.removed.get(reason, 0) + int(nodes[parent].sum())
+        self.floored += int((over_hbm | over_host)[parent].sum())
         return np.flatnonzero(~(over_hbm | over_host)[parent])
 
     def _finish(self, pl, parent: np.ndarray, batch: CandidateBatch, s_idx: np.ndarray, choice: np.ndarray):
@@ -1082,7 +1102,7 @@ class _Search:
             # the smallest bound first; on a tie the deepest level (it reaches a leaf sooner). Out of
             # time with nothing that fits yet: dive (deepest level first) to the first that does
             depth = max(live) if out_of_time else min(live, key=lambda i: (levels[i].min(), -i))
-            self.expand(depth, *levels[depth].pop(limit, self.chunk_rows))
+            self.expand(depth, *levels[depth].pop(limit, self.budget()))
             now = time.perf_counter()
             if progress is not None and now - last_report > 0.25:
                 last_report = now

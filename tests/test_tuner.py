@@ -503,6 +503,49 @@ def test_moe_search_equals_brute_force_for_every_objective(mofa_predictor, objec
         assert result.best[0].checkpoint_interval_steps >= 1
 
 
+def test_a_memory_bound_search_pops_larger_chunks():
+    """Hand values of the pop budget: the chunk until a chunk of leaves has been reached, then
+    MEMORY_BOUND_GROWTH chunks while fewer than MEMORY_BOUND_SHARE of them fit; never when the
+    request sets the chunk (or asks for a front: `adaptive` off)."""
+    from types import SimpleNamespace
+
+    from mofa_framework.tuner import MEMORY_BOUND_GROWTH, MEMORY_BOUND_SHARE, _Search
+
+    def budget(evaluated, floored, feasible, adaptive=True):
+        return _Search.budget(SimpleNamespace(chunk_rows=1000, adaptive=adaptive, evaluated=evaluated,
+                                              floored=floored, feasible=feasible))
+
+    assert (MEMORY_BOUND_SHARE, MEMORY_BOUND_GROWTH) == (0.05, 4)
+    assert budget(999, 0, 0) == 1000  # fewer than a chunk of leaves reached: too early to tell
+    assert budget(600, 400, 49) == 4000  # 1,000 reached (evaluated or ruled out by their floor), 4.9 % fit
+    assert budget(600, 400, 50) == 1000  # 5 % fit: not memory-bound
+    assert budget(100_000, 0, 10, adaptive=False) == 1000
+
+
+def test_the_grown_chunk_keeps_a_memory_bound_search_exact(mofa_predictor, monkeypatch):
+    """The memory-bound A100 case of the brute-force test above with a chunk small enough that the
+    search grows it (its leaves mostly do not fit): the same optimum as brute force and as a fixed
+    chunk of the same size."""
+    import mofa_framework.tuner as tuner
+
+    reg = mofa_predictor.registry
+    jobs, pred, ok = _moe_case(mofa_predictor, "a100-sxm4-80gb")
+    fits = ok & pred.fits_in_memory
+    best = float(pred.step_time_s[int(np.argmin(np.where(fits, pred.step_time_s, np.inf)))])
+    space = SearchSpace(**_MOE_SPACE, features={n: feature_choices(reg, n) for n in _MOE_FEATURES})
+    common = dict(model=jobs[0].model, hardware=jobs[0].hardware, num_gpus=16, global_batch_size=32,
+                  sequence_length=4096, space=space, top_k=3)
+    monkeypatch.setattr(tuner, "CHUNK_ROWS", 16)
+    grown = []
+    budget = tuner._Search.budget
+    monkeypatch.setattr(tuner._Search, "budget", lambda self: grown.append(budget(self)) or grown[-1])
+    adaptive = tune(mofa_predictor, TuneRequest(**common))
+    fixed = tune(mofa_predictor, TuneRequest(**common, chunk_rows=16))
+    assert 16 * tuner.MEMORY_BOUND_GROWTH in grown and grown[0] == 16
+    assert adaptive.best[0].step_time_s == pytest.approx(best, rel=1e-12)
+    assert [c.step_time_s for c in adaptive.best] == [c.step_time_s for c in fixed.best]
+
+
 # one kind of layer; and four (Mamba or attention × MLP or MoE), each priced and placed on stages separately
 @pytest.mark.parametrize("model_name", ["mixtral-8x7b", "jamba-v0.1"])
 def test_the_bounds_contracts_hold_for_every_builtin_schedule_and_feature(mofa_predictor, model_name):
