@@ -8,8 +8,9 @@ Reads the copy shipped with MoFa (``mofa_measurements``, the same files as ``../
 For every shipped profile this script writes, between its markers near the top of the TOML,
 the ``gemm_profile``, ``attention_profile`` and ``collective_profile`` arrays (the
 ``[[gemm_profile]]`` / ``[[attention_profile]]`` / ``[[collective_profile]]`` schema, written as
-arrays of inline tables), sets ``[efficiency] memory_efficiency`` from BabelStream, and records in
-the profile's ``notes`` where every table came from. What it reads and why is in
+arrays of inline tables), sets ``[efficiency] memory_efficiency`` from BabelStream and
+``[interconnect] h2d_bandwidth_gbps`` / ``d2h_bandwidth_gbps`` from nvbandwidth's host-link copies,
+and records in the profile's ``notes`` where every table came from. What it reads and why is in
 ``SOURCES`` below; ``docs/validation.md`` ("Grounding in microbenchmarks") explains the choices.
 ``--check`` exits 1 when a profile is out of date.
 
@@ -106,30 +107,34 @@ C = {
 }
 
 #: per profile: GEMM sources; a sibling profile whose GEMM table it takes (scaled, see module doc);
-#: the attention row; collective sources (or a sibling's); the BabelStream GPU (or a sibling's);
-#: SM count (public datasheets); notes
+#: the attention row; collective sources (or a sibling's); the BabelStream GPU (or a sibling's); the
+#: nvbandwidth GPU of its host link (``host``), or the profile whose measured link is the same kind
+#: (``host_sibling``: PCIe Gen5 x16 to an x86 host); SM count (public datasheets); notes
 SOURCES: dict[str, dict] = {
     "h100-sxm5-80gb": dict(gemm=["xla-h100-bf16", "mamf-h100-bf16", "azure-h100-fp8", "mamf-h100-fp8"],
                            attention="h100", coll=["azure-h100-ar", "xla-h100", "aws-p5-ar"], stream="H100-SXM5-80GB",
-                           sm=132),
+                           host="H100-SXM5-80GB", sm=132),
     "h100-sxm-96gb-grandteton": dict(sibling="h100-sxm5-80gb", attention="h100", coll_sibling="h100-sxm5-80gb",
-                                     stream_sibling="h100-sxm5-80gb", sm=132,
+                                     stream_sibling="h100-sxm5-80gb", host_sibling="h100-sxm5-80gb", sm=132,
                                      why="the same GH100 SXM part at 500 W instead of 700 W: its tables are H100 "
                                          "SXM5's as measured at 700 W, and compute.power_limit_w = 500 prices the "
                                          "cap at run time (HardwareProfile.compute_clock_scale); the only step times "
                                          "on this part, torchtitan's benchmarks, are held out of every fit, so "
                                          "[efficiency] is H100 SXM5's, copied"),
-    "h800-sxm5-80gb": dict(sibling="h100-sxm5-80gb", attention="h100", stream_sibling="h100-sxm5-80gb", sm=132,
+    "h800-sxm5-80gb": dict(sibling="h100-sxm5-80gb", attention="h100", stream_sibling="h100-sxm5-80gb",
+                           host_sibling="h100-sxm5-80gb", sm=132,
                            why="H800 SXM5 has H100 SXM5's compute and HBM3; only NVLink (400 GB/s) differs, so "
                                "its collectives keep the formula"),
     "h100-pcie-80gb": dict(sibling="h100-sxm5-80gb", attention="h100", attention_scale=756.0 / 989.0, sm=114,
+                           host_sibling="h100-sxm5-80gb",
                            why="H100 PCIe (114 SMs, 350 W): H100 SXM5's tables scaled by the dense-peak ratio of "
                                "gpu_specs.csv (756/989)"),
     "h200-sxm-141gb": dict(gemm=["azure-h200-fp8", "mamf-h200-fp8"], sibling="h100-sxm5-80gb", attention="h200",
-                           coll=["azure-h200-ar"], coll_sibling="h100-sxm5-80gb", stream="H200-SXM", sm=132,
+                           coll=["azure-h200-ar"], coll_sibling="h100-sxm5-80gb", stream="H200-SXM", host="H200-SXM",
+                           sm=132,
                            why="H200 has H100 SXM5's compute: its bf16 GEMMs and the collectives it has no "
                                "measurement of take H100 SXM5's"),
-    "a100-sxm4-80gb": dict(attention="a100", stream="A100-SXM4-80GB", sm=108,
+    "a100-sxm4-80gb": dict(attention="a100", stream="A100-SXM4-80GB", host="A100-SXM4-80GB", sm=108,
                            why="NO GEMM table: Azure's A100 cuBLASLt table has 8 shapes, all 1024-32768 with k >= 768, "
                                "and says nothing of the small and thin GEMMs (unfused attention at k = 64, narrow TP "
                                "shards) of vTrain's 1,440 single-node runs; priced from it, the A100 rows' in-sample "
@@ -146,17 +151,19 @@ SOURCES: dict[str, dict] = {
                                "A100 80GB's BabelStream efficiency", stream_sibling="a100-sxm4-80gb"),
     "b200-sxm-180gb": dict(gemm=["xla-b200-bf16", "xla-b200-fp8", "mamf-b200-bf16", "mamf-b200-fp8"],
                            attention="gb200", coll=["xla-b200", "aws-p6-ar-1", "aws-p6-ar-4"], stream_sibling="h200-sxm-141gb",
-                           sm=148, why="no B200 attention or BabelStream row: GB200's FlashAttention-2 row and "
+                           host_sibling="h100-sxm5-80gb", sm=148, why="no B200 attention or BabelStream row: GB200's FlashAttention-2 row and "
                                        "H200's HBM3e efficiency"),
     "gb200-nvl72": dict(gemm=["azure-gb200-fp8", "azure-gb200-fp4", "mamf-gb200-bf16", "mamf-gb200-fp8"],
-                        sibling="b200-sxm-180gb", attention="gb200", coll=["xla-gb200"], stream_sibling="h200-sxm-141gb", sm=148,
+                        sibling="b200-sxm-180gb", attention="gb200", coll=["xla-gb200"], stream_sibling="h200-sxm-141gb",
+                        host="GB200 (one", sm=148,
                         why="the bf16 shapes come from B200's XLA table scaled to GB200's measured best shape; "
                             "no BabelStream row: H200's HBM3e efficiency"),
     "b300-sxm": dict(gemm=["mamf-b300-bf16", "mamf-b300-fp8"], sibling="b200-sxm-180gb", attention="gb300",
-                     stream_sibling="h200-sxm-141gb", sm=160,
+                     stream_sibling="h200-sxm-141gb", host_sibling="h100-sxm5-80gb", sm=160,
                      why="one measured shape per dtype: B200's XLA shapes scaled to it; GB300's attention row"),
     "gb300-nvl72": dict(gemm=["azure-gb300-fp8", "azure-gb300-fp4", "mamf-b300-bf16"], sibling="b200-sxm-180gb",
-                        attention="gb300", coll=["xla-gb300"], stream_sibling="h200-sxm-141gb", sm=160,
+                        attention="gb300", coll=["xla-gb300"], stream_sibling="h200-sxm-141gb", host="GB300 (one",
+                        sm=160,
                         why="bf16: B300's measured best shape with B200's XLA shapes scaled to it"),
     "mi300x": dict(gemm=["xla-mi300x-bf16", "azure-mi300x-fp8", "mamf-mi300x-bf16"], attention="mi300x",
                    coll=["azure-mi300x-ar", "xla-mi300x"], stream="MI300X 192GB", sm=304),
@@ -169,8 +176,10 @@ SOURCES: dict[str, dict] = {
                        why="GH200's Hopper GPU: H100 SXM5's GEMM shapes scaled to GH200's own measured best shapes; "
                            "H100's attention row"),
     "h100-nvl-pcie-94gb": dict(sibling="h100-sxm5-80gb", attention="h100", attention_scale=835.5 / 989.0, sm=132,
+                               host_sibling="h100-sxm5-80gb",
                                why="H100 NVL: H100 SXM5's tables scaled by the dense-peak ratio (835.5/989)"),
     "h20-96gb": dict(sibling="h100-sxm5-80gb", attention="h100", attention_scale=148.0 / 989.0,
+                     host_sibling="h100-sxm5-80gb",
                      why="H20: no measurement of its own; H100 SXM5's tables scaled by the dense-peak ratio "
                          "(148/989): a cut-down Hopper whose shapes' relative rates are assumed H100's"),
     "l40s-48gb": dict(sibling="h100-sxm5-80gb", attention="h100", attention_scale=362.05 / 989.0,
@@ -327,11 +336,42 @@ def stream_efficiency(data: Path, gpu: str, spec_gbps: float) -> tuple[float, st
     return round(min(1.0, tb * 1000.0 / spec_gbps), 4), f"BabelStream Triad {tb:g} TB/s of {spec_gbps:g} GB/s ({gpu})"
 
 
+#: nvbandwidth's copy-engine tests of the host link (``microbench_memory.csv``)
+HOST_TESTS = ("nvbandwidth Host to Device", "nvbandwidth Device to Host")
+#: the two directions of one link measured further apart than this are not taken: a PCIe or C2C link
+#: moves about the same either way (H100 51 / 52, H200 55 / 55, GB200 201 / 193 GB/s); a reading
+#: several times lower one way is its platform's (Azure ND A100 v4: 26.28 / 6.27), not the GPU's
+HOST_AGREE = 0.10
+
+
+def _gbps(row: dict) -> float:
+    """nvbandwidth's figure as its test name states it ("(GB/s=26.28)"), else the rounded TB/s column."""
+    m = re.search(r"GB/s=([0-9.]+)", row["test"])
+    return float(m.group(1)) if m else float(row["tb_per_s"]) * 1000.0
+
+
+def host_link(data: Path, gpu: str) -> tuple[float | None, float | None, str]:
+    """(h2d, d2h) GB/s measured by nvbandwidth on `gpu` (median of the current rows), or (None,
+    None) with the reason when the two directions disagree by more than :data:`HOST_AGREE`."""
+    got, label = [], gpu
+    for test in HOST_TESTS:
+        hits = [r for r in rows(data, "microbench_memory.csv") if r["gpu"].startswith(gpu) and r["test"].startswith(test)]
+        got.append(round(statistics.median(_gbps(r) for r in hits), 2) if hits else None)
+        label = hits[0]["gpu"].split(" (")[0] if hits else label
+    h2d, d2h = got
+    if h2d is None or d2h is None:
+        return None, None, f"no nvbandwidth host-link row for {gpu}"
+    src = f"nvbandwidth host to device {h2d:g} / device to host {d2h:g} GB/s ({label}, {hits[0]['system']})"
+    if abs(h2d - d2h) > HOST_AGREE * max(h2d, d2h):
+        return None, None, f"{src} not taken (the directions disagree: the measured system's quirk)"
+    return h2d, d2h, src
+
+
 def build(data: Path) -> dict[str, dict]:
     """name → {gemm, attention, collective, memory_efficiency, notes} for every profile in SOURCES."""
     out: dict[str, dict] = {}
     order = sorted(SOURCES, key=lambda n: ("sibling" in SOURCES[n] or "coll_sibling" in SOURCES[n]
-                                           or "stream_sibling" in SOURCES[n], n))
+                                           or "stream_sibling" in SOURCES[n] or "host_sibling" in SOURCES[n], n))
     for name in order:
         spec = SOURCES[name]
         d = profile_data(name)
@@ -376,10 +416,18 @@ def build(data: Path) -> dict[str, dict]:
             ss = spec["stream_sibling"]
             mem, src = stream_efficiency(data, SOURCES[ss]["stream"], profile_data(ss)["memory"]["hbm_bandwidth_gbps"])
             notes.append(f"memory_efficiency {mem} from sibling: {src}")
+        link = (None, None)
+        if "host" in spec:
+            *link, src = host_link(data, spec["host"])
+            notes.append(f"h2d / d2h_bandwidth_gbps = {src}" if link[0] else src)
+        elif "host_sibling" in spec:
+            *link, src = host_link(data, SOURCES[spec["host_sibling"]]["host"])
+            notes.append(f"h2d / d2h_bandwidth_gbps from sibling {spec['host_sibling']} (the same PCIe Gen5 x16 "
+                         f"host link): {src}")
         if spec.get("why"):
             notes.append(spec["why"])
         out[name] = {"gemm": gemm, "attention": att, "collective": coll, "memory_efficiency": mem,
-                     "notes": "; ".join(notes), "sm_count": spec.get("sm")}
+                     "host_link": tuple(link), "notes": "; ".join(notes), "sm_count": spec.get("sm")}
     return out
 
 
@@ -393,7 +441,7 @@ def build_one(data: Path, name: str) -> dict:
 
 
 def rewrite(text: str, entry: dict) -> str:
-    from mofa_plugins.profiler import set_memory_efficiency, tables_block, with_tables
+    from mofa_plugins.profiler import set_host_link, set_memory_efficiency, tables_block, with_tables
 
     text = with_tables(text, tables_block(entry["gemm"], entry["attention"], entry["collective"], begin=BEGIN))
     note = (NOTE + " " + entry["notes"] + ".").replace('"', "'")
@@ -405,6 +453,8 @@ def rewrite(text: str, entry: dict) -> str:
                       f"sm_count = {entry['sm_count']}\n", text, count=1, flags=re.M)
     if entry["memory_efficiency"] is not None:
         text = set_memory_efficiency(text, entry["memory_efficiency"])
+    if entry.get("host_link", (None, None))[0] is not None:
+        text = set_host_link(text, *entry["host_link"])
     return text
 
 

@@ -16,6 +16,9 @@ What it measures, on the device torch sees (``cuda`` when there is one, else the
   (forward 4·b·h·s²·d/2, backward 2.5× that);
 - **HBM bandwidth**: a device-to-device copy of a large buffer, written as the profile's
   ``memory_efficiency`` against the base profile's datasheet bandwidth;
+- **the host link** (on a GPU): copies between a pinned host buffer and the device, each way, written
+  as ``[interconnect] h2d_bandwidth_gbps`` / ``d2h_bandwidth_gbps`` (what the offload features and
+  the CPU optimizer move data at; the shipped profiles take nvbandwidth's figures);
 - **collectives** (``[[collective_profile]]``, when launched with ``torchrun`` on ≥ 2 ranks):
   all-reduce, all-gather, reduce-scatter, all-to-all and p2p bus bandwidth by message size with
   nccl-tests' conventions, scope ``scaleup`` when every rank is on one node (``LOCAL_WORLD_SIZE ==
@@ -157,6 +160,19 @@ def measure_copy_gbps(torch, device, nbytes: int, iters: int) -> float:
     return 2.0 * nbytes / s / 1e9
 
 
+def measure_host_link_gbps(torch, device, nbytes: int, iters: int) -> tuple[float, float] | None:
+    """(host → device, device → host) GB/s: copies of `nbytes` between a pinned host buffer and the
+    device, as nvbandwidth's copy-engine tests time them; None on a CPU, which has no host link."""
+    if device.type != "cuda":
+        return None
+    host = torch.empty(nbytes // 4, dtype=torch.float32, pin_memory=True)
+    dev = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+    sync = torch.cuda.synchronize
+    h2d = _time(lambda: dev.copy_(host, non_blocking=True), sync, iters)
+    d2h = _time(lambda: host.copy_(dev, non_blocking=True), sync, iters)
+    return nbytes / h2d / 1e9, nbytes / d2h / 1e9
+
+
 def busbw_factor(kind: str, n: int) -> float:
     """nccl-tests' bus-bandwidth factor (PERFORMANCE.md): busbw = algbw · factor."""
     return {"all_reduce": 2.0 * (n - 1) / n, "p2p": 1.0}.get(kind, (n - 1) / n)
@@ -269,6 +285,20 @@ def set_memory_efficiency(text: str, value: float) -> str:
     return text.rstrip("\n") + f"\n\n[efficiency]\nmemory_efficiency = {value}\n"
 
 
+def set_host_link(text: str, h2d_gbps: float, d2h_gbps: float) -> str:
+    """The profile text with ``[interconnect] h2d_bandwidth_gbps`` / ``d2h_bandwidth_gbps`` set
+    (replaced where present, else added under ``[interconnect]``)."""
+    for key, value in (("d2h_bandwidth_gbps", d2h_gbps), ("h2d_bandwidth_gbps", h2d_gbps)):
+        line = f"{key} = {round(float(value), 2)}"
+        if re.search(rf"^{key} = ", text, flags=re.M):
+            text = re.sub(rf"^{key} = .*$", line, text, flags=re.M)
+        elif re.search(r"^\[interconnect\]$", text, flags=re.M):
+            text = re.sub(r"^\[interconnect\]$", f"[interconnect]\n{line}", text, count=1, flags=re.M)
+        else:
+            raise ValueError("the profile has no [interconnect] table to put the host link in")
+    return text
+
+
 # ====================================================================== the command
 
 
@@ -308,12 +338,13 @@ def run_profile(base: str, name: str, out: Path, quick: bool, iters: int, device
     attention = measure_attention(torch, device, (64,) if quick else ATTENTION_HEAD_DIMS,
                                   (128, 256) if quick else ATTENTION_SEQS, iters, batch_heads=2 if quick else 16)
     copy = measure_copy_gbps(torch, device, (1 << 22) if quick else (1 << 30), iters)
+    link = measure_host_link_gbps(torch, device, (1 << 22) if quick else (1 << 30), iters)
     collective, skipped = [], []
     if distributed:
         collective, skipped = measure_collectives(torch, device, (2 ** 12, 2 ** 16) if quick else MESSAGE_BYTES, iters)
     rank0 = not distributed or torch.distributed.get_rank() == 0
     summary = {"device": str(device), "gemm": len(gemm), "attention": len(attention), "collective": len(collective),
-               "skipped": skipped, "copy_gbps": copy, "path": str(out)}
+               "skipped": skipped, "copy_gbps": copy, "host_link_gbps": link, "path": str(out)}
     if rank0:
         text = rename_profile(profile_path(hw.name).read_text(), name,
                               f"{hw.display_name or hw.name} profiled by mofa profile as {name}")
@@ -325,9 +356,13 @@ def run_profile(base: str, name: str, out: Path, quick: bool, iters: int, device
             text = set_hbm_bandwidth(text, own_bw)
             against = (f"under 1 % of {hw.name}'s datasheet {hw.memory.hbm_bandwidth_gbps:g} GB/s, so "
                        "hbm_bandwidth_gbps is the measured rate and memory_efficiency 1")
+        if link is not None:
+            text = set_host_link(text, *link)
+        host = (f"host link {link[0]:.4g} / {link[1]:.4g} GB/s host to device / device to host (pinned copies)"
+                if link is not None else f"no host link on {device.type} (h2d / d2h kept from {hw.name})")
         what = (f" Measured by `mofa profile` on {device_name or device.type} ({time.strftime('%Y-%m-%d')}): "
                 f"{len(gemm)} GEMM shapes, {len(attention)} attention kernels, device copy {copy:.4g} GB/s "
-                f"({against}), {len(collective)} collective points; specs from {hw.name}.")
+                f"({against}), {host}, {len(collective)} collective points; specs from {hw.name}.")
         text = re.sub(r'^(notes = ".*?)(?: Microbenchmarks:.*)?"$', lambda m: m.group(1) + what + '"', text, count=1,
                       flags=re.M)
         try:
@@ -358,8 +393,11 @@ def profile_cmd(base, name, out, quick, iters, device_name):
     s = run_profile(base, name, out, quick, iters, device_name)
     if int(os.environ.get("RANK", "0")) != 0:
         return
+    link = s["host_link_gbps"]
     click.echo(f"profiled on {s['device']}: {s['gemm']} GEMMs, {s['attention']} attention kernels, "
-               f"copy {s['copy_gbps']:.1f} GB/s, {s['collective']} collective points"
+               f"copy {s['copy_gbps']:.1f} GB/s, "
+               + (f"host link {link[0]:.1f} / {link[1]:.1f} GB/s, " if link is not None else "")
+               + f"{s['collective']} collective points"
                + (f" (skipped: {', '.join(s['skipped'])})" if s["skipped"] else "") + f" → {s['path']}")
 
 

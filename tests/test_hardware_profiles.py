@@ -175,6 +175,36 @@ def test_copying_keeps_the_parts_own_memory_efficiency(tmp_path, monkeypatch):
     assert gp.copy_sibling_efficiency(bare).endswith("[efficiency]\nmemory_efficiency = 0.5\nstep_overhead_s = 1.0\n")
 
 
+#: (h2d, d2h) GB/s: nvbandwidth's copy-engine measurements (microbench_memory.csv), each part's own
+#: or, for the parts on the same PCIe Gen5 x16 host link, H100 SXM5's; A100's two directions disagree
+#: (26.28 / 6.27 on Azure ND A100 v4) and are not taken: its PCIe Gen4 nominal 31 GB/s stays
+HOST_LINKS = {"h100-sxm5-80gb": (51.0, 52.0), "h200-sxm-141gb": (55.0, 55.0), "gb200-nvl72": (201.0, 193.0),
+              "gb300-nvl72": (211.0, 193.0), "b200-sxm-180gb": (51.0, 52.0), "b300-sxm": (51.0, 52.0),
+              "h800-sxm5-80gb": (51.0, 52.0), "h100-sxm-96gb-grandteton": (51.0, 52.0), "a100-sxm4-80gb": (31.0, 31.0)}
+
+
+@pytest.mark.parametrize("name", sorted(HOST_LINKS))
+def test_host_links_are_the_measured_copies(name, mofa_predictor):
+    ic = mofa_predictor.registry.hardware[name].interconnect
+    assert (ic.h2d_bandwidth_gbps, ic.d2h_bandwidth_gbps) == HOST_LINKS[name]
+
+
+def test_host_link_directions_that_disagree_are_not_taken():
+    """`host_link` reads the medians of the current nvbandwidth rows (the measurements shipped with
+    MoFa, copies of ../shared/data); the A100 pair (26.28 / 6.27 GB/s, more than 10 % apart) comes
+    back as no measurement, with the reason."""
+    import importlib.util
+    import sys
+    spec = importlib.util.spec_from_file_location("ground_profiles", ROOT / "benchmarks" / "ground_profiles.py")
+    gp = importlib.util.module_from_spec(spec)
+    sys.modules["ground_profiles"] = gp
+    spec.loader.exec_module(gp)
+    data = gp.DATA
+    assert gp.host_link(data, "GB200 (one")[:2] == (201.0, 193.0)
+    h2d, d2h, why = gp.host_link(data, "A100-SXM4-80GB")
+    assert (h2d, d2h) == (None, None) and "26.28 / device to host 6.27" in why and "not taken" in why
+
+
 def test_power_capped_part_runs_its_siblings_tables_at_the_capped_clock(mofa_predictor):
     """The Grand Teton H100 (500 W) carries H100 SXM5's GEMM and attention tables as measured at
     700 W, unscaled, and its 500 W limit against that 700 W: the providers run tensor-core work at

@@ -139,3 +139,34 @@ def test_memory_fields_keep_a_slow_device_loadable():
     assert memory_fields(33.5, 3350.0) == (0.01, None)
     text = "[memory]\nhbm_gib = 80.0\nhbm_bandwidth_gbps = 3350.0\n"
     assert set_hbm_bandwidth(text, 3.7) == "[memory]\nhbm_gib = 80.0\nhbm_bandwidth_gbps = 3.7\n"
+
+
+def test_host_link_is_written_under_interconnect():
+    """`set_host_link` replaces the two lines where the profile has them and adds them under
+    [interconnect] where it does not (a profile on the 32 GB/s defaults); no [interconnect]: an error."""
+    from mofa_plugins.profiler import set_host_link
+
+    have = "[interconnect]\nscaleup_domain_gpus = 8\nh2d_bandwidth_gbps = 63.0\nd2h_bandwidth_gbps = 63.0\n"
+    assert set_host_link(have, 51.0, 52.004) == ("[interconnect]\nscaleup_domain_gpus = 8\nh2d_bandwidth_gbps = 51.0\n"
+                                                 "d2h_bandwidth_gbps = 52.0\n")
+    bare = "[interconnect]\nscaleup_domain_gpus = 8\n"
+    assert set_host_link(bare, 201.0, 193.0) == ("[interconnect]\nh2d_bandwidth_gbps = 201.0\nd2h_bandwidth_gbps = 193.0\n"
+                                                 "scaleup_domain_gpus = 8\n")
+    with pytest.raises(ValueError, match="no \\[interconnect\\]"):
+        set_host_link("[memory]\nhbm_gib = 80\n", 1.0, 1.0)
+
+
+def test_host_link_measurement_by_hand(monkeypatch):
+    """Pinned copies of 1 GiB timed at 20 ms to the device and 25 ms back read 2³⁰ / 0.020 / 10⁹ =
+    53.687 and 42.950 GB/s; a CPU device has no host link (None, the base profile's figures stay)."""
+    from types import SimpleNamespace
+
+    from mofa_plugins import profiler
+
+    times = iter([0.020, 0.025])
+    monkeypatch.setattr(profiler, "_time", lambda fn, sync, iters: next(times))
+    buffers = SimpleNamespace(copy_=lambda other, non_blocking=False: None)
+    fake = SimpleNamespace(empty=lambda *a, **k: buffers, float32="float32", cuda=SimpleNamespace(synchronize=None))
+    h2d, d2h = profiler.measure_host_link_gbps(fake, SimpleNamespace(type="cuda"), 1 << 30, iters=3)
+    assert (h2d, d2h) == (pytest.approx(53.687, abs=1e-3), pytest.approx(42.950, abs=1e-3))
+    assert profiler.measure_host_link_gbps(fake, SimpleNamespace(type="cpu"), 1 << 30, iters=3) is None
