@@ -150,9 +150,10 @@ SOURCES: dict[str, dict] = {
                            why="A100 40GB has A100 80GB's compute and NVSwitch; its HBM2 (1.56 TB/s) takes "
                                "A100 80GB's BabelStream efficiency", stream_sibling="a100-sxm4-80gb"),
     "b200-sxm-180gb": dict(gemm=["xla-b200-bf16", "xla-b200-fp8", "mamf-b200-bf16", "mamf-b200-fp8"],
-                           attention="gb200", coll=["xla-b200", "aws-p6-ar-1", "aws-p6-ar-4"], stream_sibling="h200-sxm-141gb",
-                           host_sibling="h100-sxm5-80gb", sm=148, why="no B200 attention or BabelStream row: GB200's FlashAttention-2 row and "
-                                       "H200's HBM3e efficiency"),
+                           attention="gb200", coll=["xla-b200", "aws-p6-ar-1", "aws-p6-ar-4"],
+                           stream_sibling="h200-sxm-141gb", host_sibling="h100-sxm5-80gb", sm=148,
+                           why="no B200 attention or BabelStream row: GB200's FlashAttention-2 row and "
+                               "H200's HBM3e efficiency"),
     "gb200-nvl72": dict(gemm=["azure-gb200-fp8", "azure-gb200-fp4", "mamf-gb200-bf16", "mamf-gb200-fp8"],
                         sibling="b200-sxm-180gb", attention="gb200", coll=["xla-gb200"], stream_sibling="h200-sxm-141gb",
                         host="GB200 (one", sm=148,
@@ -355,7 +356,8 @@ def host_link(data: Path, gpu: str) -> tuple[float | None, float | None, str]:
     None) with the reason when the two directions disagree by more than :data:`HOST_AGREE`."""
     got, label = [], gpu
     for test in HOST_TESTS:
-        hits = [r for r in rows(data, "microbench_memory.csv") if r["gpu"].startswith(gpu) and r["test"].startswith(test)]
+        hits = [r for r in rows(data, "microbench_memory.csv")
+                if r["gpu"].startswith(gpu) and r["test"].startswith(test)]
         got.append(round(statistics.median(_gbps(r) for r in hits), 2) if hits else None)
         label = hits[0]["gpu"].split(" (")[0] if hits else label
     h2d, d2h = got
@@ -368,7 +370,8 @@ def host_link(data: Path, gpu: str) -> tuple[float | None, float | None, str]:
 
 
 def build(data: Path) -> dict[str, dict]:
-    """name → {gemm, attention, collective, memory_efficiency, notes} for every profile in SOURCES."""
+    """name → {gemm, attention, collective, memory_efficiency, host_link, notes, sm_count} for every
+    profile in SOURCES."""
     out: dict[str, dict] = {}
     order = sorted(SOURCES, key=lambda n: ("sibling" in SOURCES[n] or "coll_sibling" in SOURCES[n]
                                            or "stream_sibling" in SOURCES[n] or "host_sibling" in SOURCES[n], n))
