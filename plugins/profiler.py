@@ -19,6 +19,9 @@ What it measures, on the device torch sees (``cuda`` when there is one, else the
 - **the host link** (on a GPU): copies between a pinned host buffer and the device, each way, written
   as ``[interconnect] h2d_bandwidth_gbps`` / ``d2h_bandwidth_gbps`` (what the offload features and
   the CPU optimizer move data at; the shipped profiles take nvbandwidth's figures);
+- **the host's CPU Adam** (one process, not under ``torchrun``): torch's fused AdamW over fp32
+  weights on the process's threads, written as ``[host] cpu_optimizer_params_per_s`` (the CPU
+  optimizer's update rate for the node);
 - **collectives** (``[[collective_profile]]``, when launched with ``torchrun`` on ≥ 2 ranks):
   all-reduce, all-gather, reduce-scatter, all-to-all and p2p bus bandwidth by message size with
   nccl-tests' conventions, scope ``scaleup`` when every rank is on one node (``LOCAL_WORLD_SIZE ==
@@ -173,6 +176,22 @@ def measure_host_link_gbps(torch, device, nbytes: int, iters: int) -> tuple[floa
     return nbytes / h2d / 1e9, nbytes / d2h / 1e9
 
 
+def measure_cpu_adam_params_per_s(torch, nparams: int, iters: int) -> float:
+    """Parameters per second one AdamW step updates on this host's CPUs: torch's fused CPU AdamW
+    (``foreach`` where this build has no fused kernel) over fp32 weights, gradients and moments, on
+    the process's threads — the node's ``[host] cpu_optimizer_params_per_s`` when one process has
+    the node's cores."""
+    p = torch.zeros(nparams, dtype=torch.float32, requires_grad=True)
+    p.grad = torch.rand(nparams, dtype=torch.float32)
+    try:
+        opt = torch.optim.AdamW([p], lr=1e-4, fused=True)
+        opt.step()
+    except (RuntimeError, TypeError, ValueError):
+        opt = torch.optim.AdamW([p], lr=1e-4, foreach=True)
+    with torch.no_grad():
+        return nparams / _time(opt.step, lambda: None, iters)
+
+
 def busbw_factor(kind: str, n: int) -> float:
     """nccl-tests' bus-bandwidth factor (PERFORMANCE.md): busbw = algbw · factor."""
     return {"all_reduce": 2.0 * (n - 1) / n, "p2p": 1.0}.get(kind, (n - 1) / n)
@@ -285,6 +304,20 @@ def set_memory_efficiency(text: str, value: float) -> str:
     return text.rstrip("\n") + f"\n\n[efficiency]\nmemory_efficiency = {value}\n"
 
 
+def set_table_value(text: str, table: str, key: str, value: str) -> str:
+    """The profile text with ``[table] key = value`` set: replaced inside that table where present,
+    else added under its header, else the table appended."""
+    m = re.search(rf"^\[{table}\]\n(?:(?!\[).*\n?)*", text, flags=re.M)
+    if m is None:
+        return text.rstrip("\n") + f"\n\n[{table}]\n{key} = {value}\n"
+    body = m.group(0)
+    if re.search(rf"^{key} = ", body, flags=re.M):
+        body = re.sub(rf"^{key} = .*$", f"{key} = {value}", body, count=1, flags=re.M)
+    else:
+        body = body.replace(f"[{table}]\n", f"[{table}]\n{key} = {value}\n", 1)
+    return text[:m.start()] + body + text[m.end():]
+
+
 def set_host_link(text: str, h2d_gbps: float, d2h_gbps: float) -> str:
     """The profile text with ``[interconnect] h2d_bandwidth_gbps`` / ``d2h_bandwidth_gbps`` set
     (replaced where present, else added under ``[interconnect]``)."""
@@ -339,12 +372,15 @@ def run_profile(base: str, name: str, out: Path, quick: bool, iters: int, device
                                   (128, 256) if quick else ATTENTION_SEQS, iters, batch_heads=2 if quick else 16)
     copy = measure_copy_gbps(torch, device, (1 << 22) if quick else (1 << 30), iters)
     link = measure_host_link_gbps(torch, device, (1 << 22) if quick else (1 << 30), iters)
+    # the host's Adam rate: one process with the node's cores (under torchrun each rank has one thread)
+    adam = None if distributed else measure_cpu_adam_params_per_s(torch, (1 << 20) if quick else (1 << 26), iters)
     collective, skipped = [], []
     if distributed:
         collective, skipped = measure_collectives(torch, device, (2 ** 12, 2 ** 16) if quick else MESSAGE_BYTES, iters)
     rank0 = not distributed or torch.distributed.get_rank() == 0
     summary = {"device": str(device), "gemm": len(gemm), "attention": len(attention), "collective": len(collective),
-               "skipped": skipped, "copy_gbps": copy, "host_link_gbps": link, "path": str(out)}
+               "skipped": skipped, "copy_gbps": copy, "host_link_gbps": link, "cpu_adam_params_per_s": adam,
+               "path": str(out)}
     if rank0:
         text = rename_profile(profile_path(hw.name).read_text(), name,
                               f"{hw.display_name or hw.name} profiled by mofa profile as {name}")
@@ -358,8 +394,12 @@ def run_profile(base: str, name: str, out: Path, quick: bool, iters: int, device
                        "hbm_bandwidth_gbps is the measured rate and memory_efficiency 1")
         if link is not None:
             text = set_host_link(text, *link)
+        if adam is not None:
+            text = set_table_value(text, "host", "cpu_optimizer_params_per_s", f"{adam:.4g}")
         host = (f"host link {link[0]:.4g} / {link[1]:.4g} GB/s host to device / device to host (pinned copies)"
                 if link is not None else f"no host link on {device.type} (h2d / d2h kept from {hw.name})")
+        host += (f", CPU AdamW {adam:.4g} parameters/s on {torch.get_num_threads()} threads" if adam is not None
+                 else f", CPU Adam not measured under torchrun (one thread per rank; kept from {hw.name})")
         what = (f" Measured by `mofa profile` on {device_name or device.type} ({time.strftime('%Y-%m-%d')}): "
                 f"{len(gemm)} GEMM shapes, {len(attention)} attention kernels, device copy {copy:.4g} GB/s "
                 f"({against}), {host}, {len(collective)} collective points; specs from {hw.name}.")
@@ -397,6 +437,8 @@ def profile_cmd(base, name, out, quick, iters, device_name):
     click.echo(f"profiled on {s['device']}: {s['gemm']} GEMMs, {s['attention']} attention kernels, "
                f"copy {s['copy_gbps']:.1f} GB/s, "
                + (f"host link {link[0]:.1f} / {link[1]:.1f} GB/s, " if link is not None else "")
+               + (f"CPU AdamW {s['cpu_adam_params_per_s']:.3g} parameters/s, "
+                  if s["cpu_adam_params_per_s"] is not None else "")
                + f"{s['collective']} collective points"
                + (f" (skipped: {', '.join(s['skipped'])})" if s["skipped"] else "") + f" → {s['path']}")
 

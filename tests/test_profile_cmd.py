@@ -65,6 +65,10 @@ def test_profile_quick_on_cpu_writes_a_profile_that_loads_and_predicts(cli, tmp_
     assert hw.name == "my-cpu" and hw.gemm_profile and all(p.dtype == "bf16" for p in hw.gemm_profile)
     assert {p.direction for p in hw.attention_profile} == {"fwd", "bwd"} and all(p.causal for p in hw.attention_profile)
     assert 0 < hw.efficiency.memory_efficiency <= 1
+    # the host's CPU AdamW, measured here (a CPU has no host link: h2d / d2h stay the base's)
+    assert "CPU AdamW" in r.output and hw.host.cpu_optimizer_params_per_s != 2.0e9
+    assert 1e5 < hw.host.cpu_optimizer_params_per_s < 1e12
+    assert hw.interconnect.h2d_bandwidth_gbps == 51.0 and "no host link on cpu" in hw.notes
     args = ["predict", "--model", "llama3-8b", "--gpus", "8", "--tp", "8", "--gbs", "8", "--seq", "1024",
             "--format", "json"]
     mine = CliRunner().invoke(cli, [*args, "--hardware", "my-cpu"], env={"MOFA_HARDWARE_PATH": str(out.parent)})
@@ -170,3 +174,21 @@ def test_host_link_measurement_by_hand(monkeypatch):
     h2d, d2h = profiler.measure_host_link_gbps(fake, SimpleNamespace(type="cuda"), 1 << 30, iters=3)
     assert (h2d, d2h) == (pytest.approx(53.687, abs=1e-3), pytest.approx(42.950, abs=1e-3))
     assert profiler.measure_host_link_gbps(fake, SimpleNamespace(type="cpu"), 1 << 30, iters=3) is None
+
+
+def test_cpu_adam_rate_and_the_host_table_by_hand(monkeypatch):
+    """2²⁰ parameters per AdamW step in 1 ms: 1.048576e9 parameters/s; `set_table_value` replaces a
+    key inside its table, adds it under the header, or appends the table."""
+    need_torch()
+    import torch
+
+    from mofa_plugins import profiler
+
+    monkeypatch.setattr(profiler, "_time", lambda fn, sync, iters: 1e-3)
+    assert profiler.measure_cpu_adam_params_per_s(torch, 1 << 20, iters=1) == pytest.approx(1.048576e9, rel=1e-12)
+    text = "[host]\ncpu_memory_gib = 2048.0\n\n# note [x]\n[efficiency]\nmemory_efficiency = 0.9\n"
+    added = profiler.set_table_value(text, "host", "cpu_optimizer_params_per_s", "7.75e+08")
+    assert added.startswith("[host]\ncpu_optimizer_params_per_s = 7.75e+08\ncpu_memory_gib = 2048.0\n")
+    again = profiler.set_table_value(added, "host", "cpu_optimizer_params_per_s", "1e+10")
+    assert again == added.replace("7.75e+08", "1e+10")
+    assert profiler.set_table_value("[memory]\nhbm_gib = 80\n", "host", "k", "3") == "[memory]\nhbm_gib = 80\n\n[host]\nk = 3\n"
