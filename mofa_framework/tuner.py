@@ -605,6 +605,12 @@ def _children(csr, parents: np.ndarray, owners: np.ndarray) -> tuple[np.ndarray,
     return owners[rep], ids[offsets[parents][rep] + pos]
 
 
+def _present(a: np.ndarray) -> np.ndarray:
+    """The distinct values of an array of small non-negative integers (group ids, labels), sorted:
+    ``np.unique(a)`` by counting instead of sorting."""
+    return np.flatnonzero(np.bincount(a)) if len(a) else np.zeros(0, np.int64)
+
+
 def _runs(s_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(first row, inverse) of a structure index array sorted into runs: the engine's
     ``structure`` argument (price once per structure)."""
@@ -837,7 +843,7 @@ class _Search:
         for j in self.exclusive:
             c = choice[:, j]
             label = label * 2 + self.choices.tables[j][0][c]
-        return [np.flatnonzero(label == x) for x in np.unique(label)]
+        return [np.flatnonzero(label == x) for x in _present(label)]
 
     def _grouped(self, fn, s_idx: np.ndarray, choice: np.ndarray) -> np.ndarray:
         out = np.empty(len(s_idx))
@@ -879,7 +885,7 @@ class _Search:
         """Children of popped nodes across groups, sorted by structure: (group, structure, child
         setting id, its choice vector, parent's bound, parent position)."""
         parts = []
-        for gi in np.unique(grp):
+        for gi in _present(grp):
             g = self.groups[gi]
             sel = np.flatnonzero(grp == gi)
             if depth == 0:
@@ -913,7 +919,7 @@ class _Search:
             self.bounded_rows += len(todo)
         count = np.empty(len(child), np.int64)
         fan = np.empty(len(child), np.int64)
-        for gi in np.unique(g_idx):
+        for gi in _present(g_idx):
             sel = g_idx == gi
             g = self.groups[gi]
             count[sel] = g.leaves_below[depth][child[sel]]
@@ -984,7 +990,7 @@ class _Search:
             ok_rows = np.flatnonzero(fits)
             g_ok, c_ok = g_idx[ok_rows], c_idx[ok_rows]
             n_on = np.zeros(len(ok_rows), np.int64)
-            for gi in np.unique(g_ok):  # per group of structures, not per row
+            for gi in _present(g_ok):  # per group of structures, not per row
                 sel = g_ok == gi
                 n_on[sel] = self.groups[gi].n_on[c_ok[sel]]
             tie = np.stack([n_on, s_idx[ok_rows], c_ok])
@@ -1029,7 +1035,7 @@ class _Search:
         structure and setting of every layer feature (their parent in the level above); rows that
         differ only in pipeline-phase features share the layer phase (the engine's `layer_key`)."""
         parent = np.empty(len(pf), np.int64)
-        for gi in np.unique(grp):
+        for gi in _present(grp):
             sel = grp == gi
             parent[sel] = self.groups[gi].layer_parent[pf[sel]]
         width = max(len(g.level_choice[-2]) for g in self.groups)
@@ -1039,7 +1045,7 @@ class _Search:
 
     def _choices_of(self, grp: np.ndarray, pf: np.ndarray) -> np.ndarray:
         out = np.empty((len(grp), len(self.all_names)), np.int64)
-        for gi in np.unique(grp):
+        for gi in _present(grp):
             sel = grp == gi
             out[sel] = self.groups[gi].level_choice[-1][pf[sel]]
         return out

@@ -1157,3 +1157,12 @@ def test_pending_level_pops_the_smallest_bounds_first_as_one_sorted_list_would()
                                         sum(2 * n[2] for n in ref if n[0] <= above))
 
     check()
+
+
+def test_present_values_are_np_unique_of_small_ints():
+    """`_present` counts instead of sorting: the same sorted distinct values as np.unique."""
+    from mofa_framework.tuner import _present
+
+    a = np.array([3, 0, 3, 7, 0, 2], np.int64)
+    assert _present(a).tolist() == np.unique(a).tolist() == [0, 2, 3, 7]
+    assert _present(np.zeros(0, np.int64)).tolist() == []
