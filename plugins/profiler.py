@@ -188,8 +188,7 @@ def measure_cpu_adam_params_per_s(torch, nparams: int, iters: int) -> float:
         opt.step()
     except (RuntimeError, TypeError, ValueError):
         opt = torch.optim.AdamW([p], lr=1e-4, foreach=True)
-    with torch.no_grad():
-        return nparams / _time(opt.step, lambda: None, iters)
+    return nparams / _time(opt.step, lambda: None, iters)
 
 
 def busbw_factor(kind: str, n: int) -> float:
@@ -320,15 +319,11 @@ def set_table_value(text: str, table: str, key: str, value: str) -> str:
 
 def set_host_link(text: str, h2d_gbps: float, d2h_gbps: float) -> str:
     """The profile text with ``[interconnect] h2d_bandwidth_gbps`` / ``d2h_bandwidth_gbps`` set
-    (replaced where present, else added under ``[interconnect]``)."""
+    (:func:`set_table_value`; every profile has ``[interconnect]``: its scale-up link is required)."""
+    if not re.search(r"^\[interconnect\]$", text, flags=re.M):
+        raise ValueError("the profile has no [interconnect] table to put the host link in")
     for key, value in (("d2h_bandwidth_gbps", d2h_gbps), ("h2d_bandwidth_gbps", h2d_gbps)):
-        line = f"{key} = {round(float(value), 2)}"
-        if re.search(rf"^{key} = ", text, flags=re.M):
-            text = re.sub(rf"^{key} = .*$", line, text, flags=re.M)
-        elif re.search(r"^\[interconnect\]$", text, flags=re.M):
-            text = re.sub(r"^\[interconnect\]$", f"[interconnect]\n{line}", text, count=1, flags=re.M)
-        else:
-            raise ValueError("the profile has no [interconnect] table to put the host link in")
+        text = set_table_value(text, "interconnect", key, str(round(float(value), 2)))
     return text
 
 

@@ -160,13 +160,19 @@ def test_gh100_parts_copy_h100_sxm5_coefficients_but_keep_their_memory_efficienc
     assert sib["profiled_gemm_relative_efficiency"] < 1.0  # a fitted value reached the copy, not a default
 
 
-def test_copying_keeps_the_parts_own_memory_efficiency(tmp_path, monkeypatch):
+def _ground_profiles():
+    """benchmarks/ground_profiles.py as a module (a script, not a package)."""
     import importlib.util
     import sys
     spec = importlib.util.spec_from_file_location("ground_profiles", ROOT / "benchmarks" / "ground_profiles.py")
     gp = importlib.util.module_from_spec(spec)
     sys.modules["ground_profiles"] = gp
     spec.loader.exec_module(gp)
+    return gp
+
+
+def test_copying_keeps_the_parts_own_memory_efficiency(tmp_path, monkeypatch):
+    gp = _ground_profiles()
     (tmp_path / "sib.toml").write_text("[efficiency]\nmemory_efficiency = 0.5\nstep_overhead_s = 1.0\n")
     monkeypatch.setattr(gp, "PROFILES", tmp_path)
     part = "# [efficiency] copied from the fitted sibling `sib` (why)\n[efficiency]\nmemory_efficiency = 0.9\n"
@@ -193,12 +199,7 @@ def test_host_link_directions_that_disagree_are_not_taken():
     """`host_link` reads the medians of the current nvbandwidth rows (the measurements shipped with
     MoFa, copies of ../shared/data); the A100 pair (26.28 / 6.27 GB/s, more than 10 % apart) comes
     back as no measurement, with the reason."""
-    import importlib.util
-    import sys
-    spec = importlib.util.spec_from_file_location("ground_profiles", ROOT / "benchmarks" / "ground_profiles.py")
-    gp = importlib.util.module_from_spec(spec)
-    sys.modules["ground_profiles"] = gp
-    spec.loader.exec_module(gp)
+    gp = _ground_profiles()
     data = gp.DATA
     assert gp.host_link(data, "GB200 (one")[:2] == (201.0, 193.0)
     h2d, d2h, why = gp.host_link(data, "A100-SXM4-80GB")
