@@ -15,7 +15,8 @@ and the ``*_dense.csv`` twins of NVIDIA's tables. What it knows, by the ``framew
 - torchtitan: float8 through torchao (``fp8`` with ``weight_cache`` and ``fp8_activations`` off; its
   "rowwise" recipe as ``rowwise``); FSDP2 under a pipeline keeps parameters gathered and gradients unsharded in fp32
   (the distributed optimizer, ZeRO-1); an FSDP rank with no
-  stated micro-batch runs its whole batch at once; its "selective layer" AC is full recompute of every
+  stated micro-batch runs its whole batch at once, a pipeline from before 2025-04-07 splits it into
+  ``pp`` micro-batches, and an interleaved one builds two stages per rank; its "selective layer" AC is full recompute of every
   other block (``selective_ac_option = "2"``), its "selective op" the per-op policy;
 - PyTorch-FSDP frameworks (llm-foundry / Composer, torchtitan) run eager element-wise kernels
   (``eager_kernels``) unless the row says ``torch.compile`` ran; a ``mixed_precision=PURE`` row
@@ -303,6 +304,31 @@ def _cp_form(features: dict, cp: int, text: str) -> None:
 
 #: frameworks whose runs choose a TP (an FSDP or ZeRO-3 run without one has none)
 MEGATRON_FAMILY = re.compile(r"megatron|nemo|megascale|ptd-p", re.I)
+TORCHTITAN = re.compile(r"torchtitan", re.I)
+#: the model chunks a torchtitan rank builds for a looped (interleaved) schedule when the run sets no
+#: split points (``generate_split_points``; ``pipeline_parallel_layers_per_stage`` since then)
+TORCHTITAN_STAGES_PER_RANK = 2
+#: torchtitan split a rank's batch into ``pp`` micro-batches by default (``pipeline_parallel_microbatches``)
+#: until pytorch/torchtitan#1073 made the default a micro-batch of one sequence
+TORCHTITAN_MICROBATCH_SIZE_SINCE = "2025-04-07"
+_RELEASE_DATE = re.compile(r"torchtitan\s+[0-9a-f]{7,40}\s*\((\d{4})[-/](\d{2})[-/](\d{2})\)", re.I)
+
+
+def _unstated_micro_batch(fw: str, notes: str, full_shard: bool, pp: int, local_batch: int) -> int:
+    """The micro-batch a row that does not state one ran: FSDP frameworks (torchtitan, llm-foundry)
+    run a rank's whole batch (``local_batch``) at once when there is no pipeline; a torchtitan
+    pipeline from before ``TORCHTITAN_MICROBATCH_SIZE_SINCE`` (the release date its notes give,
+    ``torchtitan 9dec370 (2024-12-26)``) splits it into ``pp`` micro-batches; otherwise 1
+    (Megatron's default, torchtitan's since)."""
+    if not local_batch:
+        return 1
+    if pp == 1:
+        return local_batch if full_shard else 1
+    release = _RELEASE_DATE.search(notes)
+    old = release is not None and "-".join(release.groups()) < TORCHTITAN_MICROBATCH_SIZE_SINCE
+    if TORCHTITAN.search(fw) and old and local_batch % pp == 0:
+        return local_batch // pp
+    return 1
 
 
 def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
@@ -346,9 +372,7 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     dp = max(n_gpus // (tp * pp * cp), 1)
     mbs = ctx.count(r, "micro_batch")
     if mbs is None:
-        # not stated: FSDP frameworks (torchtitan) run a rank's whole batch at once when there is no
-        # pipeline; Megatron's default is 1
-        mbs = gbs // dp if full_shard and pp == 1 and gbs % dp == 0 else 1
+        mbs = _unstated_micro_batch(fw, notes, full_shard, pp, gbs // dp if gbs % dp == 0 else 0)
     par: dict[str, Any] = {"tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "micro_batch_size": mbs,
                            "global_batch_size": gbs, "sequence_length": seq,
                            "precision": prec, "flash_attention": _flash(fw, notes, old_megatron),
@@ -377,7 +401,11 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     says_plain = re.fullmatch(r"\s*1f1b\s*", sched) is not None or "gpipe" in sched
     # DeepSpeed's pipeline engine (Megatron-DeepSpeed: BLOOM, MT-NLG) has no interleaved schedule
     can_interleave = "zero-bubble" not in fw and "deepspeed" not in fw.lower()
-    if pp > 1 and not ctx.text(r, "vpp") and can_interleave and (
+    if pp > 1 and not ctx.text(r, "vpp") and says_interleaved and TORCHTITAN.search(fw):
+        # torchtitan's looped schedules build two stages per rank unless told otherwise
+        par.update(vpp=TORCHTITAN_STAGES_PER_RANK, **uneven_pipeline(spec.num_layers, pp, TORCHTITAN_STAGES_PER_RANK))
+        ignore = UNEVEN_STAGES_IGNORED
+    elif pp > 1 and not ctx.text(r, "vpp") and can_interleave and (
             says_interleaved or (not says_plain and 0 < microbatches < UNSTATED_VPP_MIN_RATIO * (pp - 1))):
         # the factor is not stated, and the schedule says interleaved, or says nothing while plain
         # 1F1B would idle a fifth of the step or more (a tuned run interleaves): every factor that

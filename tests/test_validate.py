@@ -714,6 +714,35 @@ def test_fsdp_rows_without_a_micro_batch_run_the_ranks_batch_at_once(mofa_predic
     assert m.job["features"]["distributed_optimizer"] == {} and "fsdp" not in m.job["features"]
 
 
+def test_torchtitan_pipelines_run_its_defaults_when_the_row_states_none(mofa_predictor):
+    """torchtitan at 9dec370 (2024-12-26; ``build_pipeline_schedule``): an unset
+    ``pipeline_parallel_microbatches`` is the PP degree, so the 405B table's local batch of 32 on 8
+    stages runs micro-batches of 4; its looped schedules build two stages per rank
+    (``generate_split_points``: 7 + 14 × 8 + 7 layers, 15 on each end rank). From pytorch/torchtitan
+    #1073 (2025-04-07) the default is a micro-batch of one sequence."""
+    row = lambda **kw: _dense_row(**{  # noqa: E731
+        "model_name": "LLAMA3.1-405B", "framework": "torchtitan (PyTorch FSDP2/DTensor)",
+        "gpu_type": "H100 SXM 96GB HBM2e @500W", "n_gpus": "512", "tp": "8", "pp": "8", "global_batch": "256",
+        "micro_batch": "", "seq_len": "8192", "n_layers": "126", "hidden": "16384", "n_heads": "128",
+        "n_kv_heads": "8", "ffn_hidden": "53248", "vocab": "128256", "recompute": "full",
+        "distributed_optimizer": "FSDP2 ZeRO-3", "derived_iter_time_s": "40.96",
+        "notes": "torch 1963fc8 (2024-12-23), torchao eab345c, torchtitan 9dec370 (2024-12-26)", **kw})
+    reg = mofa_predictor.registry
+    m = _dense_job(row(pp_schedule="1F1B"), reg, "test")
+    assert m.job["parallel"]["micro_batch_size"] == 4 and m.job["parallel"]["vpp"] == 1
+    m = _dense_job(row(pp_schedule="Interleaved 1F1B"), reg, "test")
+    par = m.job["parallel"]
+    assert (par["micro_batch_size"], par["vpp"], par["first_stage_layers"], par["last_stage_layers"]) == (4, 2, 15, 15)
+    assert not m.variants
+    later = row(pp_schedule="1F1B")
+    later["notes"] = "torchtitan 820504e (2025-06-14)"
+    assert _dense_job(later, reg, "test").job["parallel"]["micro_batch_size"] == 1
+    assert _dense_job(row(pp_schedule="1F1B", micro_batch="2"), reg, "test").job["parallel"]["micro_batch_size"] == 2
+    # Megatron's default stays one sequence
+    meg = row(pp_schedule="1F1B", framework="Megatron-LM")
+    assert _dense_job(meg, reg, "test").job["parallel"]["micro_batch_size"] == 1
+
+
 def test_torchtitan_pipeline_stage_holds_gathered_weights_and_a_whole_fp32_gradient_buffer(mofa_predictor):
     """torchtitan's Llama 3.1 405B on 512 H100s (TP 8, PP 8, FSDP 8; its 2024-12 benchmark table):
     under the pipeline FSDP2 keeps the stage's parameters gathered and accumulates its unreduced
