@@ -311,21 +311,22 @@ TORCHTITAN_STAGES_PER_RANK = 2
 #: torchtitan split a rank's batch into ``pp`` micro-batches by default (``pipeline_parallel_microbatches``)
 #: until pytorch/torchtitan#1073 made the default a micro-batch of one sequence
 TORCHTITAN_MICROBATCH_SIZE_SINCE = "2025-04-07"
-_RELEASE_DATE = re.compile(r"torchtitan\s+[0-9a-f]{7,40}\s*\((\d{4})[-/](\d{2})[-/](\d{2})\)", re.I)
+#: a torchtitan release date as rows give it: "torchtitan 9dec370 (2024-12-26)", "torchtitan (2024-12, …)"
+_RELEASE_DATE = re.compile(r"torchtitan\b[^;,]*?\b(\d{4})-(\d{2})(?:-(\d{2}))?", re.I)
 
 
 def _unstated_micro_batch(fw: str, notes: str, full_shard: bool, pp: int, local_batch: int) -> int:
     """The micro-batch a row that does not state one ran: FSDP frameworks (torchtitan, llm-foundry)
     run a rank's whole batch (``local_batch``) at once when there is no pipeline; a torchtitan
-    pipeline from before ``TORCHTITAN_MICROBATCH_SIZE_SINCE`` (the release date its notes give,
-    ``torchtitan 9dec370 (2024-12-26)``) splits it into ``pp`` micro-batches; otherwise 1
-    (Megatron's default, torchtitan's since)."""
+    pipeline from before ``TORCHTITAN_MICROBATCH_SIZE_SINCE`` (the release date its notes or
+    framework give, ``torchtitan 9dec370 (2024-12-26)``; a month alone counts as its first day)
+    splits it into ``pp`` micro-batches; otherwise 1 (Megatron's default, torchtitan's since)."""
     if not local_batch:
         return 1
     if pp == 1:
         return local_batch if full_shard else 1
-    release = _RELEASE_DATE.search(notes)
-    old = release is not None and "-".join(release.groups()) < TORCHTITAN_MICROBATCH_SIZE_SINCE
+    release = _RELEASE_DATE.search(notes) or _RELEASE_DATE.search(fw)
+    old = release is not None and "{}-{}-{}".format(*release.groups("01")) < TORCHTITAN_MICROBATCH_SIZE_SINCE
     if TORCHTITAN.search(fw) and old and local_batch % pp == 0:
         return local_batch // pp
     return 1

@@ -737,6 +737,11 @@ def test_torchtitan_pipelines_run_its_defaults_when_the_row_states_none(mofa_pre
     later = row(pp_schedule="1F1B")
     later["notes"] = "torchtitan 820504e (2025-06-14)"
     assert _dense_job(later, reg, "test").job["parallel"]["micro_batch_size"] == 1
+    # the release month in the framework column (the torchtitan_dense twin of the same table)
+    twin = row(pp_schedule="1F1B", notes="", framework="torchtitan (2024-12, torch 1963fc8)")
+    assert _dense_job(twin, reg, "test").job["parallel"]["micro_batch_size"] == 4
+    undated = row(pp_schedule="1F1B", notes="")
+    assert _dense_job(undated, reg, "test").job["parallel"]["micro_batch_size"] == 1
     assert _dense_job(row(pp_schedule="1F1B", micro_batch="2"), reg, "test").job["parallel"]["micro_batch_size"] == 2
     # Megatron's default stays one sequence
     meg = row(pp_schedule="1F1B", framework="Megatron-LM")
