@@ -9,10 +9,12 @@ stay bf16 entirely (``--num-layers-at-end-in-bf16``; the paper keeps ≈ 15 %).
 - *Time (layer phase).* As ``fp8`` (``plugins/_lowp.py``): the GEMMs except the attention core are
   re-priced by the operator provider at ``fp4`` (whose rate carries the profile's
   ``fp4_gemm_relative_efficiency``), ``Δt = t(fp4)/efficiency − t(row precision)``, plus the
-  quantisation casts: a GEMM input is read in bf16 and written twice in NVFP4, row- and
-  column-wise (the weight-gradient GEMM needs the transposed blocks; its inputs also get the
-  16×16 random Hadamard transform, fused into the same kernel), ``2 + 2·(0.5 + 1/16) = 3.125``
-  bytes per element in forward and again for the output gradient in backward. Weight casts
+  quantisation casts: a GEMM input is read in bf16 once for its amax (NVFP4's per-tensor FP32
+  scale is the tensor's current amax; Transformer Engine has no delayed NVFP4 scaling), then read
+  again and written twice in NVFP4, row- and column-wise (the weight-gradient GEMM needs the
+  transposed blocks; its inputs also get the 16×16 random Hadamard transform, fused into the same
+  kernel), ``2 + 2 + 2·(0.5 + 1/16) = 5.125`` bytes per element in forward and again for the
+  output gradient in backward. Weight casts
   happen once per step and are neglected. The bf16 layers at the end are left as they are: every
   effect is scaled by the quantised share ``1 − bf16_layers_at_end / num_layers`` of the layers
   (**choice**: spread evenly over the stages; in a pipeline they sit on the last one).
@@ -39,8 +41,8 @@ from mofa_plugins._lowp import REPRICE_BEFORE, needs_format, reprice_gemms, with
 FP4 = PRECISIONS.index("fp4")
 #: bytes per element of an NVFP4 block: 4 bits plus one E4M3 scale per 16 elements
 NVFP4_BYTES = 0.5 + 1.0 / 16.0
-#: quantisation kernel per GEMM input: read bf16, write row- and column-wise NVFP4
-CAST_BYTES = 2.0 + 2.0 * NVFP4_BYTES
+#: quantisation per GEMM input: read bf16 for the amax, read it again, write row- and column-wise NVFP4
+CAST_BYTES = 2.0 + 2.0 + 2.0 * NVFP4_BYTES
 #: share of a saved bf16 GEMM input's bytes the column-wise NVFP4 copy saves
 SAVED_FRACTION = 1.0 - NVFP4_BYTES / 2.0
 
@@ -100,7 +102,7 @@ FEATURE = CostTransform(
     name="nvfp4",
     description="NVFP4 GEMMs with Transformer Engine (NVIDIA's recipe): GEMMs at the fp4 peak, attention "
                 "and norms bf16, row- and column-wise block-scaled casts, NVFP4 weight copies and saved inputs",
-    equation="Δt = Σ_GEMM t(fp4)/η − t(row precision) + casts (3.125 B/element); M_w += P_gemm·1.125",
+    equation="Δt = Σ_GEMM t(fp4)/η − t(row precision) + casts (5.125 B/element); M_w += P_gemm·1.125",
     megatron_args=megatron_args,
     from_megatron=from_megatron,
     options_type=Nvfp4Options,

@@ -36,7 +36,8 @@ def test_nvfp4_casts_weights_and_saved_inputs(mofa_predictor):
     L, hw = pred.state.layers["dense"], pred.state.ctx.hardware
     T, h, t = 2048.0, 12288.0, 8.0
     bw = hw.efficiency.memory_efficiency * hw.hbm_bandwidth_bytes_per_s
-    per_element = 2 + 2 * (0.5 + 1 / 16)  # read bf16, write row- and column-wise NVFP4 (+ E4M3 scales)
+    # read bf16 for the amax, read it again, write row- and column-wise NVFP4 (+ E4M3 scales)
+    per_element = 2 + 2 + 2 * (0.5 + 1 / 16)
     cast_f = per_element * T * h * (2 + 5 / t) / bw  # inputs of QKV (T·h), O (T·h/t), FC1 (T·h), FC2 (T·4h/t)
     cast_b = per_element * T * h * (2 + 7 / t) / bw  # output grads: QKV T·3h/t, O T·h, FC1 T·4h/t, FC2 T·h
     # precision = "fp4" already prices the GEMMs at fp4: the feature adds only the casts
