@@ -14,9 +14,9 @@ and the ``*_dense.csv`` twins of NVIDIA's tables. What it knows, by the ``framew
   one layer lighter;
 - torchtitan: float8 through torchao (``fp8`` with ``weight_cache`` and ``fp8_activations`` off; its
   "rowwise" recipe as ``rowwise``); FSDP2 under a pipeline keeps parameters gathered and gradients unsharded in fp32
-  (the distributed optimizer, ZeRO-1); an FSDP rank with no
-  stated micro-batch runs its whole batch at once, a pipeline from before 2025-04-07 splits it into
-  ``pp`` micro-batches, and an interleaved one builds two stages per rank; its "selective layer" AC is full recompute of every
+  (the distributed optimizer, ZeRO-1); an FSDP rank with no stated micro-batch runs its whole
+  batch at once, a pipeline from before 2025-04-07 splits it into ``pp`` micro-batches, and an
+  interleaved one builds two stages per rank; its "selective layer" AC is full recompute of every
   other block (``selective_ac_option = "2"``), its "selective op" the per-op policy;
 - PyTorch-FSDP frameworks (llm-foundry / Composer, torchtitan) run eager element-wise kernels
   (``eager_kernels``) unless the row says ``torch.compile`` ran; a ``mixed_precision=PURE`` row
