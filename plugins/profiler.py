@@ -292,15 +292,11 @@ def memory_fields(copy_gbps: float, datasheet_gbps: float) -> tuple[float, float
 
 
 def set_hbm_bandwidth(text: str, gbps: float) -> str:
-    return re.sub(r"^hbm_bandwidth_gbps = .*$", f"hbm_bandwidth_gbps = {gbps}", text, count=1, flags=re.M)
+    return set_table_value(text, "memory", "hbm_bandwidth_gbps", str(gbps))
 
 
 def set_memory_efficiency(text: str, value: float) -> str:
-    if re.search(r"^memory_efficiency = ", text, flags=re.M):
-        return re.sub(r"^memory_efficiency = .*$", f"memory_efficiency = {value}", text, flags=re.M)
-    if re.search(r"^\[efficiency\]$", text, flags=re.M):
-        return re.sub(r"^\[efficiency\]$", f"[efficiency]\nmemory_efficiency = {value}", text, count=1, flags=re.M)
-    return text.rstrip("\n") + f"\n\n[efficiency]\nmemory_efficiency = {value}\n"
+    return set_table_value(text, "efficiency", "memory_efficiency", str(value))
 
 
 def set_table_value(text: str, table: str, key: str, value: str) -> str:
