@@ -16,14 +16,17 @@ bound of the objective of every configuration below it:
    kernels), the others off: the critical stage's busy time ``m·(F+B+W)`` after the layer
    phase. Features flagged ``adds_time_only`` (recompute, offloading, FSDP, MemFine) can only
    add to it, so it bounds every setting of theirs;
-2. + every layer-phase feature: the exact busy time;
-3. + the pipeline-phase features: the pipeline time (busy, bubble, exposed p2p);
-4. the leaves, every feature set: the optimizer and memory phases finish each one from its
-   level-3 node's pipeline (:func:`engine.finish`), and memory is checked.
+2. … 1 + n: + those n features, one more per level in the order the layer phase applies them
+   (:func:`_levels`): the busy time with the undecided ones off, which bounds every setting of
+   theirs; at the last of these levels, the exact busy time;
+2 + n. + the pipeline-phase features: the pipeline time (busy, bubble, exposed p2p) — the
+   *pipeline level*;
+leaves: every feature set: the optimizer and memory phases finish each one from its
+   pipeline-level node's pipeline (:func:`engine.finish`), and memory is checked.
 
 The step time is the pipeline time plus exposed DP communication, the optimizer and a fixed
 overhead, all ≥ 0 (the optimizer and memory phases cannot change the pipeline); a schedule's
-busy time is ``m·v·(F+B+W)`` per chunk. Levels 1–2 only run the engine's layer phase and read
+busy time is ``m·v·(F+B+W)`` per chunk. Levels 2 … 1 + n only run the engine's layer phase and read
 the busy time off the engine's stage sums (:func:`engine.busy_terms`). The pending node with
 the smallest bound is expanded first (in vectorised chunks, across every group of structures),
 so the search stops as soon as no pending bound can beat the k-th best configuration found:
@@ -50,7 +53,7 @@ from .engine import Prediction
 from .errors import ConfigError
 from .invariants import feasible_result
 from .limits import short
-from .types import HardwareProfile, ModelSpec
+from .types import HardwareProfile, ModelSpec, Phase
 from .units import GIB
 
 OBJECTIVES = ("step_time", "e2e_time", "gpu_hours")
@@ -488,6 +491,29 @@ LEVELS = (
 )
 
 
+def _lattice_order(registry, names: list[str]) -> list[str]:
+    """The searched features flagged ``adds_time_only`` in the order the engine applies them in
+    the layer phase: each sees the layer costs the ones before it made, so turning it on, with
+    those before it set anyhow and those after it off, only adds its own time (≥ 0)."""
+    order = [f.name for f in registry.features_in_phase(Phase.layer)]
+    return [n for n in order if n in names and registry.features[n].adds_time_only]
+
+
+def _levels(registry, names: list[str]) -> tuple[tuple[str, Callable], ...]:
+    """:data:`LEVELS` with its busy level split into a lattice over the searched features flagged
+    ``adds_time_only`` (recompute, offloading, FSDP, ZeRO, MemFine): one more is decided per level,
+    in :func:`_lattice_order`, and the busy time with the undecided ones off bounds every setting
+    of theirs. A setting of one that cannot win prunes every combination of the later ones below
+    it, instead of each combination being bounded on its own. (Not in any order: activation
+    offloading costs less once MemFine or recompute has shrunk what it moves.)"""
+    adders = _lattice_order(registry, names)
+    if len(adders) < 2:
+        return LEVELS
+    busy = tuple(("busy", lambda f, d=frozenset(adders[:k]): f.layer is not None and
+                  (not f.adds_time_only or f.name in d)) for k in range(1, len(adders) + 1))
+    return (LEVELS[0], *busy, LEVELS[2])
+
+
 def _columns(table: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """Columns `idx` of a (fields, rows) table, read-only: its rows are contiguous arrays the
     frozen converters keep as they are."""
@@ -557,7 +583,8 @@ class _Group:
         return [np.diff(c[0]) for c in self.children]
 
     @classmethod
-    def build(cls, req: TuneRequest, registry, all_names: list[str], names: list[str]) -> _Group:
+    def build(cls, req: TuneRequest, registry, all_names: list[str], names: list[str],
+              levels: tuple = LEVELS) -> _Group:
         feats = registry.features
         grid = _combos(req, registry, names)
         cols = np.array([all_names.index(n) for n in names], np.int64)
@@ -569,7 +596,7 @@ class _Group:
 
         radix = np.array([len(req.space.features[n]) for n in names], np.int64)
         ids, choice, positions = [], [], []
-        for _, wanted in LEVELS:
+        for _, wanted in levels:
             pos = [j for j, n in enumerate(names) if wanted(feats[n])]
             # the level's setting of each leaf as one mixed-radix number (rows sorted like np.unique)
             code = np.zeros(len(grid), np.int64)
@@ -580,14 +607,14 @@ class _Group:
             choice.append(spread(grid[first][:, pos], pos))
             positions.append(pos)
         children = []
-        for k in range(1, len(LEVELS)):
+        for k in range(1, len(levels)):
             parent = np.zeros(len(choice[k]), np.int64)
             parent[ids[k]] = ids[k - 1]
             children.append(_csr(parent, len(choice[k - 1])))
         layer_parent = parent
         children.append(_csr(ids[-1], len(choice[-1])))
-        same = [False] + [positions[k] == positions[k - 1] and LEVELS[k][0] == LEVELS[k - 1][0]
-                          for k in range(1, len(LEVELS))]
+        same = [False] + [positions[k] == positions[k - 1] and levels[k][0] == levels[k - 1][0]
+                          for k in range(1, len(levels))]
         n_on = np.zeros(len(grid), np.int64)
         for j, n in enumerate(names):
             n_on += np.array([o is not None for o in req.space.features[n]])[grid[:, j]]
@@ -763,8 +790,9 @@ class _Search:
     """The best-first branch and bound (see the module docstring)."""
 
     def __init__(self, predictor, req: TuneRequest, structs: CandidateBatch, groups: list[_Group],
-                 group_of: np.ndarray, all_names: list[str]):
+                 group_of: np.ndarray, all_names: list[str], level_kinds: tuple[str, ...]):
         self.predictor, self.req, self.structs = predictor, req, structs
+        self.level_kinds = level_kinds
         self.chunk_rows = req.chunk_rows or (PARETO_CHUNK_ROWS if req.pareto else CHUNK_ROWS)
         self.groups, self.group_of = groups, group_of
         self.registry = predictor.registry
@@ -893,7 +921,7 @@ class _Search:
                 pos, child = np.repeat(sel, n_r), np.tile(np.arange(n_r), len(sel))
             else:
                 pos, child = _children(g.children[depth - 1], sub[sel], sel)
-            table = g.level_choice[depth] if depth < len(LEVELS) else g.leaf_choice
+            table = g.level_choice[depth] if depth < len(self.level_kinds) else g.leaf_choice
             parts.append((np.full(len(pos), gi), pos, child, table[child]))
         gi_, pos, child, choice = (np.concatenate(c) for c in zip(*parts))
         order = np.argsort(s[pos], kind="stable")
@@ -902,7 +930,7 @@ class _Search:
     def expand(self, depth: int, grp: np.ndarray, s: np.ndarray, sub: np.ndarray, bound: np.ndarray) -> None:
         """Children of popped nodes of level `depth` (0 = structures): bounded and pushed one level
         down, or evaluated when they are leaves."""
-        if depth == len(LEVELS):  # the popped nodes' children are leaves
+        if depth == len(self.level_kinds):  # the popped nodes' children are leaves
             self.evaluate(grp, s, sub)
             return
         g_idx, rows_s, child, choice, pos = self._child_rows(depth, grp, s, sub, bound)
@@ -913,7 +941,7 @@ class _Search:
         if self.req.pareto:  # no pruning: every leaf is evaluated, bounds would be wasted work
             b[:] = 0.0
         elif len(todo):
-            fn = {"settled": self._settled, "busy": self._busy, "pipeline": self._pipeline}[LEVELS[depth][0]]
+            fn = {"settled": self._settled, "busy": self._busy, "pipeline": self._pipeline}[self.level_kinds[depth]]
             # a node's bound holds for all below it: a child keeps the larger of the two
             b[todo] = np.maximum(self._grouped(fn, rows_s[todo], choice[todo]), b[todo])
             self.bounded_rows += len(todo)
@@ -927,7 +955,7 @@ class _Search:
         self.levels[depth + 1].push(g_idx, rows_s, child, b, count, fan)
 
     def evaluate(self, grp: np.ndarray, ps: np.ndarray, pf: np.ndarray) -> None:
-        """The leaves below level-3 nodes (structure `ps`, layer+pipeline setting `pf`): the
+        """The leaves below pipeline-level nodes (structure `ps`, layer+pipeline setting `pf`): the
         engine runs through the pipeline once per node and finishes (optimizer, memory) per leaf;
         feature feasibility and memory checked, the best offered to the top-k."""
         order = np.argsort(ps, kind="stable")
@@ -940,7 +968,7 @@ class _Search:
         req, registry = self.req, self.registry
         pl = engine.pipeline_phase(self._batch(ps, parent_choice), req.model, req.hardware, self.predictor.pm,
                                    layer_key=self._layer_key(grp, ps, pf), lean=True, **self._engine_args(ps))
-        g_idx, s_idx, c_idx, choice, parent = self._child_rows(len(LEVELS), grp, ps, pf, np.zeros(len(ps)))
+        g_idx, s_idx, c_idx, choice, parent = self._child_rows(len(self.level_kinds), grp, ps, pf, np.zeros(len(ps)))
         keep = self._memory_room(pl, parent)
         if keep is not None:
             if not len(keep):
@@ -1000,7 +1028,7 @@ class _Search:
                                     (int(g_idx[r]), int(s_idx[r]), int(c_idx[r])), tuple(int(x) for x in tie[:, t])))
 
     def _memory_room(self, pl, parent: np.ndarray) -> np.ndarray | None:
-        """The leaves (positions) whose level-3 node leaves them room in memory, or None when all
+        """The leaves (positions) whose pipeline-level node leaves them room in memory, or None when all
         do or no floor is worth it: a node's memory with its leaf features off, less every component
         those may lower (``Feature.lowers_memory``), is a floor of each leaf's; a node over the HBM or
         the host memory there has no leaf that fits. The others are counted as memory failures."""
@@ -1031,7 +1059,7 @@ class _Search:
         return engine.Outcome(batch=batch, step_time_s=step, peak_memory_bytes=peak, fits_in_memory=fits)
 
     def _layer_key(self, grp: np.ndarray, ps: np.ndarray, pf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(first row, inverse) of level-3 nodes (rows sorted by structure) by their layer-phase key:
+        """(first row, inverse) of pipeline-level nodes (rows sorted by structure) by their layer-phase key:
         structure and setting of every layer feature (their parent in the level above); rows that
         differ only in pipeline-phase features share the layer phase (the engine's `layer_key`)."""
         parent = np.empty(len(pf), np.int64)
@@ -1093,7 +1121,7 @@ class _Search:
         fan = np.array([x[1] for x in per_group], np.int64)[self.group_of]
         self.levels = levels = [_Level(grp=self.group_of.copy(), s=np.arange(n), sub=np.zeros(n, np.int64),
                                        bound=np.asarray(structure_bound, np.float64), count=leaves, fanout=fan)]
-        levels += [_Level() for _ in LEVELS]
+        levels += [_Level() for _ in self.level_kinds]
         last_report = -np.inf
         out_of_time = False
         while True:
@@ -1238,13 +1266,15 @@ def tune(predictor, req: TuneRequest, progress: Callable[[TuneProgress], None] |
             applic[:, j] = np.asarray(fn(structs, req.model, req.hardware), bool)
     first, group_of = distinct_rows(applic) if len(structs) else (np.zeros(0, np.int64), [])
     sigs = applic[first]
-    groups = [_Group.build(req, registry, all_names, [n for n, on in zip(all_names, sig) if on]) for sig in sigs]
+    levels = _levels(registry, all_names)
+    groups = [_Group.build(req, registry, all_names, [n for n, on in zip(all_names, sig) if on], levels)
+              for sig in sigs]
     group_of = np.asarray(group_of, np.int64).reshape(-1)
     total = int(np.array([len(g.leaf_choice) for g in groups], np.int64)[group_of].sum()) if len(group_of) else 0
     proven, unexplored, skipped = True, 0, 0
     search = None
     if len(structs):
-        search = _Search(predictor, req, structs, groups, group_of, all_names)
+        search = _Search(predictor, req, structs, groups, group_of, all_names, tuple(k for k, _ in levels))
         bound = _lower_bounds(predictor, req, structs, all_names)
         proven = search.run(bound if bound is not None else np.zeros(len(structs)), total, t0, progress)
         # whatever is still pending could not win (or was not reached within the time budget)

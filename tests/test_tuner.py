@@ -407,7 +407,7 @@ _MOE_SPACE = dict(tp=(1, 2), pp=(1, 2, 4), vpp=(1, 2), cp=(1,), ep=(1, 2, 8), et
 _MOE_FEATURES = ("ep_overlap", "recompute", "distributed_optimizer")
 
 
-def _oracle(predictor, hw_name: str, gpus: int, gbs: int, seq: int):
+def _oracle(predictor, hw_name: str, gpus: int, gbs: int, seq: int, space=_MOE_SPACE, feature_names=_MOE_FEATURES):
     """Every point of the MoE sub-space as a plain job, predicted in one batch, with the rules
     applied by hand: the plugins' constraints (as `mofa predict` does), the paper's §4.1 rules
     (tp within a scale-up domain, m ≥ the schedule's minimum, vpp only where the schedule
@@ -419,10 +419,10 @@ def _oracle(predictor, hw_name: str, gpus: int, gbs: int, seq: int):
     reg = predictor.registry
     hw = reg.hardware_profile(hw_name)
     layers = reg.model("mixtral-8x7b").num_layers
-    names = sorted(_MOE_FEATURES)
+    names = sorted(feature_names)
     choices = [feature_choices(reg, n) for n in names]
     jobs = []
-    s = _MOE_SPACE
+    s = space
     for tp, pp, vpp, ep, sched, d, e in itertools.product(s["tp"], s["pp"], s["vpp"], s["ep"], s["schedules"],
                                                          s["lighter_ends"], s["lighter_last"]):
         sch = reg.schedule(sched)
@@ -501,6 +501,29 @@ def test_moe_search_equals_brute_force_for_every_objective(mofa_predictor, objec
     else:
         assert result.best[0].ettr is not None and 0 < result.best[0].ettr <= 1
         assert result.best[0].checkpoint_interval_steps >= 1
+
+
+_LATTICE_SPACE = dict(_MOE_SPACE, tp=(2,), pp=(2, 4), vpp=(1,), ep=(2, 8), schedules=("1f1b",), lighter_ends=(0,),
+                      lighter_last=(0, 2))
+_LATTICE_FEATURES = ("activation_offload", "distributed_optimizer", "memfine", "recompute", "weight_offload")
+
+
+def test_the_lattice_of_time_adding_features_keeps_the_search_exact(mofa_predictor):
+    """The features that only add time (MemFine, recompute, activation and weight offloading) are
+    decided one per level (the order that keeps each level a bound is checked by the contracts test
+    above): on Mixtral 8×7B on 16 A100 40GB, where memory decides, the optimum equals brute force."""
+    from mofa_framework.tuner import _levels
+
+    reg = mofa_predictor.registry
+    assert [k for k, _ in _levels(reg, sorted(_LATTICE_FEATURES))] == ["settled", *["busy"] * 4, "pipeline"]
+    jobs, pred, ok = _oracle(mofa_predictor, "a100-sxm4-40gb", 16, 32, 4096, _LATTICE_SPACE, _LATTICE_FEATURES)
+    fits = ok & pred.fits_in_memory
+    assert not fits[int(np.argmin(np.where(ok, pred.step_time_s, np.inf)))], "the case must be memory-bound"
+    best = float(pred.step_time_s[int(np.argmin(np.where(fits, pred.step_time_s, np.inf)))])
+    space = SearchSpace(**_LATTICE_SPACE, features={n: feature_choices(reg, n) for n in _LATTICE_FEATURES})
+    req = TuneRequest(model=jobs[0].model, hardware=jobs[0].hardware, num_gpus=16, global_batch_size=32,
+                      sequence_length=4096, space=space, top_k=3)
+    assert tune(mofa_predictor, req).best[0].step_time_s == pytest.approx(best, rel=1e-12)
 
 
 def test_a_memory_bound_search_pops_larger_chunks():
@@ -605,7 +628,23 @@ def test_the_bounds_contracts_hold_for_every_builtin_schedule_and_feature(mofa_p
         return ours
 
     base = busy(off)
-    assert (busy(grid[pick]) >= base * (1 - 1e-12)).all()
+    full = busy(grid[pick])
+    assert (full >= base * (1 - 1e-12)).all()
+    # (3') nor does turning the next one on, in the order the tuner decides them (a lattice: each
+    # level's busy time bounds the levels below it), whatever those before it are set to
+    from mofa_framework.tuner import _lattice_order
+
+    order = [names.index(f) for f in _lattice_order(reg, names)]
+    assert sorted(order) == sorted(slow)
+    for draw in (pick, *(rng.integers(0, len(grid), len(structs)) for _ in range(3))):
+        setting = grid[draw]
+        before = busy(np.where(np.isin(np.arange(len(names)), slow), 0, setting))
+        for k in range(1, len(order) + 1):
+            prefix = setting.copy()
+            prefix[:, order[k:]] = 0
+            now = busy(prefix)
+            assert (now >= before * (1 - 1e-12)).all(), names[order[k - 1]]
+            before = now
 
     # (4) they leave W alone, so schedules flagged monotone_bubble only get a larger busy + bubble
     def pipeline(choice):
@@ -1013,9 +1052,10 @@ def test_time_budget_returns_the_best_so_far_labelled(mofa_predictor, monkeypatc
     dive = tune(mofa_predictor, TuneRequest(**common, time_budget_s=0.5))
     assert dive.best and not dive.proven_optimal and dive.evaluated < exact.evaluated
     monkeypatch.undo()
-    # A100 (GEMMs on the fitted roofline): its first dive leaves nodes pending; the grounded H100's
-    # tighter bounds settle this search in the first dive, which is then honestly proven optimal
-    out = CliRunner().invoke(cli, ["tune", "--model", "llama3-70b", "--hardware", "a100-sxm4-80gb", "--gpus", "256",
+    # A100 40GB (memory-tight): its first dive leaves nodes pending; the grounded H100's tighter
+    # bounds, and since the lattice of adds_time_only features A100 80GB's, settle this search in
+    # the first dive, which is then honestly proven optimal
+    out = CliRunner().invoke(cli, ["tune", "--model", "llama3-70b", "--hardware", "a100-sxm4-40gb", "--gpus", "256",
                                    "--gbs", "512", "--seq", "4096", "--time-budget", "1e-6", "--top", "2",
                                    "--format", "json"])
     assert out.exit_code == 0 and "not proven optimal" in out.output
