@@ -21,6 +21,8 @@ chunk F, B, W and p2p time τ, busy time is ``m·v·(F+B+W)`` and the bubbles ar
   once ``m ≥ 2p``, on every stage; same small-m interpolation as ZB-H2.
 
 With unequal stages the ``(p−1)X`` terms become ``Σ_j X_j − X`` over stages (as in 1F1B).
+Below m = p there is no steady state for the W credits to fill, and every schedule's time is
+floored at the first stage's :func:`critical_path`.
 The bubbles of ZB-H2 and ZB-V assume the paper's optimizer post-validation, which lets a
 stage start the next step as soon as its own work is done: the step time is the longest
 *stage span*, not the makespan of one isolated step. p2p is counted as in 1F1B
@@ -59,12 +61,24 @@ def _zb_times(x, n_w, chunks, w_credit, adaptive: bool = False) -> PipelineTimes
         bubble = adaptive_bubble(bubble, fill_f, fill_b, x.W, x.m, x.p)
     steady_n = total_chunks - n_w
     pp = 2.0 * n_w * x.p2p_s + steady_n * x.steady_p2p_s
+    bubble = np.maximum(bubble, critical_path(x, chunks) - busy - pp)
     bubble_warm = np.minimum(fill_f, bubble)
     warmup = n_w * (x.F + x.p2p_s) + bubble_warm
     steady = steady_n * (work + x.steady_p2p_s)
     cooldown = n_w * (x.B + x.W + x.p2p_s) + (bubble - bubble_warm)
     return PipelineTimes(busy_s=busy, bubble_s=bubble, pp_comm_s=pp, warmup_s=warmup, steady_s=steady,
                          cooldown_s=cooldown)
+
+
+def critical_path(x, chunks):
+    """The least span of a step's first stage: the last micro-batch's forward starts after the
+    m − 1 before it, runs down every chunk and back up (F and B of every stage, a p2p hop between
+    consecutive chunks on different stages each way), and its W follows its B::
+
+        (m − 1)·F + Σ F + Σ B + W + 2·(p − 1)·τ
+
+    Below about m = p the bubble formulas (steady-state W credits) would undercut it."""
+    return (x.m - 1.0) * x.F + x.sum_F + x.sum_B + x.W + 2.0 * np.maximum(x.p - 1.0, 0.0) * x.p2p_s
 
 
 def adaptive_bubble(handcrafted, fill_f, fill_b, w, m, p):
