@@ -71,14 +71,17 @@ def _zb_times(x, n_w, chunks, w_credit, adaptive: bool = False) -> PipelineTimes
 
 
 def critical_path(x, chunks):
-    """The least span of a step's first stage: the last micro-batch's forward starts after the
-    m − 1 before it, runs down every chunk and back up (F and B of every stage, a p2p hop between
-    consecutive chunks on different stages each way), and its W follows its B::
+    """The least span of a step's first stage. The stage at the end of the route (the last
+    chunk) cannot start before micro-batch 0's forward has run down every chunk before it, then
+    runs the m forwards and m input-gradient backwards of its chunk, and the last of those runs back
+    up every chunk before it, the first stage's W following (a p2p hop between consecutive chunks
+    on different stages each way, ``chunks`` = chunks per stage)::
 
-        (m − 1)·F + Σ F + Σ B + W + 2·(p − 1)·τ
+        ΣF + ΣB + (m − 1)·(F + B) + W + 2·(p − 1)·chunks·τ
 
     Below about m = p the bubble formulas (steady-state W credits) would undercut it."""
-    return (x.m - 1.0) * x.F + x.sum_F + x.sum_B + x.W + 2.0 * np.maximum(x.p - 1.0, 0.0) * x.p2p_s
+    hops = 2.0 * np.maximum(x.p - 1.0, 0.0) * chunks
+    return x.sum_F + x.sum_B + (x.m - 1.0) * (x.F + x.B) + x.W + hops * x.p2p_s
 
 
 def adaptive_bubble(handcrafted, fill_f, fill_b, w, m, p):

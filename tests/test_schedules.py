@@ -301,22 +301,24 @@ def test_zb_2p_follows_its_greedy_schedule_at_real_times():
 
 # ------------------------------------------------------------------ fewer micro-batches than stages
 def test_zero_bubble_critical_path_by_hand():
-    # p 16, m 4, F = B = W = 1 s, τ 0.1 s: the last micro-batch's forward starts at 3 s, runs down
-    # 16 stages and back up 16 (32 s), its W follows (1 s), 15 hops each way (3 s): 39 s
+    # p 16, m 4, F = B = W = 1 s, τ 0.1 s: micro-batch 0 reaches the last stage after 15 s, which
+    # then runs 4 F and 4 B (8 s); the last B runs back up 15 stages (15 s), the first stage's W
+    # follows (1 s), 15 hops each way (3 s): 42 s (39 s at τ = 0, the simulated ZB-H1 order's span)
     x = inputs(16, 1, 4, 1.0, 1.0, 1.0, 0.1)
-    assert float(zb.critical_path(x, 1)[0]) == pytest.approx(39.0)
-    # the bubble formulas alone said 1F1B-like steady state: busy 12 + (p − 1)(F + B − W) = 27 s
-    # (+ the p2p), below the chain; the schedule's time is floored there
-    assert closed(zb.ZB_H1, 16, 1, 4, 1.0, 1.0, 1.0, 0.1) >= 39.0 - 1e-9
+    assert float(zb.critical_path(x, 1)[0]) == pytest.approx(42.0)
+    # the bubble formulas alone said busy 12 + (p − 1)(F + B − W) = 27 s at τ = 0: below the chain
+    assert closed(zb.ZB_H1, 16, 1, 4, 1.0, 1.0, 1.0) == pytest.approx(39.0)
+    # ZB-V, chunk times 0.5 s: 16 + 16 + 3·1 + 0.5 + 2·15·2·0.1 = 41.5 s
+    assert float(zb.critical_path(inputs(16, 2, 4, 0.5, 0.5, 0.5, 0.1), 2)[0]) == pytest.approx(41.5)
 
 
-@pytest.mark.parametrize("sched,order,v,route", [(zb.ZB_H1, zb.op_order_h1, 1, None),
-                                                 (zb.ZB_H2, zb.op_order_h2, 1, None),
-                                                 (zb.ZB_V, zb.op_order_v, 2, zb.v_route)])
-def test_zero_bubble_below_p_micro_batches_keeps_to_the_simulated_schedule(sched, order, v, route):
+@pytest.mark.parametrize("sched,order,v,route,tol", [(zb.ZB_H1, zb.op_order_h1, 1, None, 1e-9),
+                                                     (zb.ZB_H2, zb.op_order_h2, 1, None, 1e-9),
+                                                     (zb.ZB_V, zb.op_order_v, 2, zb.v_route, 0.12)])
+def test_zero_bubble_below_p_micro_batches_keeps_to_the_simulated_schedule(sched, order, v, route, tol):
     """m < p (the shared ZeroBubble rows at global batch 4–12): the steady-state W credits no longer
     apply, and the closed forms fell up to 45 % (ZB-V 68 %) below the simulated span; floored at the
-    critical path they are never above it and within 19 %."""
+    critical path, ZB-H1 and ZB-H2 equal it and ZB-V is never above it and within 12 %."""
     errs = []
     for p in (4, 8, 16):
         for m in range(1, p):
@@ -325,4 +327,4 @@ def test_zero_bubble_below_p_micro_batches_keeps_to_the_simulated_schedule(sched
                 sim = simulate(order(p, v, m), p=p, v=v, m=m, F=f, B=b, W=w,
                                route=route(p) if route else None).max_span_s
                 errs.append((closed(sched, p, v, m, f, b, w) - sim) / sim)
-    assert max(errs) <= 1e-9 and min(errs) >= -0.19
+    assert max(errs) <= 1e-9 and min(errs) >= -tol
