@@ -16,9 +16,10 @@ bound of the objective of every configuration below it:
    kernels), the others off: the critical stage's busy time ``m·(F+B+W)`` after the layer
    phase. Features flagged ``adds_time_only`` (recompute, offloading, FSDP, MemFine) can only
    add to it, so it bounds every setting of theirs;
-2. … 1 + n: + those n features, one more per level in the order the layer phase applies them
-   (:func:`_levels`): the busy time with the undecided ones off, which bounds every setting of
-   theirs; at the last of these levels, the exact busy time;
+2. … 1 + n: + those features, in the order the layer phase applies them, one more per level
+   (consecutive ones that exclude each other share one; :func:`_levels`): the busy time with the
+   undecided ones off, which bounds every setting of theirs; at the last of these levels, the
+   exact busy time;
 2 + n. + the pipeline-phase features: the pipeline time (busy, bubble, exposed p2p) — the
    *pipeline level*;
 leaves: every feature set: the optimizer and memory phases finish each one from its
@@ -501,17 +502,34 @@ def _lattice_order(registry, names: list[str]) -> list[str]:
 
 def _levels(registry, names: list[str]) -> tuple[tuple[str, Callable], ...]:
     """:data:`LEVELS` with its busy level split into a lattice over the searched features flagged
-    ``adds_time_only`` (recompute, offloading, FSDP, ZeRO, MemFine): one more is decided per level,
-    in :func:`_lattice_order`, and the busy time with the undecided ones off bounds every setting
-    of theirs. A setting of one that cannot win prunes every combination of the later ones below
+    ``adds_time_only`` (recompute, offloading, FSDP, ZeRO, MemFine): one more is decided per level
+    (:func:`_lattice_steps`), in :func:`_lattice_order`, and the busy time with the undecided ones
+    off bounds every setting of theirs. A setting of one that cannot win prunes every combination of the later ones below
     it, instead of each combination being bounded on its own. (Not in any order: activation
     offloading costs less once MemFine or recompute has shrunk what it moves.)"""
-    adders = _lattice_order(registry, names)
-    if len(adders) < 2:
+    steps = _lattice_steps(registry, _lattice_order(registry, names))
+    if len(steps) < 2:
         return LEVELS
-    busy = tuple(("busy", lambda f, d=frozenset(adders[:k]): f.layer is not None and
-                  (not f.adds_time_only or f.name in d)) for k in range(1, len(adders) + 1))
+    decided = [frozenset().union(*steps[:k]) for k in range(1, len(steps) + 1)]
+    busy = tuple(("busy", lambda f, d=d: f.layer is not None and (not f.adds_time_only or f.name in d))
+                 for d in decided)
     return (LEVELS[0], *busy, LEVELS[2])
+
+
+def _lattice_steps(registry, adders: list[str]) -> list[frozenset[str]]:
+    """`adders` (in order) cut into the features each level decides: consecutive features that
+    exclude one another (ZeRO, FSDP, weight offloading) share a level, where their settings add up
+    instead of multiplying; any other feature starts a level of its own."""
+    def excludes(a: str, b: str) -> bool:
+        return b in registry.features[a].conflicts or a in registry.features[b].conflicts
+
+    steps: list[set[str]] = []
+    for n in adders:
+        if steps and all(excludes(n, m) for m in steps[-1]):
+            steps[-1].add(n)
+        else:
+            steps.append({n})
+    return [frozenset(s) for s in steps]
 
 
 def _columns(table: np.ndarray, idx: np.ndarray) -> np.ndarray:

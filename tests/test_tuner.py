@@ -505,13 +505,14 @@ def test_moe_search_equals_brute_force_for_every_objective(mofa_predictor, objec
 
 _LATTICE_SPACE = dict(_MOE_SPACE, tp=(2,), pp=(2, 4), vpp=(1,), ep=(2, 8), schedules=("1f1b",), lighter_ends=(0,),
                       lighter_last=(0, 2))
-_LATTICE_FEATURES = ("activation_offload", "distributed_optimizer", "memfine", "recompute", "weight_offload")
+_LATTICE_FEATURES = ("activation_offload", "distributed_optimizer", "fsdp", "memfine", "recompute", "weight_offload")
 
 
 def test_the_lattice_of_time_adding_features_keeps_the_search_exact(mofa_predictor):
-    """The features that only add time (MemFine, recompute, activation and weight offloading) are
-    decided one per level (the order that keeps each level a bound is checked by the contracts test
-    above): on Mixtral 8×7B on 16 A100 40GB, where memory decides, the optimum equals brute force."""
+    """The features that only add time (MemFine, recompute, activation offloading, FSDP and weight
+    offloading, the last two exclusive: one level) are decided level by level (the order that keeps
+    each level a bound is checked by the contracts test above): on Mixtral 8×7B on 16 A100 40GB,
+    where memory decides, the optimum equals brute force."""
     from mofa_framework.tuner import _levels
 
     reg = mofa_predictor.registry
@@ -524,6 +525,24 @@ def test_the_lattice_of_time_adding_features_keeps_the_search_exact(mofa_predict
     req = TuneRequest(model=jobs[0].model, hardware=jobs[0].hardware, num_gpus=16, global_batch_size=32,
                       sequence_length=4096, space=space, top_k=3)
     assert tune(mofa_predictor, req).best[0].step_time_s == pytest.approx(best, rel=1e-12)
+
+
+def test_the_lattice_shares_a_level_between_features_that_exclude_one_another(mofa_predictor):
+    """By hand from the built-ins' `conflicts`: ZeRO excludes FSDP, weight offloading excludes both,
+    so the three (consecutive in the layer phase's order) are decided on one level, where their
+    settings add up instead of multiplying; MemFine, recompute and activation offloading exclude
+    nothing and get a level each."""
+    from mofa_framework.tuner import _lattice_order, _lattice_steps
+
+    reg = mofa_predictor.registry
+    names = ["activation_offload", "deepspeed_zero", "fsdp", "memfine", "recompute", "weight_offload"]
+    order = _lattice_order(reg, names)
+    assert order == ["memfine", "recompute", "activation_offload", "deepspeed_zero", "fsdp", "weight_offload"]
+    assert _lattice_steps(reg, order) == [{"memfine"}, {"recompute"}, {"activation_offload"},
+                                          {"deepspeed_zero", "fsdp", "weight_offload"}]
+    # without weight offloading the other two still exclude each other; recompute between them would part them
+    assert _lattice_steps(reg, ["deepspeed_zero", "fsdp"]) == [{"deepspeed_zero", "fsdp"}]
+    assert _lattice_steps(reg, ["deepspeed_zero", "recompute", "fsdp"]) == [{"deepspeed_zero"}, {"recompute"}, {"fsdp"}]
 
 
 def test_a_memory_bound_search_pops_larger_chunks():
