@@ -484,12 +484,11 @@ def _csr(parent: np.ndarray, n_parents: int) -> tuple[np.ndarray, np.ndarray]:
     return offsets, order
 
 
-#: the search's levels below the structures: (bound, which features a node of the level has set)
-LEVELS = (
-    ("settled", lambda f: f.layer is not None and not f.adds_time_only),  # layer features that may speed layers up
-    ("busy", lambda f: f.layer is not None),  # every layer feature
-    ("pipeline", lambda f: f.layer is not None or f.pipeline is not None),  # and the pipeline-phase ones
-)
+#: level 1, below the structures: (bound, which features a node of the level has set) — the layer
+#: features that may speed layers up
+SETTLED = ("settled", lambda f: f.layer is not None and not f.adds_time_only)
+#: the last level above the leaves: every layer- and pipeline-phase feature set
+PIPELINE = ("pipeline", lambda f: f.layer is not None or f.pipeline is not None)
 
 
 def _lattice_order(registry, names: list[str]) -> list[str]:
@@ -501,19 +500,19 @@ def _lattice_order(registry, names: list[str]) -> list[str]:
 
 
 def _levels(registry, names: list[str]) -> tuple[tuple[str, Callable], ...]:
-    """:data:`LEVELS` with its busy level split into a lattice over the searched features flagged
-    ``adds_time_only`` (recompute, offloading, FSDP, ZeRO, MemFine): one more is decided per level
-    (:func:`_lattice_steps`), in :func:`_lattice_order`, and the busy time with the undecided ones
-    off bounds every setting of theirs. A setting of one that cannot win prunes every combination of the later ones below
-    it, instead of each combination being bounded on its own. (Not in any order: activation
-    offloading costs less once MemFine or recompute has shrunk what it moves.)"""
+    """The search's levels below the structures, each (bound, which features a node of it has set):
+    :data:`SETTLED`; then the busy levels, a lattice over the searched features flagged
+    ``adds_time_only`` (recompute, offloading, FSDP, ZeRO, MemFine), one more decided per level
+    (:func:`_lattice_steps`) in :func:`_lattice_order`, the busy time with the undecided ones off
+    bounding every setting of theirs — a setting of one that cannot win prunes every combination
+    of the later ones below it (not in any order: activation offloading costs less once MemFine or
+    recompute has shrunk what it moves); the last sets every layer feature (the only one when
+    there are no such features); then :data:`PIPELINE`."""
     steps = _lattice_steps(registry, _lattice_order(registry, names))
-    if len(steps) < 2:
-        return LEVELS
-    decided = [frozenset().union(*steps[:k]) for k in range(1, len(steps) + 1)]
+    decided = [frozenset().union(*steps[:k]) for k in range(1, len(steps) + 1)] or [frozenset()]
     busy = tuple(("busy", lambda f, d=d: f.layer is not None and (not f.adds_time_only or f.name in d))
                  for d in decided)
-    return (LEVELS[0], *busy, LEVELS[2])
+    return (SETTLED, *busy, PIPELINE)
 
 
 def _lattice_steps(registry, adders: list[str]) -> list[frozenset[str]]:
@@ -580,7 +579,7 @@ class _Choices:
 @attrs.define
 class _Group:
     """Structures on which the same features apply, and their feature combinations: the leaves
-    (every feature set) and, per level of :data:`LEVELS`, the distinct settings of the level's
+    (every feature set) and, per level of :func:`_levels`, the distinct settings of the level's
     features, each with its parent in the level above (level 0's parent is the structure).
     Settings are choice vectors over every searched feature (−1 = not set)."""
 
@@ -602,7 +601,7 @@ class _Group:
 
     @classmethod
     def build(cls, req: TuneRequest, registry, all_names: list[str], names: list[str],
-              levels: tuple = LEVELS) -> _Group:
+              levels: tuple) -> _Group:
         feats = registry.features
         grid = _combos(req, registry, names)
         cols = np.array([all_names.index(n) for n in names], np.int64)

@@ -543,6 +543,13 @@ def test_the_lattice_shares_a_level_between_features_that_exclude_one_another(mo
     # without weight offloading the other two still exclude each other; recompute between them would part them
     assert _lattice_steps(reg, ["deepspeed_zero", "fsdp"]) == [{"deepspeed_zero", "fsdp"}]
     assert _lattice_steps(reg, ["deepspeed_zero", "recompute", "fsdp"]) == [{"deepspeed_zero"}, {"recompute"}, {"fsdp"}]
+    # one busy level, every layer feature set, when there is nothing to split (none, or one step)
+    from mofa_framework.tuner import _levels
+
+    for searched in (["tp_overlap"], ["recompute", "tp_overlap"], ["fsdp", "weight_offload"]):
+        levels = _levels(reg, searched)
+        assert [k for k, _ in levels] == ["settled", "busy", "pipeline"]
+        assert [n for n in searched if levels[1][1](reg.features[n])] == searched
 
 
 def test_a_memory_bound_search_pops_larger_chunks():
