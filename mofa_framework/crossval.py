@@ -580,6 +580,17 @@ def table_records(text: str) -> list[dict[str, str]]:
     return list(csv.DictReader(ln for ln in text.splitlines() if ln and not ln.startswith("#")))
 
 
+def table_columns(text: str) -> dict[str, tuple[str, ...]]:
+    """The columns of a :func:`residual_table` text, header → cells (comment lines skipped; none:
+    empty): what :func:`table_records` reads, a column at a time (twice as fast for the band's reader)."""
+    import csv
+
+    reader = csv.reader(ln for ln in text.splitlines() if ln and not ln.startswith("#"))
+    header = next(reader, [])
+    cells = list(zip(*reader))
+    return {h: cells[i] if cells else () for i, h in enumerate(header)}
+
+
 # ====================================================================== the gates (issue 17 §2)
 
 #: sources with at least this many predicted rows are gated one by one

@@ -46,7 +46,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from .crossval import KINDS, Regime, regime_of, table_gpu_specs, table_records
+from .crossval import KINDS, Regime, regime_of, table_columns, table_gpu_specs
 from .errors import MofaError
 
 TABLE = Path(__file__).resolve().parent / "data" / "cross_validation.csv"
@@ -113,18 +113,19 @@ def read_table(path: str | Path = TABLE) -> ResidualTable:
     """The residual table at `path` (:func:`~mofa_framework.crossval.residual_table`; none: empty)."""
     path = Path(path)
     text = path.read_text() if path.exists() else ""
-    rows = table_records(text) if text else []
-    col = lambda k: np.array([r[k] for r in rows], dtype=object)  # noqa: E731
-    meas = np.array([float(r["measured_s"]) for r in rows])
-    errs = {"in-sample": np.log(np.array([float(r["in_sample_s"]) for r in rows]) / meas)}
+    cols = table_columns(text) if text else {}
+    col = lambda k: np.array(cols.get(k, ()), dtype=object)  # noqa: E731
+    seconds = lambda k: np.array(cols[k], dtype=float)  # noqa: E731
+    meas = seconds("measured_s") if cols else np.zeros(0)
+    errs = {"in-sample": np.log(seconds("in_sample_s") / meas) if cols else np.zeros(0)}
     for k in KINDS:
         name = f"{k.replace('-', '_')}_out_s"
-        if rows and name in rows[0]:
-            errs[k] = np.log(np.array([float(r[name]) for r in rows]) / meas)
+        if cols.get(name):
+            errs[k] = np.log(seconds(name) / meas)
     return ResidualTable(source=col("source"), gpu=col("gpu"), precision=col("precision"), family=col("family"),
-                         schedule=col("schedule"), features=tuple(frozenset(filter(None, r["features"].split(";")))
-                                                                  for r in rows),
-                         num_gpus=np.array([int(r["num_gpus"]) for r in rows], dtype=float), log_error=errs,
+                         schedule=col("schedule"), features=tuple(frozenset(filter(None, f.split(";")))
+                                                                  for f in cols.get("features", ())),
+                         num_gpus=np.array(cols.get("num_gpus", ()), dtype=float), log_error=errs,
                          gpu_specs=table_gpu_specs(text))
 
 
@@ -372,13 +373,17 @@ def band_candidates(cands, req, registry, table: ResidualTable | None = None) ->
     those rank 1 cannot be told apart from (:func:`indistinguishable`)."""
     from .crossval import model_family
 
-    out = []
+    family, out = model_family(req.model), []
+    unit: dict[Regime, Band] = {}  # the band of a 1 s step per regime: top-k rows share few regimes
     for c in cands:
-        reg = Regime(gpu=req.hardware.name, family=model_family(req.model), schedule=c.schedule,
+        reg = Regime(gpu=req.hardware.name, family=family, schedule=c.schedule,
                      precision=gemm_format(req.hardware, c.parallel["precision"], c.features, registry),
                      features=tuple(sorted(c.features)), num_gpus=int(req.num_gpus))
-        b = band(c.step_time_s, reg, registry, table)
-        out.append(attrs.evolve(c, step_time_s_low=b.low_s, step_time_s_high=b.high_s, extrapolation=b.flags))
+        if reg not in unit:
+            unit[reg] = band(1.0, reg, registry, table)
+        b = unit[reg]
+        out.append(attrs.evolve(c, step_time_s_low=c.step_time_s * b.low_s, step_time_s_high=c.step_time_s * b.high_s,
+                                extrapolation=b.flags))
     if out:
         top = out[0]
         out = [attrs.evolve(c, within_band_of_best=indistinguishable(c, top)) for c in out]

@@ -201,6 +201,40 @@ def test_read_table_round_trip(tmp_path):
     assert t.gpu_specs == {}
 
 
+def test_the_column_reader_reads_what_the_row_reader_reads():
+    """`table_columns` (the band's reader) gives the shipped table's cells exactly as `table_records`."""
+    from mofa_framework.crossval import table_columns, table_records
+    from mofa_framework.uncertainty import TABLE
+
+    text = TABLE.read_text()
+    rows, cols = table_records(text), table_columns(text)
+    assert len(rows) > 1000 and list(cols) == list(rows[0])
+    assert all(cols[k] == tuple(r[k] for r in rows) for k in cols)
+    assert table_columns("# only a comment\n") == {} and table_columns("a,b\n") == {"a": (), "b": ()}
+
+
+def test_tune_bands_equal_the_band_of_each_row(registry):
+    """The tuner's top-k share their bands per regime (one band per regime, scaled): each row's band
+    is exactly what :func:`band` gives for its step time and regime."""
+    from mofa_framework import Predictor
+    from mofa_framework.crossval import model_family
+    from mofa_framework.tuner import job_request, tune
+    from mofa_framework.uncertainty import gemm_format
+
+    pred = Predictor()
+    job = pred.job({"model": {"name": "llama3-8b"}, "hardware": {"name": H100, "num_gpus": 16},
+                    "parallel": {"global_batch_size": 64, "sequence_length": 4096}})
+    req = job_request(job, pred.registry, values={"tp": (1, 2, 4), "pp": (1, 2)}, top_k=8)
+    best = tune(pred, req).best
+    regimes = [Regime(gpu=H100, family=model_family(req.model), schedule=c.schedule, num_gpus=16,
+                      precision=gemm_format(req.hardware, c.parallel["precision"], c.features, pred.registry),
+                      features=tuple(sorted(c.features))) for c in best]
+    assert len(best) == 8 and len(set(regimes)) < len(regimes)  # some rows share a regime
+    for c, r in zip(best, regimes):
+        b = band(c.step_time_s, r, pred.registry)
+        assert (c.step_time_s_low, c.step_time_s_high, c.extrapolation) == (b.low_s, b.high_s, b.flags)
+
+
 def test_the_shipped_table_records_its_gpus_specs_and_bands_rank_by_them(registry):
     """Every GPU of the shipped table has a `# gpu` line with its profile's bf16 peak and HBM bandwidth
     (to the 6 digits written), so a band for a GPU without rows ranks the table's GPUs without reading
