@@ -12,6 +12,7 @@ import re
 import shutil
 import sys
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -28,7 +29,21 @@ PIPE_WIDTH = 10_000
 
 
 class MofaGroup(click.Group):
-    """Turns MoFa errors into one line and exit status 2, everywhere."""
+    """Turns MoFa errors into one line and exit status 2, everywhere. Commands named in `lazy`
+    (name → a function loading it) are imported when first asked for; an added command of the same
+    name (a plugin's) comes first."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy: dict[str, Callable[[str], click.Command]] = {}
+
+    def list_commands(self, ctx) -> list[str]:
+        return sorted({*self.commands, *self.lazy})
+
+    def get_command(self, ctx, name: str) -> click.Command | None:
+        if name not in self.commands and name in self.lazy:
+            self.add_command(self.lazy[name](name), name)
+        return super().get_command(ctx, name)
 
     def invoke(self, ctx):
         try:
@@ -85,13 +100,18 @@ class State:
     disabled: tuple[str, ...] = ()
     strict: bool | None = None
     trace: bool | None = None
+    #: the manager the command line was assembled with (:func:`main`): used when the global options
+    #: ask for no other (no plugin disabled, no strictness or tracing asked for), not loaded twice
+    assembled: MofaPluginManager | None = None
     _pm: MofaPluginManager | None = None
     _warned: bool = False
 
     @property
     def pm(self) -> MofaPluginManager:
         if self._pm is None:
-            self._pm = get_plugin_manager(disabled=self.disabled, strict=self.strict, trace=self.trace, fresh=True)
+            default = not self.disabled and self.strict is None and self.trace is None
+            self._pm = self.assembled if default and self.assembled is not None else get_plugin_manager(
+                disabled=self.disabled, strict=self.strict, trace=self.trace, fresh=True)
             self._pm.registry  # noqa: B018 - collecting records may mark more plugins failed
             if not self._warned:  # the rest still works; say once what is missing
                 warn_failed_plugins(self._pm)
@@ -118,7 +138,8 @@ pass_state = click.make_pass_decorator(State)
 @click.pass_context
 def cli(ctx, disabled, strict_plugins, trace_plugins):
     """MoFa: predict, explain and tune LLM pretraining performance."""
-    ctx.obj = State(disabled=tuple(disabled), strict=strict_plugins, trace=trace_plugins)
+    assembled = ctx.obj if isinstance(ctx.obj, MofaPluginManager) else None
+    ctx.obj = State(disabled=tuple(disabled), strict=strict_plugins, trace=trace_plugins, assembled=assembled)
 
 
 def _emit_json(obj) -> None:
@@ -665,17 +686,22 @@ def predict(state: State, job_files, fmt, megatron_args, trace_path, all_stages,
 def assemble() -> click.Group:
     """The CLI with commands from plugins (``mofa_register_commands``) added. A plugin that fails
     to add its commands is named in the command's warning (once, with its other failures)."""
+    return _assemble()[0]
+
+
+def _assemble() -> tuple[click.Group, MofaPluginManager | None]:
+    """:func:`assemble`, and the manager it loaded (None when a MOFA_* variable is bad)."""
     try:
         pm = get_plugin_manager(fresh=True)
     except MofaError:  # a bad MOFA_* variable: the command itself reports it (one line, exit 2)
-        return cli
+        return cli, None
     for impl in reversed(pm.hook.mofa_register_commands.get_hookimpls()):
         try:
             impl.function(cli=cli)
         except Exception as exc:  # noqa: BLE001 - a broken plugin must not take the CLI down
             _COMMAND_FAILURES.setdefault(impl.plugin_name, f"plugin {impl.plugin_name!r} failed to add commands: "
                                                             f"{type(exc).__name__}: {exc}")
-    return cli
+    return cli, pm
 
 
 @functools.cache
@@ -687,8 +713,11 @@ def _builtin_commands() -> None:
 
 def main() -> None:
     _builtin_commands()
-    assemble()(prog_name="mofa")
+    group, pm = _assemble()
+    group(prog_name="mofa", obj=pm)  # the commands' State reuses `pm` (see State.assembled)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+if __name__ == "__main__":  # pragma: no cover - `python -m mofa_framework.cli`: run the imported module's
+    from mofa_framework.cli import main as _main  # CLI, not this __main__ copy (its commands use the former's State)
+
+    sys.exit(_main())

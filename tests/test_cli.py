@@ -184,3 +184,70 @@ def test_no_flash_attention_flag_reproduces_the_job_file(run, tmp_path):
             "--top", "1", "--format", "json", "--no-progress"]
     best = {f: json.loads(run(*tune, f).output)["best"][0] for f in ("--flash-attention", "--no-flash-attention")}
     assert best["--no-flash-attention"]["step_time_s"] > best["--flash-attention"]["step_time_s"]
+
+
+def test_builtin_commands_load_when_asked_for_and_help_lists_them(run):
+    """The built-ins are named, not imported, until a command runs (or --help lists them): each
+    name loads the command of that name."""
+    from mofa_framework.commands import COMMANDS, load_command
+
+    for name in COMMANDS:
+        assert load_command(name).name == name
+    listed = run("--help").output
+    assert all(f"  {name} " in listed for name in COMMANDS)
+
+
+def test_a_command_imports_no_other_builtin_commands_module(tmp_path):
+    """`mofa tune` does not import `validate`'s, `e2e`'s or the importer's modules (start-up time)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from mofa_framework.cli import main\n"
+            "sys.argv = ['mofa', 'tune', '--model', 'llama3-8b', '--hardware', 'h100', '--gpus', '8', '--gbs', '8',\n"
+            "            '--seq', '2048', '--tp-values', '1', '--pp-values', '1', '--format', 'json', '--no-progress']\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith('mofa_framework.commands.')), file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["best"]
+    assert out.stderr.strip().splitlines()[-1] == "['mofa_framework.commands.tune']"
+
+
+def test_main_loads_the_plugins_once_unless_the_global_options_ask_for_other_ones(monkeypatch, capsys):
+    """`mofa CMD` assembles the command line and runs the command with one plugin manager; with
+    --disable-plugin the command gets its own, without that plugin."""
+    import mofa_framework.cli as c
+    from mofa_framework.manager import MofaPluginManager
+
+    loads = []
+    real = MofaPluginManager.load_entrypoints
+    monkeypatch.setattr(MofaPluginManager, "load_entrypoints", lambda self, *a, **k: (loads.append(self),
+                                                                                       real(self, *a, **k))[1])
+    monkeypatch.delenv("MOFA_DISABLED_PLUGINS", raising=False)
+
+    def main(*args):
+        loads.clear()
+        monkeypatch.setattr("sys.argv", ["mofa", *args])
+        with pytest.raises(SystemExit) as exit_:
+            c.main()
+        assert exit_.value.code == 0
+        return json.loads(capsys.readouterr().out)
+
+    plugins = {p["name"]: p["status"] for p in main("list-plugins", "--format", "json")}
+    assert len(loads) == 1 and plugins["zero_bubble"] != "disabled"
+    plugins = {p["name"]: p["status"] for p in main("--disable-plugin", "zero_bubble", "list-plugins", "--format",
+                                                    "json")}
+    assert len(loads) == 2 and plugins["zero_bubble"] == "disabled"
+
+
+def test_python_dash_m_runs_the_command_line(tmp_path):
+    """`python -m mofa_framework` and `python -m mofa_framework.cli` run `mofa` (a command in its own
+    module included: it must see the imported CLI's state, not the __main__ copy's)."""
+    import subprocess
+    import sys
+
+    args = ["tune", "--model", "llama3-8b", "--hardware", "h100", "--gpus", "8", "--gbs", "8", "--seq", "2048",
+            "--tp-values", "1", "--pp-values", "1", "--format", "json", "--no-progress"]
+    for module in ("mofa_framework", "mofa_framework.cli"):
+        out = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=tmp_path)
+        assert out.returncode == 0 and json.loads(out.stdout)["best"], out.stderr

@@ -6,16 +6,27 @@ import importlib
 
 import click
 
-#: module name → attribute holding a click command
-_COMMANDS: tuple[tuple[str, str], ...] = (
-    ("e2e", "e2e"),
-    ("tune", "tune_cmd"),
-    ("validate", "validate_cmd"),
-    ("validate", "calibrate_cmd"),
-    ("importer", "import_cmd"),
-)
+#: command name → (module, attribute holding the click command): imported when the command runs
+#: (or ``mofa --help`` lists it), so ``mofa tune`` does not import ``validate``'s modules
+COMMANDS: dict[str, tuple[str, str]] = {
+    "e2e": ("e2e", "e2e"),
+    "tune": ("tune", "tune_cmd"),
+    "validate": ("validate", "validate_cmd"),
+    "calibrate": ("validate", "calibrate_cmd"),
+    "import": ("importer", "import_cmd"),
+}
+
+
+def load_command(name: str) -> click.Command:
+    """The built-in command `name` (imports its module)."""
+    module, attr = COMMANDS[name]
+    return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
 
 
 def register_builtin_commands(cli: click.Group) -> None:
-    for module, attr in _COMMANDS:
-        cli.add_command(getattr(importlib.import_module(f"{__name__}.{module}"), attr))
+    """Add the built-ins to `cli`: by name only where it loads commands on demand (``lazy``)."""
+    for name in COMMANDS:
+        if hasattr(cli, "lazy"):
+            cli.lazy[name] = load_command
+        else:
+            cli.add_command(load_command(name), name)
