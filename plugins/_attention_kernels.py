@@ -24,7 +24,6 @@ prior: ratio 1 for every kernel, the shape of the nearest published GPU).
 from __future__ import annotations
 
 import functools
-import tomllib
 from collections.abc import Mapping
 from importlib import resources
 
@@ -32,7 +31,7 @@ import attrs
 import numpy as np
 
 from mofa_framework.batch import ATTENTION_KERNELS
-from mofa_framework.config import structure_file
+from mofa_framework.config import structure_file, toml_loads
 
 KERNELS = ATTENTION_KERNELS[1:]  # "auto" is resolved, never published
 DIRECTIONS = ("fwd", "bwd")
@@ -91,7 +90,7 @@ class KernelTable:
 @functools.cache
 def table() -> KernelTable:
     with resources.files("mofa_plugins").joinpath("attention_kernels.toml").open("rb") as fh:
-        return structure_file(tomllib.load(fh), KernelTable, "attention_kernels.toml")
+        return structure_file(toml_loads(fh.read().decode()), KernelTable, "attention_kernels.toml")
 
 
 def resolve(codes, architecture: str, t: KernelTable | None = None) -> np.ndarray:

@@ -8,10 +8,9 @@ reads no microbenchmark table it does not use. Records are read once per process
 from __future__ import annotations
 
 import functools
-import tomllib
 from importlib import resources
 
-from mofa_framework.config import structure_file
+from mofa_framework.config import TOMLDecodeError, structure_file, toml_loads
 from mofa_framework.types import LazyRecord
 
 
@@ -40,8 +39,8 @@ def names_of(text: str) -> tuple[str | None, tuple[str, ...]]:
             break
         if line.startswith(("name", "aliases")):
             try:
-                found.update(tomllib.loads(line))
-            except tomllib.TOMLDecodeError:
+                found.update(toml_loads(line))
+            except TOMLDecodeError:
                 return None, ()
     name, aliases = found.get("name"), found.get("aliases", [])
     if not isinstance(name, str) or not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
@@ -52,5 +51,5 @@ def names_of(text: str) -> tuple[str | None, tuple[str, ...]]:
 @functools.cache
 def _read(package: str, file: str, cls):
     with resources.files(package).joinpath(file).open("rb") as fh:
-        data = tomllib.load(fh)
+        data = toml_loads(fh.read().decode())
     return structure_file(data, cls, file)

@@ -60,13 +60,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
-import tomllib
 from pathlib import Path
 
 import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.batch import OP_KINDS, PRECISIONS, distinct_rows
+from mofa_framework.config import toml_loads
 
 NEIGHBOURS = 4
 #: queries per block, to bound the (queries × points) distance matrix
@@ -153,7 +153,7 @@ def _shipped_fits() -> dict[str, dict[str, float]]:
         return {}
     with FIT_TABLE.open("rb") as f:
         return {row["key"]: {k: float(row[k]) for k in ("rate_tflops", "k0", "t0_s", "occupancy")}
-                for row in tomllib.load(f).get("fit", [])}
+                for row in toml_loads(f.read().decode()).get("fit", [])}
 
 
 @functools.lru_cache(maxsize=128)
