@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import sys
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import attrs
 import click
 
 from . import __version__
+from .config import TOMLDecodeError, toml_loads
 from .errors import ConfigError, MofaError
 from .batch import ATTENTION_KERNELS
 from .manager import ENV_DISABLED, MofaPluginManager, get_plugin_manager
@@ -303,8 +303,8 @@ def parse_feature_flag(text: str) -> tuple[str, dict]:
         if not eq:
             raise ConfigError(f"--feature {text}: expected key=value after ':', got {item!r}")
         try:
-            opts[key.strip()] = tomllib.loads(f"v = {value.strip()}")["v"]
-        except tomllib.TOMLDecodeError:
+            opts[key.strip()] = toml_loads(f"v = {value.strip()}")["v"]
+        except TOMLDecodeError:
             opts[key.strip()] = value.strip()
     return name.strip(), opts
 

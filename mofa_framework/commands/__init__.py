@@ -23,10 +23,7 @@ def load_command(name: str) -> click.Command:
     return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
 
 
-def register_builtin_commands(cli: click.Group) -> None:
-    """Add the built-ins to `cli`: by name only where it loads commands on demand (``lazy``)."""
-    for name in COMMANDS:
-        if hasattr(cli, "lazy"):
-            cli.lazy[name] = load_command
-        else:
-            cli.add_command(load_command(name), name)
+def register_builtin_commands(cli) -> None:
+    """Name the built-ins in `cli` (a :class:`~mofa_framework.cli.MofaGroup`), which loads each
+    when it is first asked for."""
+    cli.lazy.update(dict.fromkeys(COMMANDS, load_command))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import tomllib
 from pathlib import Path
 
 import attrs
@@ -12,7 +11,7 @@ import numpy as np
 
 from ..cli import _emit_json, _table, job_options, load_jobs, pass_state
 from ..e2e import E2EInputs, E2EResult, e2e_inputs, e2e_time
-from ..config import evolved
+from ..config import TOMLDecodeError, evolved, toml_loads
 from ..errors import ConfigError
 from ..limits import LIMITS, check
 from ._figure import figure, written_path
@@ -64,8 +63,8 @@ def _fault_option(text: str) -> tuple[str, object]:
     if not eq or not key.strip():
         raise ConfigError(f"--fault-option {text}: expected KEY=VALUE, e.g. pod_probability=0.5")
     try:
-        val = tomllib.loads(f"v = {value.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
+        val = toml_loads(f"v = {value.strip()}")["v"]
+    except TOMLDecodeError:
         val = value.strip()
     return key.strip(), val
 
