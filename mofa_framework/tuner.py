@@ -640,13 +640,50 @@ class _Group:
                    n_on=n_on, layer_parent=layer_parent)
 
 
-def _children(csr, parents: np.ndarray, owners: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(owner of each child, child id) for every child of each parent (parents repeat freely)."""
-    offsets, ids = csr
-    counts = offsets[parents + 1] - offsets[parents]
-    rep = np.repeat(np.arange(len(parents)), counts)
-    pos = np.arange(len(rep)) - np.repeat(np.cumsum(counts) - counts, counts)
-    return owners[rep], ids[offsets[parents][rep] + pos]
+class _Nodes:
+    """Every group's settings numbered as one, level by level: node i of group g at level d is
+    ``base[d][g] + i`` (level ``len(levels)``: the leaves), so the children of nodes from any
+    groups come from one table instead of a loop over the groups."""
+
+    def __init__(self, groups: list[_Group], n_levels: int):
+        D = n_levels
+        sizes = [np.array([len(g.level_choice[d]) for g in groups], np.int64) for d in range(D)]
+        sizes.append(np.array([len(g.leaf_choice) for g in groups], np.int64))
+        self.level0 = sizes[0]
+        self.base = [np.cumsum(n) - n for n in sizes]
+        # choice vectors in the smallest integer type that holds them: a search gathers them by the million
+        choice = [[g.level_choice[d] for g in groups] for d in range(D)] + [[g.leaf_choice for g in groups]]
+        top = max(int(c.max(initial=0)) for level in choice for c in level)
+        small = np.int8 if top < 127 else np.int16 if top < 32767 else np.int64
+        self.choice = [np.concatenate(level).astype(small) for level in choice]
+        #: CSR per level d < D: the children (level d + 1) of each node, global ids
+        self.csr = [self._joined([g.children[d] for g in groups], self.base[d + 1]) for d in range(D)]
+        self.fanout = [np.diff(offsets) for offsets, _ in self.csr]
+        self.leaves_below = [np.concatenate([g.leaves_below[d] for g in groups]) for d in range(D)]
+        self.same = np.array([[g.same_as_parent[d] for g in groups] for d in range(D)], bool).reshape(D, len(groups))
+        self.n_on = np.concatenate([g.n_on for g in groups])
+        self.layer_parent = np.concatenate([g.layer_parent for g in groups])
+        self.layer_width = max(len(g.level_choice[-2]) for g in groups) if D > 1 else 1
+
+    @staticmethod
+    def _joined(csrs, child_base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        starts = np.cumsum([0] + [int(o[-1]) for o, _ in csrs])
+        offsets = np.concatenate([o[:-1] + start for (o, _), start in zip(csrs, starts)] + [starts[-1:]])
+        return offsets.astype(np.int64), np.concatenate([i + b for (_, i), b in zip(csrs, child_base)]).astype(np.int64)
+
+    def children(self, depth: int, grp: np.ndarray, sub: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(parent position, child's global id) of every child of the nodes (`grp`, `sub`) of level
+        ``depth − 1`` (depth 0: structures, whose children are every level-0 setting of their
+        group), each parent's children in order."""
+        if depth == 0:
+            first, counts = self.base[0][grp], self.level0[grp]
+        else:
+            offsets, ids = self.csr[depth - 1]
+            pid = self.base[depth - 1][grp] + sub
+            first, counts = offsets[pid], offsets[pid + 1] - offsets[pid]
+        rep = np.repeat(np.arange(len(grp)), counts)
+        at = first[rep] + np.arange(len(rep)) - np.repeat(np.cumsum(counts) - counts, counts)
+        return rep, (at if depth == 0 else self.csr[depth - 1][1][at])
 
 
 def _present(a: np.ndarray) -> np.ndarray:
@@ -812,6 +849,7 @@ class _Search:
         self.level_kinds = level_kinds
         self.chunk_rows = req.chunk_rows or (PARETO_CHUNK_ROWS if req.pareto else CHUNK_ROWS)
         self.groups, self.group_of = groups, group_of
+        self.nodes = _Nodes(groups, len(level_kinds))
         self.registry = predictor.registry
         self.all_names = all_names
         self.choices = _Choices(req, self.registry, all_names)
@@ -926,23 +964,15 @@ class _Search:
         return _objective(self.req, pl.times.total_s + self.overhead_s, batch)
 
     # ---- expansions
-    def _child_rows(self, depth: int, grp, s, sub, bound):
-        """Children of popped nodes across groups, sorted by structure: (group, structure, child
-        setting id, its choice vector, parent's bound, parent position)."""
-        parts = []
-        for gi in _present(grp):
-            g = self.groups[gi]
-            sel = np.flatnonzero(grp == gi)
-            if depth == 0:
-                n_r = len(g.level_choice[0])
-                pos, child = np.repeat(sel, n_r), np.tile(np.arange(n_r), len(sel))
-            else:
-                pos, child = _children(g.children[depth - 1], sub[sel], sel)
-            table = g.level_choice[depth] if depth < len(self.level_kinds) else g.leaf_choice
-            parts.append((np.full(len(pos), gi), pos, child, table[child]))
-        gi_, pos, child, choice = (np.concatenate(c) for c in zip(*parts))
-        order = np.argsort(s[pos], kind="stable")
-        return gi_[order], s[pos][order], child[order], choice[order], pos[order]
+    def _child_rows(self, depth: int, grp, s, sub):
+        """Children of popped nodes across groups, sorted by structure (a structure's children in
+        the order of their parents): (group, structure, child id in its group, its choice vector,
+        parent position, child's global id)."""
+        par = np.arange(len(s)) if np.all(s[1:] >= s[:-1]) else np.argsort(s, kind="stable")
+        rep, gid = self.nodes.children(depth, grp[par], sub[par])
+        pos = par[rep]
+        g_idx = grp[pos]
+        return g_idx, s[pos], gid - self.nodes.base[depth][g_idx], self.nodes.choice[depth][gid], pos, gid
 
     def expand(self, depth: int, grp: np.ndarray, s: np.ndarray, sub: np.ndarray, bound: np.ndarray) -> None:
         """Children of popped nodes of level `depth` (0 = structures): bounded and pushed one level
@@ -950,9 +980,8 @@ class _Search:
         if depth == len(self.level_kinds):  # the popped nodes' children are leaves
             self.evaluate(grp, s, sub)
             return
-        g_idx, rows_s, child, choice, pos = self._child_rows(depth, grp, s, sub, bound)
-        same = np.array([self.groups[gi].same_as_parent[depth] for gi in range(len(self.groups))])[g_idx] \
-            if depth > 0 else np.zeros(len(g_idx), bool)
+        g_idx, rows_s, child, choice, pos, gid = self._child_rows(depth, grp, s, sub)
+        same = self.nodes.same[depth][g_idx] if depth > 0 else np.zeros(len(g_idx), bool)
         b = bound[pos].astype(np.float64)  # the same layer costs: the same bound
         todo = np.flatnonzero(~same)
         if self.req.pareto:  # no pruning: every leaf is evaluated, bounds would be wasted work
@@ -962,14 +991,8 @@ class _Search:
             # a node's bound holds for all below it: a child keeps the larger of the two
             b[todo] = np.maximum(self._grouped(fn, rows_s[todo], choice[todo]), b[todo])
             self.bounded_rows += len(todo)
-        count = np.empty(len(child), np.int64)
-        fan = np.empty(len(child), np.int64)
-        for gi in _present(g_idx):
-            sel = g_idx == gi
-            g = self.groups[gi]
-            count[sel] = g.leaves_below[depth][child[sel]]
-            fan[sel] = g.fanout[depth][child[sel]]
-        self.levels[depth + 1].push(g_idx, rows_s, child, b, count, fan)
+        self.levels[depth + 1].push(g_idx, rows_s, child, b, self.nodes.leaves_below[depth][gid],
+                                    self.nodes.fanout[depth][gid])
 
     def evaluate(self, grp: np.ndarray, ps: np.ndarray, pf: np.ndarray) -> None:
         """The leaves below pipeline-level nodes (structure `ps`, layer+pipeline setting `pf`): the
@@ -985,12 +1008,12 @@ class _Search:
         req, registry = self.req, self.registry
         pl = engine.pipeline_phase(self._batch(ps, parent_choice), req.model, req.hardware, self.predictor.pm,
                                    layer_key=self._layer_key(grp, ps, pf), lean=True, **self._engine_args(ps))
-        g_idx, s_idx, c_idx, choice, parent = self._child_rows(len(self.level_kinds), grp, ps, pf, np.zeros(len(ps)))
+        g_idx, s_idx, c_idx, choice, parent, leaf = self._child_rows(len(self.level_kinds), grp, ps, pf)
         keep = self._memory_room(pl, parent)
         if keep is not None:
             if not len(keep):
                 return
-            g_idx, s_idx, c_idx, choice, parent = (a[keep] for a in (g_idx, s_idx, c_idx, choice, parent))
+            g_idx, s_idx, c_idx, choice, parent, leaf = (a[keep] for a in (g_idx, s_idx, c_idx, choice, parent, leaf))
         batch = self._batch(s_idx, choice)
         ok = np.ones(len(batch), bool)
         for feat in registry.features.values():
@@ -1012,7 +1035,7 @@ class _Search:
             return
         if len(idx) < len(batch):
             batch, parent, s_idx, c_idx, g_idx = batch.take(idx), parent[idx], s_idx[idx], c_idx[idx], g_idx[idx]
-            choice = choice[idx]
+            choice, leaf = choice[idx], leaf[idx]
         out = self._finish(pl, parent, batch, s_idx, choice)
         self.evaluated += len(idx)
         fits = out.fits_in_memory
@@ -1027,18 +1050,13 @@ class _Search:
         for t in np.argsort(val, kind="stable"):
             if not np.isfinite(val[t]) or val[t] > self.top.threshold():
                 break
-            g = self.groups[g_idx[t]]
             same = (int(self.layout_of[s_idx[t]]), float(out.step_time_s[t]), float(out.peak_memory_bytes[t]))
-            tie = (int(g.n_on[c_idx[t]]), int(s_idx[t]), tuple(g.leaf_choice[c_idx[t]].tolist()))
+            tie = (int(self.nodes.n_on[leaf[t]]), int(s_idx[t]), tuple(choice[t].tolist()))
             self.top.offer(float(val[t]), same, tie, (int(g_idx[t]), int(s_idx[t]), int(c_idx[t])))
         if req.pareto:
             ok_rows = np.flatnonzero(fits)
             g_ok, c_ok = g_idx[ok_rows], c_idx[ok_rows]
-            n_on = np.zeros(len(ok_rows), np.int64)
-            for gi in _present(g_ok):  # per group of structures, not per row
-                sel = g_ok == gi
-                n_on[sel] = self.groups[gi].n_on[c_ok[sel]]
-            tie = np.stack([n_on, s_idx[ok_rows], c_ok])
+            tie = np.stack([self.nodes.n_on[leaf[ok_rows]], s_idx[ok_rows], c_ok])
             for t in _pareto(out.step_time_s[ok_rows], out.peak_memory_bytes[ok_rows], tie):
                 r = int(ok_rows[t])
                 self.pareto.append((float(out.step_time_s[r]), float(out.peak_memory_bytes[r]), float(val[r]),
@@ -1079,21 +1097,13 @@ class _Search:
         """(first row, inverse) of pipeline-level nodes (rows sorted by structure) by their layer-phase key:
         structure and setting of every layer feature (their parent in the level above); rows that
         differ only in pipeline-phase features share the layer phase (the engine's `layer_key`)."""
-        parent = np.empty(len(pf), np.int64)
-        for gi in _present(grp):
-            sel = grp == gi
-            parent[sel] = self.groups[gi].layer_parent[pf[sel]]
-        width = max(len(g.level_choice[-2]) for g in self.groups)
-        code = (ps * len(self.groups) + grp) * width + parent
+        parent = self.nodes.layer_parent[self.nodes.base[-2][grp] + pf]
+        code = (ps * len(self.groups) + grp) * self.nodes.layer_width + parent
         _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
         return first, np.asarray(inverse, np.int64).reshape(-1)
 
     def _choices_of(self, grp: np.ndarray, pf: np.ndarray) -> np.ndarray:
-        out = np.empty((len(grp), len(self.all_names)), np.int64)
-        for gi in _present(grp):
-            sel = grp == gi
-            out[sel] = self.groups[gi].level_choice[-1][pf[sel]]
-        return out
+        return self.nodes.choice[-2][self.nodes.base[-2][grp] + pf]
 
     def candidates(self, refs: list[tuple[int, int, int]], values: list[float]) -> list[Candidate]:
         """Full predictions (breakdowns) of the configurations `refs` = (group, structure, leaf)."""
