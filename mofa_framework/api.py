@@ -105,13 +105,16 @@ class Predictor:
         return job_from_dict(data, self.registry, name)
 
     # ---- vectorised core
-    def plugin_constraints(self, batch: CandidateBatch, model: ModelSpec,
-                           hardware: HardwareProfile) -> list[ConstraintResult]:
+    def plugin_constraints(self, batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,
+                           feature_rules_only: bool = False) -> list[ConstraintResult]:
         """The ``mofa_candidate_constraints`` hooks' rules alone (some read the rows' features: a
-        search checks them again once the features are chosen)."""
+        search checks them again once the features are chosen). `feature_rules_only` leaves out
+        the plugins that declare their rules blind to features (``MOFA_CONSTRAINTS_READ_FEATURES =
+        False``): for rows whose structures passed them already."""
+        only = (lambda plugin: getattr(plugin, "MOFA_CONSTRAINTS_READ_FEATURES", True)) if feature_rules_only else None
         out: list[ConstraintResult] = []
-        for plugin, results in self.pm.hook_results("mofa_candidate_constraints", batch=batch, model=model,
-                                                    hardware=hardware):
+        for plugin, results in self.pm.hook_results("mofa_candidate_constraints", plugins=only, batch=batch,
+                                                    model=model, hardware=hardware):
             for r in results:
                 mask = np.asarray(r.feasible, dtype=bool)
                 if mask.shape != (len(batch),):

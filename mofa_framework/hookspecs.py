@@ -233,6 +233,13 @@ class MofaSpecs:
         iterable of :class:`~mofa_framework.types.ConstraintResult`, each holding a boolean
         array of the batch's length (``True`` = feasible) and a one-line reason naming the
         field and the fix. Memory feasibility is added by the engine itself.
+
+        A search checks a structure's rules once with every feature off, then each feature
+        setting's again (an offload's host memory, a recipe's hardware). A plugin whose rules read
+        only the batch's sizes, shape and precision, never ``batch.features``, says so with a
+        module-level ``MOFA_CONSTRAINTS_READ_FEATURES = False`` (an attribute of the plugin
+        object); its rules are then not run again per feature setting.
+        :func:`mofa_framework.testing.contract.assert_constraints_ignore_features` checks the claim.
         """
 
     # ------------------------------------------------------------------ lifecycle

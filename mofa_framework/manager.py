@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from typing import TYPE_CHECKING
 
@@ -219,15 +219,17 @@ class MofaPluginManager(pluggy.PluginManager):
         return out
 
     # ------------------------------------------------------------------ provenance
-    def hook_results(self, hook_name: str, **kwargs) -> list[tuple[str, object]]:
-        """Call every implementation of a registry hook, yielding (plugin name, result) pairs.
+    def hook_results(self, hook_name: str, plugins: Callable[[object], bool] | None = None,
+                     **kwargs) -> list[tuple[str, object]]:
+        """Call every implementation of a registry hook (of the plugin objects `plugins` accepts,
+        when given), yielding (plugin name, result) pairs.
 
         A raising implementation marks its plugin failed (strict mode: raises) and its results
         are dropped; other plugins are unaffected.
         """
         out = []
         for impl in reversed(getattr(self.hook, hook_name).get_hookimpls()):
-            if impl.hookwrapper or impl.wrapper:
+            if impl.hookwrapper or impl.wrapper or (plugins is not None and not plugins(impl.plugin)):
                 continue
             name = impl.plugin_name
             try:

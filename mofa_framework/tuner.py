@@ -1024,8 +1024,9 @@ class _Search:
                 self.removed[r.reason] = self.removed.get(r.reason, 0) + int(bad.sum())
                 ok &= ~bad
         # the plugins' rules again, now with the features on (host memory of the offloads, cp_a2a's
-        # heads, fp8's MX recipe): the structures passed them with every feature off
-        for r in self.predictor.plugin_constraints(batch, req.model, req.hardware):
+        # heads, fp8's MX recipe): the structures passed them with every feature off, and the rules
+        # declared blind to features cannot fail now
+        for r in self.predictor.plugin_constraints(batch, req.model, req.hardware, feature_rules_only=True):
             bad = ~np.asarray(r.feasible, bool) & ok
             if bad.any():
                 self.removed[r.reason] = self.removed.get(r.reason, 0) + int(bad.sum())

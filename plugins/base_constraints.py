@@ -14,6 +14,10 @@ from mofa_framework.batch import PRECISIONS
 from mofa_framework.engine import layers_per_stage_valid, stage_sizes, stages_hold_layers
 from mofa_framework.types import ConstraintResult
 
+#: these rules read the batch's sizes, shape and precision, never its features: a search checks
+#: them once per structure (``mofa_candidate_constraints``)
+MOFA_CONSTRAINTS_READ_FEATURES = False
+
 
 @hookimpl
 def mofa_candidate_constraints(batch, model, hardware):

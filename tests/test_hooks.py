@@ -249,6 +249,76 @@ def test_hook_mofa_candidate_constraints(mofa_pm, mofa_predictor):
         predict(mofa_predictor)
 
 
+def _feature_batch(pred):
+    """Jobs with features on, one of them breaking a structural rule (TP 3 divides no head count)."""
+    from mofa_framework.config import jobs_to_batch
+
+    jobs = [pred.job({**JOB, "hardware": {**JOB["hardware"], "num_gpus": gpus},
+                      "parallel": {**JOB["parallel"], **par}, "features": feats}) for gpus, par, feats in (
+        (16, {}, {"recompute": {}, "distributed_optimizer": {}}),
+        (16, {"tp": 4, "pp": 1}, {"cpu_optimizer": {}, "tp_overlap": {}}),
+        (24, {"tp": 3, "pp": 1}, {"activation_offload": {}}),
+        (16, {}, {}))]
+    return jobs_to_batch(jobs, pred.registry), jobs[0].model, jobs[0].hardware
+
+
+def test_constraints_blind_to_features_are_left_out_of_feature_rules(mofa_pm, mofa_predictor):
+    """A plugin declaring ``MOFA_CONSTRAINTS_READ_FEATURES = False`` runs in every constraint check
+    but not among the feature rules a search re-checks per feature setting; one without the
+    declaration runs in both."""
+    calls = []
+
+    class Blind:
+        MOFA_CONSTRAINTS_READ_FEATURES = False
+
+        @hookimpl
+        def mofa_candidate_constraints(self, batch, model, hardware):
+            calls.append("blind")
+            yield ConstraintResult(name="blind", feasible=batch.pp >= 1, reason="never fails")
+
+    class Reads:
+        @hookimpl
+        def mofa_candidate_constraints(self, batch, model, hardware):
+            calls.append("reads")
+            yield ConstraintResult(name="reads", feasible=~batch.feature("cpu_optimizer").enabled, reason="no offload")
+    mofa_pm.register_plugin(Blind(), "blind_rules")
+    mofa_pm.register_plugin(Reads(), "feature_rules")
+    batch, model, hw = _feature_batch(mofa_predictor)
+    names = {r.name for r in mofa_predictor.plugin_constraints(batch, model, hw)}
+    assert {"blind", "reads", "tp_divides_heads"} <= names and sorted(calls) == ["blind", "reads"]
+    calls.clear()
+    names = {r.name for r in mofa_predictor.plugin_constraints(batch, model, hw, feature_rules_only=True)}
+    assert "reads" in names and not names & {"blind", "tp_divides_heads"} and calls == ["reads"]
+    assert "cpu_optimizer_host_memory" in names  # a built-in rule that reads a feature stays
+
+
+def test_base_constraints_ignore_features(mofa_predictor):
+    """The built-in structural rules declare themselves blind to features, and are: the same masks
+    with the features on as off (the TP-3 row fails ``tp_divides_heads`` both ways)."""
+    from mofa_framework.testing.contract import assert_constraints_ignore_features
+    from mofa_plugins import base_constraints
+
+    batch, model, hw = _feature_batch(mofa_predictor)
+    assert_constraints_ignore_features(base_constraints, batch, model, hw)
+    masks = {r.name: r.feasible for r in base_constraints.mofa_candidate_constraints(batch, model, hw)}
+    assert list(masks["tp_divides_heads"]) == [True, True, False, True]
+
+
+def test_constraints_that_read_features_fail_the_blindness_check(mofa_predictor):
+    """The contract check catches a wrong declaration: a rule that depends on a feature."""
+    from mofa_framework.testing.contract import assert_constraints_ignore_features
+
+    class Liar:
+        MOFA_CONSTRAINTS_READ_FEATURES = False
+
+        @staticmethod
+        def mofa_candidate_constraints(batch, model, hardware):
+            yield ConstraintResult(name="liar", feasible=~batch.feature("recompute").enabled, reason="no recompute")
+    batch, model, hw = _feature_batch(mofa_predictor)
+    with pytest.raises(AssertionError, match="liar"):
+        assert_constraints_ignore_features(Liar, batch, model, hw)
+
+
 def test_hook_mofa_register_commands(mofa_pm):
     group = click.Group()
 

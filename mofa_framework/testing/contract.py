@@ -62,3 +62,22 @@ def assert_outputs_possible(pred) -> None:
     assert np.all((pred.mfu > 0) & (pred.mfu <= ceiling * (1 + 1e-9))), pred.mfu
     assert np.all(pred.hfu >= pred.mfu * (1 - 1e-12)), (pred.hfu, pred.mfu)
     assert np.all(stage_layer_totals(pred.batch, pred.state.layout.total) == pred.model.num_layers)
+
+
+def assert_constraints_ignore_features(plugin, batch, model, hardware) -> None:
+    """A plugin that declares ``MOFA_CONSTRAINTS_READ_FEATURES = False`` gives the same rules, mask
+    for mask, on `batch` (give it features on) as on the same rows with every feature off: the
+    claim that lets a search check its rules once per structure."""
+    import attrs
+    import numpy as np
+
+    assert getattr(plugin, "MOFA_CONSTRAINTS_READ_FEATURES", True) is False, "the plugin does not declare it"
+
+    def masks(b):
+        return {r.name: np.asarray(r.feasible, bool) for r in plugin.mofa_candidate_constraints(b, model, hardware)}
+
+    assert batch.features, "give the batch features to compare against"
+    on, off = masks(batch), masks(attrs.evolve(batch, features={}))
+    assert on.keys() == off.keys(), (sorted(on), sorted(off))
+    for name in on:
+        np.testing.assert_array_equal(on[name], off[name], err_msg=name)
