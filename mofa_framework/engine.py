@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from types import SimpleNamespace
 
 import attrs
 import numpy as np
@@ -1367,6 +1368,19 @@ def _params_on_stages(model: ModelSpec, batch: CandidateBatch, lay: StageLayout)
     return dense, expert
 
 
+def params_on_stages(state: CostState) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_params_on_stages` of the state's rows (its batch and layout), computed once per
+    structure when rows share structures (``ctx.structure``: a search's leaves) and repeated."""
+    ctx, batch, lay = state.ctx, state.batch, state.layout
+    if ctx.structure is None:
+        return _params_on_stages(ctx.model, batch, lay)
+    first, inverse = ctx.structure
+    sizes = SimpleNamespace(**{k: getattr(batch, k)[first] for k in ("tp", "ep", "etp", "pp")})
+    sub = StageLayout(counts={k: v[:, first] for k, v in lay.counts.items()}, total=lay.total[:, first])
+    dense, expert = _params_on_stages(ctx.model, sizes, sub)
+    return dense.take(inverse, axis=1), expert.take(inverse, axis=1)
+
+
 def _grad_bytes_per_param(batch: CandidateBatch) -> FloatArray:
     """Megatron accumulates bf16 gradients in fp32 main-grad buffers; fp16 keeps fp16 grads."""
     return np.where(batch.precision == PRECISIONS.index("fp16"), 2.0, 4.0)
@@ -1410,7 +1424,7 @@ def _with_mtp_activations(act_stage, model: ModelSpec, L, pp):
 def _memory_costs(state: CostState, lay: StageLayout, inflight: Inflight) -> MemoryCosts:
     ctx, batch = state.ctx, state.batch
     model, g = ctx.model, ctx.geometry
-    dense, expert = _params_on_stages(model, batch, lay)
+    dense, expert = params_on_stages(attrs.evolve(state, layout=lay))
     params = dense + expert
     copies = _param_copies(ctx, batch)
     weights = params * 2.0 * copies

@@ -82,7 +82,7 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.decompose import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Coll
-from mofa_framework.engine import _dp_groups, _grad_bytes_per_param, _params_on_stages
+from mofa_framework.engine import _dp_groups, _grad_bytes_per_param, params_on_stages
 from mofa_framework.types import ConstraintResult, MemoryOptimizer, option
 from mofa_plugins._overlap import ContentionOptions, contention, opt
 from mofa_plugins.distributed_optimizer import dp_sizes, shard_fraction
@@ -199,7 +199,7 @@ def busiest_stage(state):
     """(dense, expert) parameters of the stage holding the most (the engine's choice for the DP
     reduction), its backward seconds per micro-batch and its layer count."""
     lay = state.layout
-    dense, expert = _params_on_stages(state.ctx.model, state.batch, lay)
+    dense, expert = params_on_stages(state)
     worst = np.argmax(dense + expert, axis=0)
     pick = lambda a: np.take_along_axis(np.asarray(a), worst[None, :], axis=0)[0]  # noqa: E731
     bwd = sum((pick(lay.of(k)) * (c.bwd_input_s + c.bwd_weight_s + c.recompute_s) for k, c in state.layers.items()),

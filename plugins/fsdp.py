@@ -61,7 +61,7 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.decompose import ALL_GATHER, REDUCE_SCATTER, Coll, layer_params
-from mofa_framework.engine import _dp_groups, _grad_bytes_per_param, _params_on_stages, frozen_weight_rows
+from mofa_framework.engine import _dp_groups, _grad_bytes_per_param, frozen_weight_rows, params_on_stages
 from mofa_framework.limits import MAX_LAYERS, between
 from mofa_framework.types import MemoryOptimizer, option
 from mofa_plugins._overlap import ContentionOptions, contention, opt
@@ -165,7 +165,7 @@ def _rest_params(state):
     """Dense parameters outside the transformer layers (embedding, head, MTP) on the stage whose
     gradients the engine reduces (the one with the most parameters), and the stage's index."""
     ctx, batch, lay = state.ctx, state.batch, state.layout
-    dense, expert = _params_on_stages(ctx.model, batch, lay)
+    dense, expert = params_on_stages(state)
     worst = np.argmax(dense + expert, axis=0)
     pick = lambda a: np.take_along_axis(a, worst[None, :], axis=0)[0]  # noqa: E731
     in_layers = np.zeros(len(batch))
