@@ -217,8 +217,9 @@ def predict_prepared(groups: Sequence[PreparedGroup], predictor, hardware_overri
     """Arrays over the mapped rows (NaN where not predicted): step time, model TFLOPS, memory, fit and
     the GEMMs' format (``precision``: an index into :data:`~mofa_framework.batch.PRECISIONS`).
 
-    ``hardware_override`` maps a profile name to a replacement :class:`HardwareProfile`
-    (calibration evaluates the same batches with other efficiency coefficients). With ``failed`` (a
+    ``hardware_override`` maps a profile name to a :class:`HardwareProfile` whose efficiency
+    coefficients replace the group's (calibration evaluates the same batches with other
+    coefficients); the group's own run settings — a power limit, another network — stay. With ``failed`` (a
     list) a group the engine cannot price (a plugin's answer breaks an invariant) is split until
     the rows at fault are alone: each is appended as (row, message) and left NaN, the others are
     predicted. Without it the error propagates (a fit must not silently lose rows).
@@ -226,7 +227,8 @@ def predict_prepared(groups: Sequence[PreparedGroup], predictor, hardware_overri
     n = n_rows if n_rows is not None else (max((max(g.rows) for g in groups), default=-1) + 1)
     out = {k: np.full(n, np.nan) for k in ("step_s", "model_tflops", "memory_gib", "runtime_gib", "fits", "precision")}
     for g in groups:
-        hw = (hardware_override or {}).get(g.hardware.name, g.hardware)
+        repl = (hardware_override or {}).get(g.hardware.name)
+        hw = g.hardware if repl is None else attrs.evolve(g.hardware, efficiency=repl.efficiency)
         for idx, pred in _priced(g, predictor, hw, failed):
             _store(out, idx, pred)
     return out
