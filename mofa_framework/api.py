@@ -69,6 +69,9 @@ class PredictionResult:
     extrapolation: tuple[str, ...] = ()
     #: watts the GPUs are limited to (``compute.power_limit_w``; 0 = their rated power)
     power_limit_w: float = 0.0
+    #: GB/s per GPU between scale-up domains when the job sets its own network
+    #: (``[hardware] scaleout_bandwidth_gbps``; 0 = the profile's)
+    scaleout_bandwidth_gbps: float = 0.0
     #: GiB of host memory per GPU the offload features use (the stage that uses most), and what one
     #: GPU may use: the node's CPU memory over its GPUs
     host_memory_gib: float = 0.0
@@ -161,8 +164,10 @@ class Predictor:
             group = [jobs[i] for i in idx]
             model, hw = group[0].model, group[0].hardware
             pred = self._evaluate_jobs(group)
+            net = _own_network(hw, self.registry)
             for k, i in enumerate(idx):
-                results[i] = _with_band(_result(jobs[i], pred, k), jobs[i], self.registry)
+                r = attrs.evolve(_result(jobs[i], pred, k), scaleout_bandwidth_gbps=net)
+                results[i] = _with_band(r, jobs[i], self.registry)
         return results  # type: ignore[return-value]
 
     def sensitivity(self, jobs: TrainingJob | Iterable[TrainingJob], top: int | None = None) -> list[list]:
@@ -204,6 +209,13 @@ class Predictor:
 
         job = _as_job(job, self)
         return build(self._evaluate_jobs([job]), 0, registry=self.registry, all_stages=all_stages, name=job.name)
+
+
+def _own_network(hw: HardwareProfile, registry) -> float:
+    """GB/s per GPU between scale-up domains when a job set its own (``[hardware]
+    scaleout_bandwidth_gbps``), else 0: the profile's."""
+    gbps = hw.interconnect.scaleout_bandwidth_gbps
+    return 0.0 if gbps == registry.hardware_profile(hw.name).interconnect.scaleout_bandwidth_gbps else float(gbps)
 
 
 def _result(job: TrainingJob, pred: Prediction, k: int) -> PredictionResult:

@@ -315,7 +315,8 @@ def _opts_text(opts: dict) -> str:
 
 def job_dict_from_flags(model, hardware, gpus, tp, pp, vpp, cp, ep, etp, mbs, gbs, seq, precision, schedule,
                         sequence_parallel, features, tokens, moe_load_factor=None, flash_attention=None,
-                        attention_kernel=None, power_limit_w=None, document_length=None, pipeline_layout=None) -> dict:
+                        attention_kernel=None, power_limit_w=None, document_length=None, pipeline_layout=None,
+                        scaleout_bandwidth_gbps=None) -> dict:
     if not (model and hardware) or None in (gpus, gbs, seq):  # 0 or -1 reach the bounds, which name them
         raise ConfigError("give a job file, or --model, --hardware, --gpus, --gbs and --seq")
     model_section = {"config": model} if model.endswith(".json") else {"name": model}
@@ -330,6 +331,8 @@ def job_dict_from_flags(model, hardware, gpus, tp, pp, vpp, cp, ep, etp, mbs, gb
     data = {"name": "cli", "model": model_section, "hardware": {"name": hardware, "num_gpus": gpus}, "parallel": par}
     if power_limit_w is not None:
         data["hardware"]["power_limit_w"] = power_limit_w
+    if scaleout_bandwidth_gbps is not None:
+        data["hardware"]["scaleout_bandwidth_gbps"] = scaleout_bandwidth_gbps
     if schedule:
         data["pipeline"] = {"schedule": schedule}
     if features:
@@ -381,6 +384,13 @@ POWER_LIMIT_OPTION = click.option(
          "to the clock the limit allows ([hardware] power_limit_w; default: the profile's).")
 
 
+#: ``--scaleout-bandwidth-gbps``: the network between scale-up domains (``[hardware] scaleout_bandwidth_gbps``)
+SCALEOUT_OPTION = click.option(
+    "--scaleout-bandwidth-gbps", "scaleout_bandwidth_gbps", type=float, metavar="GBPS",
+    help="GB/s per GPU between nodes (scale-up domains), one direction: the node's NICs over its GPUs, e.g. 12.5 "
+         "for 4 × 200 Gb/s on 8 GPUs ([hardware] scaleout_bandwidth_gbps; default: the profile's).")
+
+
 def job_options(f):
     """The flags that describe a job without a file (shared by predict, e2e and tune)."""
     opts = [
@@ -406,6 +416,7 @@ def job_options(f):
                           "of each pipeline stage, read into the end-stage sizes and --vpp ([parallel] "
                           "pipeline_layout; docs/schedules.md)."),
         POWER_LIMIT_OPTION,
+        SCALEOUT_OPTION,
         click.option("--feature", "features", multiple=True, metavar="NAME[:key=value,...]",
                      help="Enable a feature plugin with options (repeatable)."),
         click.option("--tokens", type=float, help="Tokens to train on (end-to-end time)."),
@@ -478,6 +489,7 @@ SENSITIVITY_TOP = 8
 def _prediction_head(r) -> tuple[str, str]:
     p = r.parallel
     watts = f" at {r.power_limit_w:g} W" if r.power_limit_w else ""
+    watts += f", {r.scaleout_bandwidth_gbps:g} GB/s per GPU between nodes" if r.scaleout_bandwidth_gbps else ""
     head = (f"{r.job}: {r.model} on {r.num_gpus} × {r.hardware}{watts} — TP{p['tp']} PP{p['pp']} VPP{p['vpp']} "
             f"CP{p['cp']} EP{p['ep']} DP{p['dp']}, mbs {p['micro_batch_size']}, gbs {p['global_batch_size']}, "
             f"seq {p['sequence_length']}, {p['precision']}, schedule {r.schedule}, "

@@ -241,12 +241,49 @@ def with_power_limit(hw: HardwareProfile, watts: float, field: str) -> HardwareP
         raise ConfigError(f"{field}: {hw.name}: {exc}") from None
 
 
+def with_scaleout_bandwidth(hw: HardwareProfile, gbps: float, field: str) -> HardwareProfile:
+    """`hw` on another network between its scale-up domains: `gbps` GB/s per GPU, one direction
+    (``interconnect.scaleout_bandwidth_gbps``: the node's NICs shared by its GPUs, e.g. 4 × 200 Gb/s
+    on 8 GPUs = 12.5); a value out of range is one line naming `field`."""
+    try:
+        gbps = float(gbps)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{field} = {gbps!r}: give GB/s per GPU, e.g. 12.5 for 4 × 200 Gb/s NICs on 8 GPUs") from None
+    try:
+        if not math.isfinite(gbps):
+            raise ValueError("interconnect.scaleout_bandwidth_gbps must be a finite number of GB/s per GPU, e.g. 25")
+        ic = attrs.evolve(hw.interconnect, scaleout_bandwidth_gbps=gbps)
+    except ValueError as exc:
+        raise ConfigError(f"{field}: {hw.name}: {exc}") from None
+    ratio = gbps / hw.interconnect.scaleout_bandwidth_gbps
+    return attrs.evolve(hw, interconnect=ic, collective_profile=rebased_scaleout(hw.collective_profile, ratio))
+
+
+def rebased_scaleout(points, ratio: float) -> tuple:
+    """A ``[[collective_profile]]`` table's scale-out curves as on NICs `ratio` times as fast: each
+    point's time keeps its latency-bound part and its bandwidth part scales — ``t' = t + (S·f /
+    B_max)·(1/ratio − 1)``, B_max the curve's best bus bandwidth — so in bus bandwidth
+    ``1/busbw' = 1/busbw + (1/ratio − 1)/B_max``: large messages run ``ratio`` times as fast,
+    small ones as measured. Scale-up points are kept."""
+    if ratio == 1.0:
+        return tuple(points)
+    best: dict[tuple, float] = {}
+    for p in points:
+        key = (p.kind, p.scope, p.group_size)
+        best[key] = max(best.get(key, 0.0), p.busbw_gbps)
+    return tuple(p if p.scope != "scaleout" else attrs.evolve(
+        p, busbw_gbps=1.0 / (1.0 / p.busbw_gbps + (1.0 / ratio - 1.0) / best[(p.kind, p.scope, p.group_size)]))
+        for p in points)
+
+
 @attrs.frozen(kw_only=True)
 class HardwareSection:
     name: str
     num_gpus: int = attrs.field(validator=limit("hardware.num_gpus"))
     #: watts: run the GPUs at this power limit instead of the profile's (``compute.power_limit_w``)
     power_limit_w: float | None = None
+    #: GB/s per GPU between scale-up domains instead of the profile's (a cluster with other NICs)
+    scaleout_bandwidth_gbps: float | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -391,10 +428,11 @@ class TrainingJob:
         return self.num_gpus // (p.tp * p.pp * p.cp)
 
     @property
-    def batch_key(self) -> tuple[str, str, float]:
-        """Jobs with equal keys share a model and a hardware profile as run (its power limit
-        included), so one candidate batch prices them together."""
-        return repr(self.model), self.hardware.name, float(self.hardware.compute.power_limit_w)
+    def batch_key(self) -> tuple[str, str, float, float]:
+        """Jobs with equal keys share a model and a hardware profile as run (its power limit and
+        network included), so one candidate batch prices them together."""
+        hw = self.hardware
+        return repr(self.model), hw.name, float(hw.compute.power_limit_w), float(hw.interconnect.scaleout_bandwidth_gbps)
 
 
 # ====================================================================== models
@@ -478,6 +516,8 @@ def resolve_job(raw: JobFile, registry, where: str) -> TrainingJob:
     hw = registry.hardware_profile(raw.hardware.name, field=f"{where}: hardware.name")
     if raw.hardware.power_limit_w is not None:
         hw = with_power_limit(hw, raw.hardware.power_limit_w, f"{where}: hardware.power_limit_w")
+    if raw.hardware.scaleout_bandwidth_gbps is not None:
+        hw = with_scaleout_bandwidth(hw, raw.hardware.scaleout_bandwidth_gbps, f"{where}: hardware.scaleout_bandwidth_gbps")
     par = raw.parallel
     denom = par.tp * par.pp * par.cp
     if raw.hardware.num_gpus % denom:

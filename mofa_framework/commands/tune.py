@@ -11,8 +11,9 @@ from pathlib import Path
 import attrs
 import click
 
-from ..cli import ATTENTION_KERNEL_OPTION, DOCUMENT_LENGTH_OPTION, NUM_LAYERS_OPTION, POWER_LIMIT_OPTION, _emit_json, _fmt_s, load_jobs, pass_state
-from ..config import with_power_limit
+from ..cli import (ATTENTION_KERNEL_OPTION, DOCUMENT_LENGTH_OPTION, NUM_LAYERS_OPTION, POWER_LIMIT_OPTION, SCALEOUT_OPTION,
+                   _emit_json, _fmt_s, load_jobs, pass_state)
+from ..config import with_power_limit, with_scaleout_bandwidth
 from ..errors import ConfigError
 from ..limits import LIMITS, check, short
 from ..tuner import OBJECTIVES, TuneRequest, job_request, megatron_arguments, stage_layers, tune
@@ -65,6 +66,7 @@ def build_request(state, job_files, flags, *, tp, pp, vpp, cp, ep, etp, mbs_list
     kernel = flags.pop("attention_kernel", None)
     doc_len = flags.pop("document_length", None)
     power_w = flags.pop("power_limit_w", None)
+    net = flags.pop("scaleout_bandwidth_gbps", None)
     if job_files:
         if any(flags.get(k) for k in ("model", "hardware", "gpus", "gbs", "seq", "precision", "moe_load_factor")):
             raise ConfigError("give either a job file or --model/--hardware/--gpus/--gbs/--seq, not both "
@@ -81,6 +83,8 @@ def build_request(state, job_files, flags, *, tp, pp, vpp, cp, ep, etp, mbs_list
         job = attrs.evolve(job, parallel=attrs.evolve(job.parallel, document_length=doc_len))
     if power_w is not None:  # likewise [hardware] power_limit_w
         job = attrs.evolve(job, hardware=with_power_limit(job.hardware, power_w, "--power-limit-w"))
+    if net is not None:  # and [hardware] scaleout_bandwidth_gbps
+        job = attrs.evolve(job, hardware=with_scaleout_bandwidth(job.hardware, net, "--scaleout-bandwidth-gbps"))
     values = {"tp": _ints(tp, "--tp-values"), "pp": _ints(pp, "--pp-values"), "vpp": _ints(vpp, "--vpp-values"),
               "cp": _ints(cp, "--cp-values"), "ep": _ints(ep, "--ep-values"), "etp": _ints(etp, "--etp-values"),
               "micro_batch_size": _ints(mbs_list, "--mbs-values"),
@@ -168,6 +172,9 @@ def _print_table(result, req, reg, fmt: str = "table") -> None:
     con = console(170)
     rows = []
     watts = f" at {req.hardware.compute.power_limit_w:g} W" if req.hardware.compute.power_limit_w else ""
+    net = req.hardware.interconnect.scaleout_bandwidth_gbps
+    if net != reg.hardware_profile(req.hardware.name).interconnect.scaleout_bandwidth_gbps:
+        watts += f", {net:g} GB/s per GPU between nodes"
     con.print(f"[bold]{req.model.name}[/] on {req.num_gpus} × {req.hardware.name}{watts}, global batch "
               f"{req.global_batch_size}, sequence {req.sequence_length}, objective {req.objective}: "
               + _headline(result, req))
@@ -239,6 +246,7 @@ class _ProgressLine:
 @ATTENTION_KERNEL_OPTION
 @DOCUMENT_LENGTH_OPTION
 @POWER_LIMIT_OPTION
+@SCALEOUT_OPTION
 @click.option("--moe-load-factor", type=float, metavar="F",
               help="MoE routing imbalance: the busiest EP rank's token-expert pairs over the mean (default 1).")
 @click.option("--tp-values", "tp", help="TP sizes to try, e.g. 1,2,4,8 (default: powers of two in a scale-up domain).")
@@ -270,7 +278,7 @@ class _ProgressLine:
 @NUM_LAYERS_OPTION
 @pass_state
 def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, tokens, flash_attention, attention_kernel,
-             document_length, power_limit_w, moe_load_factor, tp,
+             document_length, power_limit_w, scaleout_bandwidth_gbps, moe_load_factor, tp,
              pp, vpp, cp, ep, etp, mbs_list, schedules, features, objective, top, pareto, fmt, trace_best, lighter_ends,
              lighter_last, time_budget, progress, num_layers=None):
     """Find the best parallel strategy and features for a model, GPUs and global batch.
@@ -281,7 +289,8 @@ def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, token
     """
     flags = dict(model=model, hardware=hardware, gpus=gpus, gbs=gbs, seq=seq, precision=precision, tokens=tokens,
                  moe_load_factor=moe_load_factor, flash_attention=flash_attention, num_layers=num_layers,
-                 attention_kernel=attention_kernel, power_limit_w=power_limit_w, document_length=document_length)
+                 attention_kernel=attention_kernel, power_limit_w=power_limit_w, document_length=document_length,
+                 scaleout_bandwidth_gbps=scaleout_bandwidth_gbps)
     if len(job_files) > 1:
         raise ConfigError("mofa tune takes one job file")
     req, job = build_request(state, list(job_files), {k: v for k, v in flags.items()},
