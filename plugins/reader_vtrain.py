@@ -5,7 +5,11 @@ Megatron-DeepSpeed, architecture by columns (hidden size, attention heads, layer
 the layout (TP, DP, PP, micro and global batch), iteration time in ms. What vTrain's repository
 and descriptions say the runs used, and the rows do not: GELU, LayerNorm and learned positions,
 GPT-2's vocabulary padded to 50,304, fp16, full activation recompute, plain 1F1B, no sequence
-parallelism, unfused attention, torch DDP's overlapped all-reduce.
+parallelism, unfused attention, torch DDP's overlapped all-reduce; and its cluster's network:
+nodes of 8 GPUs joined by 4 × 200 Gb/s InfiniBand (``../shared/data/README.md``; vTrain's own
+configurations give ``inter_node_bandwidth = 800`` Gb/s per node, ``src/config.py``), half the
+NICs of the DGX A100 the profile describes — 12.5 GB/s per GPU between nodes. One node's rows
+never cross it; a multi-node row in this schema does.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ COLUMNS = ("# GPUs", "global batch", "hidden size", "# layers", "iteration time 
 VTRAIN_VOCAB = 50304
 #: the profile of an A100 node; vTrain's rows name no GPU
 VTRAIN_GPU = "a100-sxm4-80gb"
+#: GB/s per GPU between vTrain's nodes: 4 × 200 Gb/s NICs per node of 8 GPUs (800 Gb/s / 8 bits / 8 GPUs)
+VTRAIN_SCALEOUT_GBPS = 800.0 / 8.0 / 8.0
 
 
 def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
@@ -44,8 +50,9 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
              "normalization": "layernorm", "position_embedding": "learned"}
     par = {"tp": tp, "pp": pp, "micro_batch_size": mbs, "global_batch_size": gbs,
            "sequence_length": seq, "sequence_parallel": False, "precision": "fp16", "flash_attention": False}
-    hw = ctx.hardware.name if ctx.hardware else VTRAIN_GPU
-    job = {"model": model, "hardware": {"name": hw, "num_gpus": n}, "parallel": par,
+    # on another profile (``mofa validate --hardware``) the rows take that profile's network too
+    hw = {"name": ctx.hardware.name} if ctx.hardware else {"name": VTRAIN_GPU, "scaleout_bandwidth_gbps": VTRAIN_SCALEOUT_GBPS}
+    job = {"model": model, "hardware": {**hw, "num_gpus": n}, "parallel": par,
            "pipeline": {"schedule": "1f1b"}, "features": {"recompute": {"granularity": "full"}}}
     if dp > 1:
         job["features"]["dp_overlap"] = {}

@@ -132,3 +132,21 @@ def test_calibration_override_keeps_a_rows_own_network_and_power(mofa_predictor)
     assert same[0] == predict_prepared(groups, mofa_predictor)["step_s"][0]
     slower = attrs.evolve(hw, efficiency=attrs.evolve(hw.efficiency, profiled_gemm_relative_efficiency=0.5))
     assert predict_prepared(groups, mofa_predictor, {H100: slower})["step_s"][0] > same[0]
+
+
+def test_vtrain_rows_run_on_its_clusters_network(mofa_predictor, tmp_path):
+    """vTrain's nodes have 4 × 200 Gb/s NICs for 8 GPUs (800 Gb/s / 8 bits / 8 GPUs = 12.5 GB/s): a
+    multi-node row crosses them; on another profile (`--hardware`) its network is that profile's."""
+    from mofa_framework.validate import validate
+
+    csv = tmp_path / "vtrain_multi.csv"
+    csv.write_text("# GPUs,global batch,micro batch,hidden size,attention heads,# layers,sequence length,"
+                   "tensor parallelism,data parallelism,pipeline parallelism,iteration time (ms)\n"
+                   "256,1024,2,6144,48,40,2048,16,16,1,10000\n")
+    from mofa_framework.measurements import map_files
+
+    mapped, _, _ = map_files([csv], mofa_predictor.registry)
+    assert mapped[0].job["hardware"] == {"name": A100, "scaleout_bandwidth_gbps": 12.5, "num_gpus": 256}
+    ours = validate([csv], mofa_predictor).rows[0].predicted_s
+    dgx = validate([csv], mofa_predictor, hardware=A100).rows[0].predicted_s  # the profile's 8 NICs per node
+    assert ours > 1.1 * dgx  # TP 16 spans two nodes: its all-reduces cross the NICs
