@@ -244,8 +244,10 @@ PLAIN_REQUIRED = ("model", "hardware", "num_gpus", "global_batch_size", "sequenc
 #: ... and optional: layout and features named as in a job file, and one target
 PLAIN_LAYOUT = ("tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size", "first_stage_layers", "last_stage_layers",
                 "document_length")
-PLAIN_OPTIONAL = (*PLAIN_LAYOUT, "precision", "attention_kernel", "sequence_parallel", "flash_attention", "schedule",
-                  "features",
+#: ... the run's hardware settings where they are not the profile's, as in ``[hardware]`` ...
+PLAIN_HARDWARE = ("power_limit_w", "scaleout_bandwidth_gbps")
+PLAIN_OPTIONAL = (*PLAIN_LAYOUT, *PLAIN_HARDWARE, "precision", "attention_kernel", "sequence_parallel", "flash_attention",
+                  "schedule", "features",
                   "num_layers", "step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "flops_convention",
                   "measured_memory_gib", "row_id", "reference", "notes", "framework")
 
@@ -331,8 +333,9 @@ def map_plain_row(row: Mapping[str, str], ctx: ReadContext) -> MappedRow | Skipp
     for col in ("precision", "attention_kernel"):
         if text := cell_text(row, col).lower():
             par[col] = text
+    run = {c: x for c in PLAIN_HARDWARE if (x := cell_float(row, c)) is not None}
     job: dict[str, Any] = {"model": {"name": name, **({"num_layers": layers} if layers else {})},
-                           "hardware": {"name": hw.name, "num_gpus": n}, "parallel": par,
+                           "hardware": {"name": hw.name, "num_gpus": n, **run}, "parallel": par,
                            "features": parse_features(cell_text(row, "features"))}
     if sched := cell_text(row, "schedule"):
         job["pipeline"] = {"schedule": sched}

@@ -150,3 +150,21 @@ def test_vtrain_rows_run_on_its_clusters_network(mofa_predictor, tmp_path):
     ours = validate([csv], mofa_predictor).rows[0].predicted_s
     dgx = validate([csv], mofa_predictor, hardware=A100).rows[0].predicted_s  # the profile's 8 NICs per node
     assert ours > 1.1 * dgx  # TP 16 spans two nodes: its all-reduces cross the NICs
+
+
+def test_plain_schema_reads_the_runs_hardware_settings(mofa_predictor, tmp_path):
+    """The plain schema's ``power_limit_w`` and ``scaleout_bandwidth_gbps`` columns become the job's
+    ``[hardware]`` settings; a cell that is no positive number is the row's one-line reason."""
+    from mofa_framework.measurements import map_files
+
+    csv = tmp_path / "runs.csv"
+    csv.write_text("model,hardware,num_gpus,tp,global_batch_size,sequence_length,power_limit_w,scaleout_bandwidth_gbps,"
+                   "step_time_s\n"
+                   "llama3-8b,h100-sxm5-80gb,16,8,16,4096,500,12.5,1.5\n"
+                   "llama3-8b,h100-sxm5-80gb,16,8,16,4096,,,1.5\n"
+                   "llama3-8b,h100-sxm5-80gb,16,8,16,4096,,0,1.5\n")
+    mapped, skipped, _ = map_files([csv], mofa_predictor.registry)
+    assert mapped[0].job["hardware"] == {"name": H100, "num_gpus": 16, "power_limit_w": 500.0,
+                                         "scaleout_bandwidth_gbps": 12.5}
+    assert mapped[1].job["hardware"] == {"name": H100, "num_gpus": 16}
+    assert len(skipped) == 1 and "scaleout_bandwidth_gbps" in skipped[0].reason and "\n" not in skipped[0].reason
