@@ -1424,7 +1424,7 @@ def _with_mtp_activations(act_stage, model: ModelSpec, L, pp):
 def _memory_costs(state: CostState, lay: StageLayout, inflight: Inflight) -> MemoryCosts:
     ctx, batch = state.ctx, state.batch
     model, g = ctx.model, ctx.geometry
-    dense, expert = params_on_stages(attrs.evolve(state, layout=lay))
+    dense, expert = params_on_stages(state if lay is state.layout else attrs.evolve(state, layout=lay))
     params = dense + expert
     copies = _param_copies(ctx, batch)
     weights = params * 2.0 * copies
