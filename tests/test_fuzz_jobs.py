@@ -41,7 +41,8 @@ N_BYTES = 3000
 def _seeds() -> list[dict]:
     out = [tomllib.loads((ROOT / "examples" / name).read_text()) for name in
            ("gpt3-175b-a100.toml", "llama3-405b-e2e.toml", "deepseek-v3-h800.toml", "llama3-405b-h100.toml")]
-    out.append({"model": {"name": "llama3-8b"}, "hardware": {"name": "h100-sxm5-80gb", "num_gpus": 16},
+    out.append({"model": {"name": "llama3-8b"}, "hardware": {"name": "h100-sxm5-80gb", "num_gpus": 16,
+                                                           "scaleout_bandwidth_gbps": 25.0},
                 "parallel": {"tp": 2, "pp": 2, "micro_batch_size": 1, "global_batch_size": 32,
                              "sequence_length": 4096},
                 "features": {"recompute": {"granularity": "full"}, "tp_overlap": {}, "distributed_optimizer": {}}})
