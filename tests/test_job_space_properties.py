@@ -200,11 +200,34 @@ def test_batched_rows_equal_single_predictions(docs):
         assert single.peak_memory_bytes[0] == pred.peak_memory_bytes[i]
 
 
+@EXAMPLES
+@given(job_groups(), st.floats(0.05, 0.95))
+def test_a_slower_network_never_makes_a_step_faster(docs, ratio):
+    """The same jobs on NICs `ratio` times as fast as the profile's (``[hardware]
+    scaleout_bandwidth_gbps``): no step is faster, and a job that fits one node is unchanged."""
+    jobs = _accepted(docs)
+    if not jobs:
+        return
+    fast, ok = feasible_prediction(PRED, jobs)
+    if fast is None:
+        return
+    net = jobs[0].hardware.interconnect.scaleout_bandwidth_gbps * ratio
+    slow_jobs = [PRED.job({**d, "hardware": {**d["hardware"], "scaleout_bandwidth_gbps": net}})
+                 for d, good in zip(docs, ok) if good] if len(jobs) == len(docs) else None
+    if slow_jobs is None:
+        return
+    slow, ok2 = feasible_prediction(PRED, slow_jobs)
+    assert ok2.all()
+    assert np.all(slow.step_time_s >= fast.step_time_s * (1 - 1e-12)), (fast.step_time_s, slow.step_time_s)
+    one_node = fast.batch.num_gpus <= jobs[0].hardware.scaleup_domain_gpus
+    assert np.array_equal(slow.step_time_s[one_node], fast.step_time_s[one_node])
+
+
 HOSTILE = st.one_of(st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
                     st.booleans(), st.none(), st.lists(st.integers(-3, 3), max_size=3),
                     st.dictionaries(st.text(max_size=4), st.integers(), max_size=2))
 PATHS = ["hardware.num_gpus", "parallel.tp", "parallel.pp", "parallel.vpp", "parallel.cp", "parallel.ep",
-         "parallel.etp", "parallel.micro_batch_size", "parallel.global_batch_size", "parallel.sequence_length",
+         "parallel.etp", "parallel.micro_batch_size", "hardware.scaleout_bandwidth_gbps", "hardware.power_limit_w", "parallel.global_batch_size", "parallel.sequence_length",
          "parallel.precision", "parallel.first_stage_layers", "parallel.last_stage_layers", "model.num_layers",
          "model.hidden_size", "model.num_attention_heads", "model.num_experts", "model.moe_load_factor",
          "model.num_mtp_layers", "model.name", "hardware.name", "pipeline.schedule", "training.tokens",
