@@ -164,7 +164,7 @@ class Predictor:
             group = [jobs[i] for i in idx]
             model, hw = group[0].model, group[0].hardware
             pred = self._evaluate_jobs(group)
-            net = _own_network(hw, self.registry)
+            net = own_network(hw, self.registry)
             for k, i in enumerate(idx):
                 r = attrs.evolve(_result(jobs[i], pred, k), scaleout_bandwidth_gbps=net)
                 results[i] = _with_band(r, jobs[i], self.registry)
@@ -211,7 +211,7 @@ class Predictor:
         return build(self._evaluate_jobs([job]), 0, registry=self.registry, all_stages=all_stages, name=job.name)
 
 
-def _own_network(hw: HardwareProfile, registry) -> float:
+def own_network(hw: HardwareProfile, registry) -> float:
     """GB/s per GPU between scale-up domains when a job set its own (``[hardware]
     scaleout_bandwidth_gbps``), else 0: the profile's."""
     gbps = hw.interconnect.scaleout_bandwidth_gbps

@@ -111,9 +111,10 @@ def test_flags_reach_predict_and_tune():
     assert "12.5 GB/s per GPU between nodes" in table.splitlines()[0]
     tune = ["tune", *args, "--tp-values", "8", "--pp-values", "1", "--mbs-values", "1", "--features", "",
             "--schedules", "1f1b", "--top", "1", "--no-progress"]
-    steps = [json.loads(CliRunner().invoke(c.cli, [*tune, "--format", "json", *extra]).output)["best"][0]["step_time_s"]
+    tuned = [json.loads(CliRunner().invoke(c.cli, [*tune, "--format", "json", *extra]).output)
              for extra in ([], ["--scaleout-bandwidth-gbps", "12.5"])]
-    assert steps[1] > steps[0]
+    assert tuned[1]["best"][0]["step_time_s"] > tuned[0]["best"][0]["step_time_s"]
+    assert [t["scaleout_bandwidth_gbps"] for t in tuned] == [0.0, 12.5]
     assert "12.5 GB/s per GPU between nodes" in CliRunner().invoke(c.cli, [*tune, "--scaleout-bandwidth-gbps", "12.5"]).output
     bad = CliRunner().invoke(c.cli, ["predict", *args, "--tp", "8", "--scaleout-bandwidth-gbps", "0"])
     assert bad.exit_code == 2 and "hardware.scaleout_bandwidth_gbps" in bad.output

@@ -13,6 +13,7 @@ import click
 
 from ..cli import (ATTENTION_KERNEL_OPTION, DOCUMENT_LENGTH_OPTION, NUM_LAYERS_OPTION, POWER_LIMIT_OPTION, SCALEOUT_OPTION,
                    _emit_json, _fmt_s, load_jobs, pass_state)
+from ..api import own_network
 from ..config import with_power_limit, with_scaleout_bandwidth
 from ..errors import ConfigError
 from ..limits import LIMITS, check, short
@@ -172,8 +173,7 @@ def _print_table(result, req, reg, fmt: str = "table") -> None:
     con = console(170)
     rows = []
     watts = f" at {req.hardware.compute.power_limit_w:g} W" if req.hardware.compute.power_limit_w else ""
-    net = req.hardware.interconnect.scaleout_bandwidth_gbps
-    if net != reg.hardware_profile(req.hardware.name).interconnect.scaleout_bandwidth_gbps:
+    if net := own_network(req.hardware, reg):
         watts += f", {net:g} GB/s per GPU between nodes"
     con.print(f"[bold]{req.model.name}[/] on {req.num_gpus} × {req.hardware.name}{watts}, global batch "
               f"{req.global_batch_size}, sequence {req.sequence_length}, objective {req.objective}: "
@@ -325,7 +325,9 @@ def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, token
                    f"optimal ({result.unexplored:,} candidates not explored)", err=True)
     if fmt == "json":
         _emit_json({"model": req.model.name, "hardware": req.hardware.name, "num_gpus": req.num_gpus,
-                    "objective": req.objective, "evaluated": result.evaluated, "feasible": result.feasible,
+                    "power_limit_w": float(req.hardware.compute.power_limit_w),
+                    "scaleout_bandwidth_gbps": own_network(req.hardware, reg), "objective": req.objective,
+                    "evaluated": result.evaluated, "feasible": result.feasible,
                     "space_size": result.space_size, "elapsed_s": result.elapsed_s,
                     "candidates_per_s": result.candidates_per_s, "removed_by": result.removed_by,
                     "skipped_by_bound": result.skipped_by_bound, "proven_optimal": result.proven_optimal,
