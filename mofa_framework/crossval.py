@@ -91,6 +91,8 @@ class Regime:
     framework: str = ""
     #: watts: the GPUs' power limit (``compute.power_limit_w``; 0 = rated power)
     power_limit_w: float = 0.0
+    #: GB/s per GPU between scale-up domains the job runs on (0 = not stated: the profile's)
+    scaleout_bandwidth_gbps: float = 0.0
 
     def key(self, kind: str) -> str:
         """This regime's value for a leave-one-out kind (``source`` is the row's, not the regime's)."""
@@ -107,7 +109,8 @@ def regime_of(job, precision: str, framework: str = "") -> Regime:
     """The :class:`Regime` of a resolved job (:class:`~mofa_framework.config.TrainingJob`)."""
     return Regime(gpu=job.hardware.name, precision=precision, family=model_family(job.model), schedule=job.schedule,
                   features=tuple(sorted(job.features)), num_gpus=int(job.num_gpus), framework=framework,
-                  power_limit_w=float(job.hardware.compute.power_limit_w))
+                  power_limit_w=float(job.hardware.compute.power_limit_w),
+                  scaleout_bandwidth_gbps=float(job.hardware.interconnect.scaleout_bandwidth_gbps))
 
 
 # ====================================================================== what was fitted

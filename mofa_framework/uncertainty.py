@@ -201,9 +201,7 @@ def band(step_s: float, regime: Regime, registry, table: ResidualTable | None = 
         flags.append(f"no validated run uses the {regime.schedule} schedule: band widened")
         kinds.update(KINDS)
     seen = frozenset().union(*table.features)
-    power = _power_flag(regime, registry)
-    if power:
-        flags.append(power)
+    flags += [f for f in (_power_flag(regime, registry), _network_flag(regime, registry)) if f]
     for f in regime.features:
         if f not in seen:
             flags.append(f"no validated run uses the {f} feature: band widened")
@@ -240,6 +238,20 @@ def _power_flag(regime: Regime, registry) -> str:
     scale = attrs.evolve(hw, compute=attrs.evolve(c, power_limit_w=regime.power_limit_w)).compute_clock_scale
     return (f"GPUs at {watts:g} W (the profile's rows: {c.power_limit_w or c.tdp_w:g} W): tensor-core work modelled "
             f"at {scale:.2f} of rated speed (docs/cost-model.md, Power limit); band from the profile's rows")
+
+
+def _network_flag(regime: Regime, registry) -> str:
+    """A flag when a job across scale-up domains runs on another network than the profile's
+    calibration rows (the collectives are priced from it; no row measures it), else ""."""
+    try:
+        hw = registry.hardware_profile(regime.gpu)
+    except MofaError:
+        return ""
+    own, theirs = regime.scaleout_bandwidth_gbps, hw.interconnect.scaleout_bandwidth_gbps
+    if not own or own == theirs or regime.num_gpus <= hw.scaleup_domain_gpus:
+        return ""
+    return (f"{own:g} GB/s per GPU between nodes (the profile's rows: {theirs:g}): collectives across nodes priced "
+            f"from it (docs/cost-model.md, Another network); band from the profile's rows")
 
 
 @functools.lru_cache(maxsize=64)
@@ -378,7 +390,9 @@ def band_candidates(cands, req, registry, table: ResidualTable | None = None) ->
     for c in cands:
         reg = Regime(gpu=req.hardware.name, family=family, schedule=c.schedule,
                      precision=gemm_format(req.hardware, c.parallel["precision"], c.features, registry),
-                     features=tuple(sorted(c.features)), num_gpus=int(req.num_gpus))
+                     features=tuple(sorted(c.features)), num_gpus=int(req.num_gpus),
+                     power_limit_w=float(req.hardware.compute.power_limit_w),
+                     scaleout_bandwidth_gbps=float(req.hardware.interconnect.scaleout_bandwidth_gbps))
         if reg not in unit:
             unit[reg] = band(1.0, reg, registry, table)
         b = unit[reg]

@@ -169,3 +169,24 @@ def test_plain_schema_reads_the_runs_hardware_settings(mofa_predictor, tmp_path)
                                          "scaleout_bandwidth_gbps": 12.5}
     assert mapped[1].job["hardware"] == {"name": H100, "num_gpus": 16}
     assert len(skipped) == 1 and "scaleout_bandwidth_gbps" in skipped[0].reason and "\n" not in skipped[0].reason
+
+
+def test_a_job_on_its_own_network_is_flagged_and_so_are_the_tuners_rows(mofa_predictor):
+    """Across nodes a job on another network than the profile's rows is outside the calibrated
+    regimes (its band stays the profile's); inside one node nothing crosses it, so no flag. The
+    tuner's top rows carry the same flags, and a power limit's too."""
+    slow = {**JOB, "hardware": {**JOB["hardware"], "scaleout_bandwidth_gbps": 12.5}}
+    flags = mofa_predictor.predict(mofa_predictor.job(slow))[0].extrapolation
+    assert any("12.5 GB/s per GPU between nodes (the profile's rows: 50)" in f for f in flags)
+    one_node = {**slow, "hardware": {**slow["hardware"], "num_gpus": 8},
+                "parallel": {**JOB["parallel"], "global_batch_size": 8}}
+    assert not any("between nodes" in f for f in mofa_predictor.predict(mofa_predictor.job(one_node))[0].extrapolation)
+    import mofa_framework.cli as c
+
+    c._builtin_commands()
+    out = CliRunner().invoke(c.cli, ["tune", "--model", "llama3-8b", "--hardware", H100, "--gpus", "16", "--gbs", "16",
+                                     "--seq", "4096", "--tp-values", "8", "--pp-values", "1", "--features", "",
+                                     "--schedules", "1f1b", "--top", "1", "--no-progress", "--format", "json",
+                                     "--scaleout-bandwidth-gbps", "12.5", "--power-limit-w", "600"]).output
+    flags = json.loads(out)["best"][0]["extrapolation"]
+    assert any("between nodes" in f for f in flags) and any("GPUs at 600 W" in f for f in flags)
