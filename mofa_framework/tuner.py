@@ -594,11 +594,6 @@ class _Group:
     #: the node of the level above of each node of the last level (its layer-feature setting)
     layer_parent: np.ndarray
 
-    @property
-    def fanout(self) -> list[np.ndarray]:
-        """Children of each node, per level."""
-        return [np.diff(c[0]) for c in self.children]
-
     @classmethod
     def build(cls, req: TuneRequest, registry, all_names: list[str], names: list[str],
               levels: tuple) -> _Group:
