@@ -10,7 +10,7 @@ import attrs
 import numpy as np
 
 from .batch import PRECISIONS, CandidateBatch
-from .config import TrainingJob, job_from_dict, jobs_to_batch, load_job as _load_job
+from .config import TrainingJob, job_from_dict, jobs_to_batch, load_job as _load_job, own_network
 from .engine import STAGES, Prediction, evaluate
 from .errors import ConfigError, PluginError
 from .invariants import feasible_result
@@ -164,10 +164,9 @@ class Predictor:
             group = [jobs[i] for i in idx]
             model, hw = group[0].model, group[0].hardware
             pred = self._evaluate_jobs(group)
-            net = own_network(hw, self.registry)
+            net = own_network(hw.interconnect.scaleout_bandwidth_gbps, self.registry.hardware_profile(hw.name))
             for k, i in enumerate(idx):
-                r = attrs.evolve(_result(jobs[i], pred, k), scaleout_bandwidth_gbps=net)
-                results[i] = _with_band(r, jobs[i], self.registry)
+                results[i] = _with_band(_result(jobs[i], pred, k, net), jobs[i], self.registry)
         return results  # type: ignore[return-value]
 
     def sensitivity(self, jobs: TrainingJob | Iterable[TrainingJob], top: int | None = None) -> list[list]:
@@ -211,14 +210,7 @@ class Predictor:
         return build(self._evaluate_jobs([job]), 0, registry=self.registry, all_stages=all_stages, name=job.name)
 
 
-def own_network(hw: HardwareProfile, registry) -> float:
-    """GB/s per GPU between scale-up domains when a job set its own (``[hardware]
-    scaleout_bandwidth_gbps``), else 0: the profile's."""
-    gbps = hw.interconnect.scaleout_bandwidth_gbps
-    return 0.0 if gbps == registry.hardware_profile(hw.name).interconnect.scaleout_bandwidth_gbps else float(gbps)
-
-
-def _result(job: TrainingJob, pred: Prediction, k: int) -> PredictionResult:
+def _result(job: TrainingJob, pred: Prediction, k: int, own_network_gbps: float = 0.0) -> PredictionResult:
     f = lambda a: float(np.asarray(a)[k])  # noqa: E731
     return PredictionResult(
         job=job.name, model=job.model.name, hardware=job.hardware.name, num_gpus=job.num_gpus,
@@ -237,7 +229,7 @@ def _result(job: TrainingJob, pred: Prediction, k: int) -> PredictionResult:
                           if np.isfinite(pred.stage_memory_bytes[i, k])},
         critical_stage=STAGES[int(pred.critical_stage[k])],
         mfu_precision=PRECISIONS[int(pred.mfu_precision[k])], mfu_bf16_peak=f(pred.mfu_bf16_peak),
-        power_limit_w=float(job.hardware.compute.power_limit_w),
+        power_limit_w=float(job.hardware.compute.power_limit_w), scaleout_bandwidth_gbps=own_network_gbps,
     )
 
 

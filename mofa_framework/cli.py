@@ -488,9 +488,9 @@ SENSITIVITY_TOP = 8
 
 def _prediction_head(r) -> tuple[str, str]:
     p = r.parallel
-    watts = f" at {r.power_limit_w:g} W" if r.power_limit_w else ""
-    watts += f", {r.scaleout_bandwidth_gbps:g} GB/s per GPU between nodes" if r.scaleout_bandwidth_gbps else ""
-    head = (f"{r.job}: {r.model} on {r.num_gpus} × {r.hardware}{watts} — TP{p['tp']} PP{p['pp']} VPP{p['vpp']} "
+    run = (f" at {r.power_limit_w:g} W" if r.power_limit_w else "") + (
+        f", {r.scaleout_bandwidth_gbps:g} GB/s per GPU between nodes" if r.scaleout_bandwidth_gbps else "")
+    head = (f"{r.job}: {r.model} on {r.num_gpus} × {r.hardware}{run} — TP{p['tp']} PP{p['pp']} VPP{p['vpp']} "
             f"CP{p['cp']} EP{p['ep']} DP{p['dp']}, mbs {p['micro_batch_size']}, gbs {p['global_batch_size']}, "
             f"seq {p['sequence_length']}, {p['precision']}, schedule {r.schedule}, "
             f"features: {', '.join(r.features) or 'none'}")

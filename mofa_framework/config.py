@@ -259,6 +259,12 @@ def with_scaleout_bandwidth(hw: HardwareProfile, gbps: float, field: str) -> Har
     return attrs.evolve(hw, interconnect=ic, collective_profile=rebased_scaleout(hw.collective_profile, ratio))
 
 
+def own_network(gbps: float, profile: HardwareProfile) -> float:
+    """`gbps` (GB/s per GPU between scale-up domains, as a job runs) when it is not `profile`'s own
+    (``[hardware] scaleout_bandwidth_gbps`` set), else 0: what results and flags report."""
+    return 0.0 if gbps == profile.interconnect.scaleout_bandwidth_gbps else float(gbps)
+
+
 def rebased_scaleout(points, ratio: float) -> tuple:
     """A ``[[collective_profile]]`` table's scale-out curves as on NICs `ratio` times as fast: each
     point's time keeps its latency-bound part and its bandwidth part scales — ``t' = t + (S·f /

@@ -658,7 +658,7 @@ class _Nodes:
         self.same = np.array([[g.same_as_parent[d] for g in groups] for d in range(D)], bool).reshape(D, len(groups))
         self.n_on = np.concatenate([g.n_on for g in groups])
         self.layer_parent = np.concatenate([g.layer_parent for g in groups])
-        self.layer_width = max(len(g.level_choice[-2]) for g in groups) if D > 1 else 1
+        self.layer_width = max(len(g.level_choice[-2]) for g in groups)
 
     @staticmethod
     def _joined(csrs, child_base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

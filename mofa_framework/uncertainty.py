@@ -46,6 +46,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
+from .config import own_network
 from .crossval import KINDS, Regime, regime_of, table_columns, table_gpu_specs
 from .errors import MofaError
 
@@ -247,11 +248,11 @@ def _network_flag(regime: Regime, registry) -> str:
         hw = registry.hardware_profile(regime.gpu)
     except MofaError:
         return ""
-    own, theirs = regime.scaleout_bandwidth_gbps, hw.interconnect.scaleout_bandwidth_gbps
-    if not own or own == theirs or regime.num_gpus <= hw.scaleup_domain_gpus:
+    own = own_network(regime.scaleout_bandwidth_gbps, hw)  # a regime that states none (0) is the profile's
+    if not own or regime.num_gpus <= hw.scaleup_domain_gpus:
         return ""
-    return (f"{own:g} GB/s per GPU between nodes (the profile's rows: {theirs:g}): collectives across nodes priced "
-            f"from it (docs/cost-model.md, Another network); band from the profile's rows")
+    return (f"{own:g} GB/s per GPU between nodes (the profile's rows: {hw.interconnect.scaleout_bandwidth_gbps:g}): "
+            "collectives across nodes priced from it (docs/cost-model.md, Another network); band from the profile's rows")
 
 
 @functools.lru_cache(maxsize=64)

@@ -13,8 +13,7 @@ import click
 
 from ..cli import (ATTENTION_KERNEL_OPTION, DOCUMENT_LENGTH_OPTION, NUM_LAYERS_OPTION, POWER_LIMIT_OPTION, SCALEOUT_OPTION,
                    _emit_json, _fmt_s, load_jobs, pass_state)
-from ..api import own_network
-from ..config import with_power_limit, with_scaleout_bandwidth
+from ..config import own_network, with_power_limit, with_scaleout_bandwidth
 from ..errors import ConfigError
 from ..limits import LIMITS, check, short
 from ..tuner import OBJECTIVES, TuneRequest, job_request, megatron_arguments, stage_layers, tune
@@ -172,10 +171,11 @@ def _print_table(result, req, reg, fmt: str = "table") -> None:
 
     con = console(170)
     rows = []
-    watts = f" at {req.hardware.compute.power_limit_w:g} W" if req.hardware.compute.power_limit_w else ""
-    if net := own_network(req.hardware, reg):
-        watts += f", {net:g} GB/s per GPU between nodes"
-    con.print(f"[bold]{req.model.name}[/] on {req.num_gpus} × {req.hardware.name}{watts}, global batch "
+    hw = req.hardware
+    net = own_network(hw.interconnect.scaleout_bandwidth_gbps, reg.hardware_profile(hw.name))
+    run = (f" at {hw.compute.power_limit_w:g} W" if hw.compute.power_limit_w else "") + (
+        f", {net:g} GB/s per GPU between nodes" if net else "")
+    con.print(f"[bold]{req.model.name}[/] on {req.num_gpus} × {req.hardware.name}{run}, global batch "
               f"{req.global_batch_size}, sequence {req.sequence_length}, objective {req.objective}: "
               + _headline(result, req))
     t = Table(header_style="bold")
@@ -326,7 +326,8 @@ def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, token
     if fmt == "json":
         _emit_json({"model": req.model.name, "hardware": req.hardware.name, "num_gpus": req.num_gpus,
                     "power_limit_w": float(req.hardware.compute.power_limit_w),
-                    "scaleout_bandwidth_gbps": own_network(req.hardware, reg), "objective": req.objective,
+                    "scaleout_bandwidth_gbps": own_network(req.hardware.interconnect.scaleout_bandwidth_gbps,
+                                                           reg.hardware_profile(req.hardware.name)), "objective": req.objective,
                     "evaluated": result.evaluated, "feasible": result.feasible,
                     "space_size": result.space_size, "elapsed_s": result.elapsed_s,
                     "candidates_per_s": result.candidates_per_s, "removed_by": result.removed_by,
