@@ -190,3 +190,10 @@ def test_a_job_on_its_own_network_is_flagged_and_so_are_the_tuners_rows(mofa_pre
                                      "--scaleout-bandwidth-gbps", "12.5", "--power-limit-w", "600"]).output
     flags = json.loads(out)["best"][0]["extrapolation"]
     assert any("between nodes" in f for f in flags) and any("GPUs at 600 W" in f for f in flags)
+
+
+def test_own_network_is_zero_on_the_profiles_and_the_value_otherwise(mofa_predictor):
+    from mofa_framework.config import own_network
+
+    h100 = mofa_predictor.registry.hardware_profile(H100)  # 50 GB/s per GPU between nodes
+    assert (own_network(50.0, h100), own_network(12.5, h100), own_network(0.0, h100)) == (0.0, 12.5, 0.0)
