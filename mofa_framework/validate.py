@@ -132,6 +132,10 @@ class SourceSummary:
     memory: ErrorStats
     ranking: RankStats
     targets: dict[str, int]
+    #: rows predicted not to fit in memory: each row is a run that completed, so every one of them is a
+    #: memory over-estimate (or a layout the source misstates) — a check every row gives, memory column
+    #: or not; a tuner search would have ruled these configurations out
+    ran_over_memory: int = 0
 
 
 @attrs.frozen(kw_only=True)
@@ -442,7 +446,8 @@ def summarize(source: str, rows: Sequence[RowResult], skipped: Sequence[SkippedR
         targets[r.target] += 1
     return SourceSummary(source=source, rows=len(rows), skipped=len(skipped),
                          step_time=ErrorStats.of([r.error for r in rows]), memory=ErrorStats.of(mem),
-                         ranking=rank_stats(rows), targets=dict(targets))
+                         ranking=rank_stats(rows), targets=dict(targets),
+                         ran_over_memory=sum(not r.fits_in_memory for r in rows))
 
 
 def resolve_unstated(mapped: Sequence[MappedRow], predictor) -> list[MappedRow]:

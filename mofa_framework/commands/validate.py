@@ -46,13 +46,13 @@ def summary_rows(result) -> list[list[str]]:
                     _pct(s.step_time.max), f"{100 * s.step_time.bias:+.1f} %" if s.rows else "—",
                     f"{_num(r.spearman_mean)} / {_num(r.spearman_min)}" if r.spearman else "—",
                     f"{_pct(r.regret_mean)} / {_pct(r.regret_max)}" if r.regret else "—",
-                    f"{_pct(s.memory.mape)} ({s.memory.n})" if s.memory.n else "—",
+                    f"{_pct(s.memory.mape)} ({s.memory.n})" if s.memory.n else "—", str(s.ran_over_memory),
                     ", ".join(f"{k}: {v}" for k, v in s.targets.items()) or "—"])
     return out
 
 
 SUMMARY_HEADERS = ["source", "rows", "skipped", "MAPE", "p90", "max", "bias", "Spearman mean / min",
-                   "regret mean / max", "memory MAPE (n)", "target column"]
+                   "regret mean / max", "memory MAPE (n)", "ran, predicted over memory", "target column"]
 
 
 def parity_plot(result, path: Path) -> None:
