@@ -12,6 +12,19 @@ hardware profile's contention coefficients (``contention_comm``, ``contention_co
 overridable by the options. The increase ``T' − T`` goes into the layer's
 ``offload_exposed_fwd_s`` / ``offload_exposed_bwd_s`` (the ``offload`` breakdown entry).
 
+**Part of the layers** (a share q of the stage's activations, [35] below): Transformer Engine's
+offload handler (``AsyncDoubleBufferGroupOffloadHandler``, what Megatron-Core's
+``--cpu-offloading-num-layers N`` runs) spreads the N copies evenly over the stage's L layers — the
+copy of the k-th offloaded layer must be done by layer ⌊L/N⌋·(k+1) (its ``layer_window_map``), so
+each copy has a window of L/N layers' compute to hide behind, and the reloads mirror it in
+backward. [33] over one window of w = 1/q layers — the copy slows the layer it starts beside by β,
+as in [33], and may run on past the window's other w − 1 layers — per layer::
+
+    T_fwd' = max(q · α_d2h · S/BW_d2h, (1 + q·(β − 1)) · T_fwd)        (and [34] alike)
+
+which is [33] itself when every layer is offloaded (q = 1), hides a copy up to 1/q times longer
+than one layer's compute when only some are, and never exposes more than q times [33]'s increase.
+
 [35] memory: only the layers in flight stay on the GPU — ``resident_layers`` per model
 chunk and micro-batch in flight (default 2: the layer computing and the one being copied).
 With L_j layers on stage j, v chunks and a fraction f of layers offloaded, the share of a
@@ -74,10 +87,12 @@ def layer(state, rows):
         t_bwd = c.bwd_input_total_s + c.bwd_weight_s
         t_d2h = c.act_saved_bytes / hw.d2h_bandwidth_bytes_per_s
         t_h2d = c.act_saved_bytes / hw.h2d_bandwidth_bytes_per_s
-        extra_f = np.maximum(a_d2h * t_d2h, beta * t_fwd) - t_fwd
-        extra_b = np.maximum(a_h2d * t_h2d, beta * t_bwd) - t_bwd
-        out[kind] = attrs.evolve(c, offload_exposed_fwd_s=c.offload_exposed_fwd_s + q * np.maximum(extra_f, 0.0),
-                                 offload_exposed_bwd_s=c.offload_exposed_bwd_s + q * np.maximum(extra_b, 0.0))
+        # [33]/[34] over the window of 1/q layers each copy is spread across (Transformer Engine)
+        slowed = 1.0 + q * (beta - 1.0)  # β on one layer of each window of 1/q
+        extra_f = np.maximum(q * a_d2h * t_d2h, slowed * t_fwd) - t_fwd
+        extra_b = np.maximum(q * a_h2d * t_h2d, slowed * t_bwd) - t_bwd
+        out[kind] = attrs.evolve(c, offload_exposed_fwd_s=c.offload_exposed_fwd_s + np.maximum(extra_f, 0.0),
+                                 offload_exposed_bwd_s=c.offload_exposed_bwd_s + np.maximum(extra_b, 0.0))
     return attrs.evolve(state, layers=out)
 
 

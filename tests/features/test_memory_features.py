@@ -268,11 +268,39 @@ def test_activation_offload(mofa_predictor):
     S = L.act_saved_bytes[1]
     t_fwd = L.fwd_s[1]
     t_bwd = L.bwd_input_total_s[1] + L.bwd_weight_s[1]
-    close(L.offload_exposed_fwd_s[0], q * (max(eff.contention_comm * S / 31e9, eff.contention_compute * t_fwd) - t_fwd))
-    close(L.offload_exposed_bwd_s[0], q * (max(eff.contention_comm * S / 31e9, eff.contention_compute * t_bwd) - t_bwd))
+    # [33]/[34] over Transformer Engine's window of 1/q layers per copy (q = 0.5 here: two layers), β
+    # on one layer of each window
+    slowed = 1 + q * (eff.contention_compute - 1)
+    close(L.offload_exposed_fwd_s[0], max(q * eff.contention_comm * S / 31e9, slowed * t_fwd) - t_fwd)
+    close(L.offload_exposed_bwd_s[0], max(q * eff.contention_comm * S / 31e9, slowed * t_bwd) - t_bwd)
     mem = both.state.mem
     close(mem.activations_bytes[:, 0], (1 - q) * mem.activations_bytes[:, 1])
     close(mem.host_bytes[:, 0], q * mem.activations_bytes[:, 1])
+
+
+def test_partial_activation_offload_hides_each_copy_behind_its_window_of_layers(mofa_predictor):
+    """A quarter of the layers offloaded (Megatron's --cpu-offloading-num-layers N of 4N): Transformer
+    Engine spreads the copies, each over a window of 1/q layers, so per layer
+    T' = max(q·α·S/BW, (1 + q·(β − 1))·T),
+    with β on one layer of each window (q = 0.25 · (1 − 6/12) = 0.125 here); hand values from the
+    layer's own costs: less than q times [33]'s increase, and never more exposed than with every
+    layer offloaded."""
+    part, _ = on_off(mofa_predictor, {"activation_offload": {"fraction": 0.25}})
+    full, _ = on_off(mofa_predictor, {"activation_offload": {}})
+    L, eff = part.state.layers["dense"], part.state.ctx.hardware.efficiency
+    q = 0.25 * (1.0 - 2 * 3 / LAYERS_PER_STAGE)
+    S, t_fwd = L.act_saved_bytes[1], L.fwd_s[1]
+    t_bwd = L.bwd_input_total_s[1] + L.bwd_weight_s[1]
+    slowed = 1 + q * (eff.contention_compute - 1)
+    close(L.offload_exposed_fwd_s[0], max(q * eff.contention_comm * S / 31e9, slowed * t_fwd) - t_fwd)
+    close(L.offload_exposed_bwd_s[0], max(q * eff.contention_comm * S / 31e9, slowed * t_bwd) - t_bwd)
+    # the window form exposes less than q × [33]'s increase (what each copy beside one layer paid)
+    b = eff.contention_compute
+    assert L.offload_exposed_fwd_s[0] < q * (max(eff.contention_comm * S / 31e9, b * t_fwd) - t_fwd)
+    F = full.state.layers["dense"]
+    assert L.offload_exposed_fwd_s[0] <= F.offload_exposed_fwd_s[0]
+    assert L.offload_exposed_bwd_s[0] <= F.offload_exposed_bwd_s[0]
+    close(part.state.mem.host_bytes[:, 0], q * part.state.mem.activations_bytes[:, 1])
 
 
 # ------------------------------------------------------------------ FP8
