@@ -1,9 +1,9 @@
 """Megatron-Bridge performance presets: settings its published tables do not state.
 
 NVIDIA-NeMo/Megatron-Bridge's performance summaries give the model, GPU, precision and layout of
-each run; the features (token dispatcher, 1F1B all-to-all overlap, recompute modules, CUDA graphs)
-come from its ``scripts/performance/configs`` presets, read at the commits cited below and applied
-by ``reader_nvidia`` to the MoE rows whose model, GPU, precision and layout match.
+each run; the features (token dispatcher, 1F1B all-to-all overlap, recompute modules, CUDA graphs,
+CPU activation offloading) come from its ``scripts/performance/configs`` presets, read at the commits
+cited below and applied by ``reader_nvidia`` to the rows whose model, GPU, precision and layout match.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class BridgeRecipe:
     """Settings of a Megatron-Bridge performance preset (``scripts/performance/configs``) that a
     row's table does not state, applied to the rows whose model, GPU, precision and layout match.
 
-    ``layout`` keys: tp, pp, vpp, ep, mbs, gbs (all given must equal the row's); ``precision``:
+    ``layout`` keys: tp, pp, vpp, cp, ep, mbs, gbs, fsdp (all given must equal the row's); ``precision``:
     substrings of the row's precision column (any one must occur), empty = any; ``since`` /
     ``until``: the first / last release ("26.06") whose preset has the setting, empty = no bound (a
     row whose release column names none does not match a bounded preset). A layout-matched setting is used only if every
@@ -68,6 +68,20 @@ _GPT_OSS_PRESET = f"{_MB}@07eea52d4523a69fc8975cef34938d61ae13f9e2 scripts/perfo
 _NEMOTRON_3 = ("nemotron-3-nano", "nemotron-3-super")
 _NEMOTRON_3_PRESET = (f"{_MB}@bf07e5678 (= @a98a0c5d0 for these entries) "
                       "scripts/performance/configs/nemotronh/nemotron_3_workload_base_configs.py")
+#: Llama 3 70B's Megatron-FSDP presets (TP 1, PP 1, 64 GPUs): Megatron-Core's CPU activation offloading
+#: of N of the 80 layers (``cpu_offloading_num_layers``), the same in every version read
+_LLAMA3_70B_FSDP = (f"{_MB}@v0.1.0rc4 scripts/performance/configs/llama3/llama3_70b_llm_pretrain.yaml (GB200), "
+                    "@v0.2.0 and @v0.2.2 scripts/performance/configs/llama3/workload_base_configs.py, @v0.3.0, "
+                    "@v0.3.1, @v0.4.1 and @v0.5.0 scripts/performance/configs/llama/llama3_workload_base_configs.py "
+                    "(LLAMA3_70B_PRETRAIN_CONFIG_{GPU}_{PRECISION}_V1/V2) and @067f987df "
+                    "src/megatron/bridge/perf_recipes/llama/{gb200,gb300,b200}/llama3.py")
+
+
+def _offload(layers: int, of: int) -> dict:
+    """Megatron-Core's ``--cpu-offloading-num-layers`` `layers` of `of` (PP 1): the share offloaded."""
+    return {"activation_offload": {"fraction": layers / of}}
+
+
 #: Megatron-Bridge performance presets the tables do not state (read at the commits cited)
 BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
     # token dispatcher: the DeepSeek-V3 recipe selects the flex dispatcher (HybridEP) on every GPU
@@ -237,6 +251,20 @@ BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
                            "distributed_optimizer": {"grad_reduce_dtype": "bf16"}},
                  source=f"{_MB}@24849e23c src/megatron/bridge/perf_recipes/deepseek/gb200/deepseek_v4.py "
                         "(deepseek_v4_flash_pretrain_128gpu_gb200_fp8mx_config; gb300/deepseek_v4.py reuses it)"),
+    # dense: Llama 3 70B with Megatron-FSDP offloads some layers' activations to the host (Grace over
+    # NVLink-C2C on GB200 / GB300); FP8 here is current scaling ("FP8-CS", and the 26.x tables' "FP8":
+    # their MXFP8 presets run PP 4, their NVFP4 ones PP 4 too)
+    BridgeRecipe(models=("llama3-70b",), gpus=("gb300",), precision=("FP8",), layout={"tp": 1, "pp": 1, "fsdp": True},
+                 features=_offload(20, 80), source=f"{_LLAMA3_70B_FSDP} (GB300 FP8-CS: 20 layers)"),
+    BridgeRecipe(models=("llama3-70b",), gpus=("gb300",), precision=("BF16",), layout={"tp": 1, "pp": 1, "fsdp": True},
+                 features=_offload(30, 80), source=f"{_LLAMA3_70B_FSDP} (GB300 BF16: 30 layers)"),
+    BridgeRecipe(models=("llama3-70b",), gpus=("gb200",), precision=("FP8",), layout={"tp": 1, "pp": 1, "fsdp": True},
+                 features=_offload(40, 80), source=f"{_LLAMA3_70B_FSDP} (GB200 FP8-CS: 40 layers)"),
+    BridgeRecipe(models=("llama3-70b",), gpus=("gb200",), precision=("BF16",), layout={"tp": 1, "pp": 1, "fsdp": True},
+                 features=_offload(20, 80), source=f"{_LLAMA3_70B_FSDP} (GB200 BF16: 20 layers)"),
+    # B200 FP8-CS: 5 layers offloaded from v0.2.0 (NeMo 25.11) on; v0.1.0's YAML recomputed 5 instead
+    BridgeRecipe(models=("llama3-70b",), gpus=("b200",), precision=("FP8",), layout={"tp": 1, "pp": 1, "fsdp": True},
+                 since="25.11", features=_offload(5, 80), source=f"{_LLAMA3_70B_FSDP} (B200 FP8-CS: 5 layers)"),
 )
 
 

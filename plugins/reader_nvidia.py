@@ -277,8 +277,8 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         feats["lora"] = dict(NVIDIA_LORA)
     if task in ("sft", "lora"):
         par["document_length"] = NVIDIA_FINETUNE_DOCUMENT_LENGTH
-    if ctx.source == "nvidia_megatron_bridge" and model.is_moe and ep > 1:
-        layout = {"tp": tp, "pp": pp, "vpp": vpp, "ep": ep, "mbs": mbs, "gbs": gbs}
+    if ctx.source == "nvidia_megatron_bridge":
+        layout = {"tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "ep": ep, "mbs": mbs, "gbs": gbs, "fsdp": full_shard}
         for recipe in BRIDGE_RECIPES:
             if recipe.matches(model.name, hw.name, ctx.text(r, "precision"), layout, ctx.text(r, "release")):
                 feats.update({k: dict(v) for k, v in recipe.features.items()})
