@@ -265,6 +265,16 @@ BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
     # B200 FP8-CS: 5 layers offloaded from v0.2.0 (NeMo 25.11) on; v0.1.0's YAML recomputed 5 instead
     BridgeRecipe(models=("llama3-70b",), gpus=("b200",), precision=("FP8",), layout={"tp": 1, "pp": 1, "fsdp": True},
                  since="25.11", features=_offload(5, 80), source=f"{_LLAMA3_70B_FSDP} (B200 FP8-CS: 5 layers)"),
+    # Llama 3.1 405B FP8-CS on 128 GB200s, TP 2, PP 1 with Megatron-FSDP: 95 of its 126 layers offloaded in
+    # NeMo 25.09, 92 from 25.11 until the preset was dropped (v0.6.0)
+    BridgeRecipe(models=("llama3.1-405b",), gpus=("gb200",), precision=("FP8",),
+                 layout={"tp": 2, "pp": 1, "fsdp": True}, until="25.09", features=_offload(95, 126),
+                 source=f"{_MB}@v0.1.0rc4 scripts/performance/configs/llama31/llama31_405b_llm_pretrain.yaml (GB200 fp8_cs)"),
+    BridgeRecipe(models=("llama3.1-405b",), gpus=("gb200",), precision=("FP8",),
+                 layout={"tp": 2, "pp": 1, "fsdp": True}, since="25.11", features=_offload(92, 126),
+                 source=f"{_MB}@v0.2.2 scripts/performance/configs/llama31/workload_base_configs.py "
+                        "(LLAMA31_405B_GB200_FP8_CS_BASE_CONFIG) and @v0.5.0 scripts/performance/configs/llama/"
+                        "llama31_workload_base_configs.py (LLAMA31_405B_PRETRAIN_CONFIG_GB200_FP8_CS_V1)"),
 )
 
 
