@@ -81,14 +81,14 @@ def layer(state, rows):
     a_h2d = _coeff(rows.options["alpha_h2d"], eff.contention_comm)
     beta = _coeff(rows.options["beta"], eff.contention_compute)
     q = offloaded_share(state, rows)[0]
+    slowed = 1.0 + q * (beta - 1.0)  # β on one layer of each window of 1/q (Transformer Engine's spread)
     out = {}
     for kind, c in state.layers.items():
         t_fwd = c.fwd_s
         t_bwd = c.bwd_input_total_s + c.bwd_weight_s
         t_d2h = c.act_saved_bytes / hw.d2h_bandwidth_bytes_per_s
         t_h2d = c.act_saved_bytes / hw.h2d_bandwidth_bytes_per_s
-        # [33]/[34] over the window of 1/q layers each copy is spread across (Transformer Engine)
-        slowed = 1.0 + q * (beta - 1.0)  # β on one layer of each window of 1/q
+        # [33]/[34] over the window of 1/q layers each copy is spread across
         extra_f = np.maximum(q * a_d2h * t_d2h, slowed * t_fwd) - t_fwd
         extra_b = np.maximum(q * a_h2d * t_h2d, slowed * t_bwd) - t_bwd
         out[kind] = attrs.evolve(c, offload_exposed_fwd_s=c.offload_exposed_fwd_s + np.maximum(extra_f, 0.0),
