@@ -54,7 +54,7 @@ from .engine import Prediction
 from .errors import ConfigError
 from .invariants import feasible_result
 from .limits import short
-from .types import HardwareProfile, ModelSpec, Phase
+from .types import HardwareProfile, MegatronContext, ModelSpec, Phase
 from .units import GIB
 
 OBJECTIVES = ("step_time", "e2e_time", "gpu_hours")
@@ -1479,11 +1479,11 @@ def megatron_arguments(model: ModelSpec, cand: Candidate, registry) -> tuple[lis
                "--seq-length", str(p["sequence_length"])]
     tokens += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp8": ["--bf16", "--fp8-format", "hybrid"],
                "fp4": ["--bf16", "--fp4-format", "e2m1"]}[p["precision"]]
+    context = MegatronContext(model=model, parallel=p, features=cand.features)
     for name, opts in sorted(cand.features.items()):
         feat = registry.features[name]
-        if feat.megatron_args is not None:
-            opt_obj = feat.options_type(**opts) if attrs.has(feat.options_type) else None
-            tokens += list(feat.megatron_args(opt_obj))
+        opt_obj = feat.options_type(**opts) if attrs.has(feat.options_type) else None
+        tokens += feat.megatron_tokens(opt_obj, context)
     lines: list[str] = []
     notes: list[str] = []
     seen: set[str] = set()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import inspect
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -877,7 +878,9 @@ class Feature:
     conflicts: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
     #: optional ``(batch, rows) -> ConstraintResult`` for rows where the feature cannot apply
     feasible: Callable | None = None
-    #: optional ``(options) -> list[str]``: the Megatron-LM arguments that turn it on
+    #: optional ``(options) -> list[str]``: the Megatron-LM arguments that turn it on; or
+    #: ``(options, context) -> list[str]`` when they depend on the configuration (a layer count):
+    #: ``context`` is a :class:`MegatronContext`. Items starting with ``#`` are notes
     megatron_args: Callable | None = None
     #: optional ``(args: MegatronArgs) -> dict | None``, the inverse of ``megatron_args``: given a
     #: launch's parsed Megatron-LM arguments (:class:`mofa_framework.megatron.MegatronArgs`), the
@@ -920,6 +923,34 @@ class Feature:
 
     def acts_in(self, phase: Phase) -> Callable | None:
         return getattr(self, phase.value)
+
+    def megatron_tokens(self, options, context: MegatronContext) -> list[str]:
+        """Its Megatron-LM arguments for one configuration (none without ``megatron_args``):
+        ``megatron_args(options)``, or ``megatron_args(options, context)`` when it takes two."""
+        if self.megatron_args is None:
+            return []
+        return list(self.megatron_args(options, context) if _positional_count(self.megatron_args) >= 2
+                    else self.megatron_args(options))
+
+
+@functools.lru_cache(maxsize=256)
+def _positional_count(fn: Callable) -> int:
+    """Positional parameters `fn` takes (a ``*args`` counts as many)."""
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return 1 << 30
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
+@attrs.frozen(kw_only=True)
+class MegatronContext:
+    """What a feature's two-argument ``megatron_args`` reads besides its options: the model, the
+    configuration's parallel settings (``Candidate.parallel``: ``tp``, ``pp``, ``vpp``, layer split,
+    micro-batch, …) and every feature on in it (name → options)."""
+
+    model: Any
+    parallel: Mapping[str, Any]
+    features: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
 
 
 @attrs.frozen(kw_only=True)

@@ -104,19 +104,41 @@ def memory(state, rows):
                                                 host_bytes=mem.host_bytes + moved))
 
 
-def megatron_args(options) -> list[str]:
-    return ["--cpu-offloading"]  # Megatron-Core/TE; set --cpu-offloading-num-layers from `fraction`
+def offloaded_layers(fraction: float, layers: int) -> int:
+    """Megatron-Core's ``--cpu-offloading-num-layers`` for offloading `fraction` of a rank's `layers`:
+    at least one, at most all but the last (its ``TransformerConfig`` requires N < num_layers)."""
+    return int(min(max(round(fraction * layers), 1), max(layers - 1, 1)))
+
+
+def megatron_args(options, context) -> list[str]:
+    """``--cpu-offloading --cpu-offloading-num-layers N`` (N of :func:`offloaded_layers` over the
+    layers a rank holds), with a note where Megatron-Core refuses the combination: its whole-layer
+    offloading runs only at PP 1 and without activation recomputation."""
+    par = context.parallel
+    pp = int(par.get("pp", 1))
+    layers = context.model.num_layers // pp
+    out = ["--cpu-offloading", "--cpu-offloading-num-layers", str(offloaded_layers(options.fraction, layers))]
+    if pp > 1:
+        out.append("# activation_offload at PP > 1: Megatron-Core's --cpu-offloading runs only at PP 1 "
+                   "(its fine-grained --fine-grained-activation-offloading is per module, not priced here)")
+    if "recompute" in context.features:
+        out.append("# activation_offload with recompute: Megatron-Core's --cpu-offloading refuses "
+                   "--recompute-granularity (TransformerConfig); drop one of the two")
+    return out
 
 
 def from_megatron(args):
-    """``--cpu-offloading``; ``--cpu-offloading-num-layers N`` offloads N of the layers each model
-    chunk holds (read as that fraction of the layers)."""
+    """``--cpu-offloading`` with ``--cpu-offloading-num-layers N`` (N > 0) offloads N of the
+    ``--num-layers`` (PP 1, as Megatron-Core requires), read as that fraction; without N, or N = 0
+    (Megatron's default), nothing is offloaded and the feature is off. Without ``--num-layers``
+    (the model named otherwise) N is read as all but the last layer (fraction 1)."""
     if not args.has("--cpu-offloading"):
         return None
     n = args.number("--cpu-offloading-num-layers", 0)
-    layers, par = args.number("--num-layers", 0), args.parallel
-    per_chunk = layers / max(par.get("pp", 1) * par.get("vpp", 1), 1)
-    return {"fraction": min(1.0, n / per_chunk)} if n and per_chunk else {}
+    if n <= 0:
+        return None
+    layers = args.number("--num-layers", 0)
+    return {"fraction": min(1.0, n / layers)} if layers else {}
 
 
 FEATURE = MemoryOptimizer(

@@ -24,6 +24,7 @@ from mofa_framework.errors import ConfigError
 from mofa_framework.launch_script import launcher_gpus, read_script
 from mofa_framework.megatron import (MegatronArgs, flags_from_config, from_args, match_model, parse_flags,
                                      read_source, to_toml)
+from mofa_framework.types import MegatronContext
 
 from mofa_plugins import schedule_1f1b
 
@@ -233,18 +234,20 @@ def test_every_features_from_megatron_inverts_its_megatron_args(registry):
     """For each feature declaring both: the arguments it writes, read back, turn it on with
     options that write the same arguments (cp/pp overlap need CP > 1 / interleaving)."""
     checked = 0
+    parallel = {"tp": 2, "pp": 4, "vpp": 2, "cp": 2, "ep": 1}
+    context = MegatronContext(model=registry.model("llama3-8b"), parallel=parallel)
     for feat in registry.features.values():
         if feat.from_megatron is None or feat.megatron_args is None:
             continue
         opts = feat.options_type() if attrs.has(feat.options_type) else None
-        words = [w for tok in feat.megatron_args(opts) for w in tok.split() if not tok.startswith("#")]
+        words = [w for tok in feat.megatron_tokens(opts, context) for w in tok.split() if not tok.startswith("#")]
         if not words:
             continue
-        args = MegatronArgs(flags=parse_flags(words), parallel={"tp": 2, "pp": 4, "vpp": 2, "cp": 2, "ep": 1})
+        args = MegatronArgs(flags=parse_flags(words), parallel=parallel)
         back = feat.from_megatron(args)
         assert back is not None, feat.name
-        again = feat.megatron_args(feat.options_type(**back) if attrs.has(feat.options_type) else None)
-        assert again == feat.megatron_args(opts), feat.name
+        again = feat.megatron_tokens(feat.options_type(**back) if attrs.has(feat.options_type) else None, context)
+        assert again == feat.megatron_tokens(opts, context), feat.name
         assert set(parse_flags(words)) <= args.read, f"{feat.name} must read every flag it writes"
         assert feat.from_megatron(MegatronArgs(flags={}, parallel={"pp": 1, "vpp": 1, "cp": 1})) is None, feat.name
         checked += 1

@@ -303,6 +303,38 @@ def test_partial_activation_offload_hides_each_copy_behind_its_window_of_layers(
     close(part.state.mem.host_bytes[:, 0], q * part.state.mem.activations_bytes[:, 1])
 
 
+def test_activation_offload_megatron_arguments_count_the_layers(mofa_predictor):
+    """Megatron-Core offloads ``--cpu-offloading-num-layers`` N of ``num_layers`` (N < num_layers,
+    default 0 = nothing): LLaMA3-8B's 32 layers at PP 1, a quarter → 8, all → 31 (all but the
+    last); at PP 2 or with recompute a note says Megatron refuses it; read back, N of
+    ``--num-layers`` is the fraction, and ``--cpu-offloading`` alone offloads nothing."""
+    from mofa_framework.megatron import MegatronArgs, parse_flags
+    from mofa_framework.types import MegatronContext
+
+    reg = mofa_predictor.registry
+    feat, model = reg.features["activation_offload"], reg.model("llama3-8b")
+    opts = feat.options_type
+
+    def args(fraction, pp=1, features=()):
+        ctx = MegatronContext(model=model, parallel={"pp": pp}, features={f: {} for f in features})
+        return feat.megatron_tokens(opts(fraction=fraction), ctx)
+
+    assert args(0.25) == ["--cpu-offloading", "--cpu-offloading-num-layers", "8"]
+    assert args(1.0) == ["--cpu-offloading", "--cpu-offloading-num-layers", "31"]
+    assert args(0.01)[-1] == "1"  # at least one layer
+    notes = [t for t in args(0.5, pp=2, features=("recompute",)) if t.startswith("#")]
+    assert len(notes) == 2 and "PP 1" in notes[0] and "recompute" in notes[1]
+
+    def read(words):
+        return feat.from_megatron(MegatronArgs(flags=parse_flags(words.split()), parallel={"pp": 1}))
+
+    assert read("--cpu-offloading --cpu-offloading-num-layers 20 --num-layers 80") == {"fraction": 0.25}
+    assert read("--cpu-offloading") is None and read("--cpu-offloading --cpu-offloading-num-layers 0") is None
+    assert read("--cpu-offloading --cpu-offloading-num-layers 20") == {}  # layers unknown: all but the last
+    assert read("--num-layers 80") is None
+
+
+
 # ------------------------------------------------------------------ FP8
 
 
