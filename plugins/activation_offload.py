@@ -51,7 +51,7 @@ from mofa_framework.types import MemoryOptimizer, option
 @attrs.frozen(kw_only=True)
 class ActivationOffloadOptions:
     fraction: float = option(1.0, validator=[attrs.validators.gt(0.0), attrs.validators.le(1.0)],
-                             doc="fraction of the layers whose activations are offloaded")
+                             search=(0.25, 0.5, 1.0), doc="fraction of the layers whose activations are offloaded")
     resident_layers: int = option(2, validator=between(1, MAX_LAYERS, integer=True),
                                   doc="layers per chunk and micro-batch in flight that stay on the GPU")
     alpha_d2h: float = option(0.0, validator=between(0.0, MAX_FACTOR),
