@@ -1,9 +1,12 @@
-"""Megatron-Bridge performance presets: settings its published tables do not state.
+"""Megatron-Bridge performance presets and Megatron-Core MoE model-zoo launch commands: settings
+the published tables do not state.
 
 NVIDIA-NeMo/Megatron-Bridge's performance summaries give the model, GPU, precision and layout of
 each run; the features (token dispatcher, 1F1B all-to-all overlap, recompute modules, CUDA graphs,
 CPU activation offloading) come from its ``scripts/performance/configs`` presets, read at the commits
 cited below and applied by ``reader_nvidia`` to the rows whose model, GPU, precision and layout match.
+The Megatron-Core MoE model zoo's README tables likewise print the command each table ran
+(:data:`MODEL_ZOO_COMMANDS`), applied to the rows that cite that README.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ class BridgeRecipe:
     ``layout`` keys: tp, pp, vpp, cp, ep, mbs, gbs, fsdp (all given must equal the row's); ``precision``:
     substrings of the row's precision column (any one must occur), empty = any; ``since`` /
     ``until``: the first / last release ("26.06") whose preset has the setting, empty = no bound (a
-    row whose release column names none does not match a bounded preset). A layout-matched setting is used only if every
-    preset version read agrees on it for that layout.
+    row whose release column names none does not match a bounded preset); ``cites``: when set, only
+    rows whose source reference contains it (a launch command printed in one document). A
+    layout-matched setting is used only if every preset version read agrees on it for that layout.
     """
 
     models: tuple[str, ...]
@@ -42,8 +46,11 @@ class BridgeRecipe:
     layout: dict = attrs.field(factory=dict)
     since: str = ""
     until: str = ""
+    cites: str = ""
 
-    def matches(self, model: str, hw: str, precision: str, layout: dict, release: str = "") -> bool:
+    def matches(self, model: str, hw: str, precision: str, layout: dict, release: str = "", reference: str = "") -> bool:
+        if self.cites and self.cites not in reference:
+            return False
         if self.since or self.until:
             row = release_key(release)
             if (row is None or (self.since and row < release_key(self.since))
@@ -275,6 +282,40 @@ BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
                  source=f"{_MB}@v0.2.2 scripts/performance/configs/llama31/workload_base_configs.py "
                         "(LLAMA31_405B_GB200_FP8_CS_BASE_CONFIG) and @v0.5.0 scripts/performance/configs/llama/"
                         "llama31_workload_base_configs.py (LLAMA31_405B_PRETRAIN_CONFIG_GB200_FP8_CS_V1)"),
+)
+
+
+#: the Megatron-Core MoE model zoo's Qwen3 README (yanring/Megatron-MoE-ModelZoo@020b8136b3
+#: best_practice/qwen3/readme.md): each table prints the ``sbatch_benchmarking.sh`` command it ran, where
+#: ``A2A_OVERLAP=1`` adds ``--delay-wgrad-compute --overlap-moe-expert-parallel-comm`` (sbatch_benchmarking.sh
+#: @38ce2ed2e1)
+_QWEN3_ZOO = "best_practice/qwen3/readme.md"
+_QWEN3_ZOO_SOURCE = ("yanring/Megatron-MoE-ModelZoo@020b8136b3c best_practice/qwen3/readme.md, the command under "
+                     "each table; A2A_OVERLAP from sbatch_benchmarking.sh@38ce2ed2e1")
+_MOE_ACT_NORM = {"recompute": {"granularity": "selective", "moe_act": True, "layernorm": True}}
+MODEL_ZOO_COMMANDS: tuple[BridgeRecipe, ...] = (
+    # H100 long context (16K-128K, PP 8 VPP 4 EP 8, TP and CP per row): --recompute-modules layernorm moe
+    BridgeRecipe(models=("qwen3-235b-a22b",), gpus=("h100",), cites=_QWEN3_ZOO, source=_QWEN3_ZOO_SOURCE,
+                 layout={"pp": 8, "vpp": 4, "ep": 8, "mbs": 1, "gbs": 256},
+                 features={"recompute": {"granularity": "selective", "layernorm": True, "moe": True}}),
+    # GB200 BF16 (TP 1 PP 8 EP 8, GBS 8192): TE CUDA graphs of attn, moe_router, moe_preprocess
+    BridgeRecipe(models=("qwen3-235b-a22b",), gpus=("gb200",), precision=("BF16",), cites=_QWEN3_ZOO,
+                 source=_QWEN3_ZOO_SOURCE, layout={"tp": 1, "pp": 8, "vpp": 1, "ep": 8, "mbs": 1, "gbs": 8192},
+                 features={"cuda_graphs": _GRAPHS_ATTN_ROUTER}),
+    # GB200 MXFP8 (TP 1 PP 4 VPP 6 EP 64, MBS 3): A2A_OVERLAP=1, moe_act + layernorm recompute, the same
+    # graphs (its --fine-grained-activation-offloading of expert_fc1 and moe_act has no MoFa feature)
+    BridgeRecipe(models=("qwen3-235b-a22b",), gpus=("gb200",), precision=("FP8",), cites=_QWEN3_ZOO,
+                 source=_QWEN3_ZOO_SOURCE, layout={"tp": 1, "pp": 4, "vpp": 6, "ep": 64, "mbs": 3, "gbs": 3072},
+                 features={**_MOE_ACT_NORM, "cuda_graphs": _GRAPHS_ATTN_ROUTER, "ep_overlap": {}}),
+    # GB300 MXFP8 standard (TP 1 PP 4 EP 32, MBS 2, GBS 8192): the same graphs
+    BridgeRecipe(models=("qwen3-235b-a22b",), gpus=("gb300",), precision=("FP8",), cites=_QWEN3_ZOO,
+                 source=_QWEN3_ZOO_SOURCE, layout={"tp": 1, "pp": 4, "vpp": 1, "ep": 32, "mbs": 2, "gbs": 8192},
+                 features={"cuda_graphs": _GRAPHS_ATTN_ROUTER}),
+    # GB300 MXFP8 long context (TP 4 PP 4 VPP 12 CP 4 EP 32, 128K): moe_act + layernorm recompute
+    BridgeRecipe(models=("qwen3-235b-a22b",), gpus=("gb300",), precision=("FP8",), cites=_QWEN3_ZOO,
+                 source=_QWEN3_ZOO_SOURCE, layout={"tp": 4, "pp": 4, "vpp": 12, "cp": 4, "ep": 32, "mbs": 1,
+                                                   "gbs": 1024},
+                 features=_MOE_ACT_NORM),
 )
 
 
