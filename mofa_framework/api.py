@@ -188,16 +188,20 @@ class Predictor:
         return self.evaluate(batch, model, hw)
 
     def tune(self, job, *, objective: str = "step_time", top_k: int = 10, features=None, schedules=None,
-             values=None, pareto: bool = False, time_budget_s: float | None = None, progress=None):
+             values=None, pareto: bool = False, time_budget_s: float | None = None,
+             memory_headroom_gib: float | None = None, progress=None):
         """The best configurations for `job` (a :class:`TrainingJob`, job-file path or dict) as
         ``mofa tune`` searches them: a :class:`~mofa_framework.tuner.TuneResult` (``.best``, ranked;
         ``.pareto`` with ``pareto=True``). `features`, `schedules` and `values` (``{"tp": (4, 8)}``)
         narrow or widen the job's ``[search]`` (see :func:`mofa_framework.tuner.job_request`);
+        `memory_headroom_gib` is the HBM per GPU every configuration must leave free (else the job's
+        ``[search] memory_headroom_gib``, default 0);
         `progress` receives a :class:`~mofa_framework.tuner.TuneProgress` as the search goes."""
         from .tuner import job_request, tune
 
         req = job_request(_as_job(job, self), self.registry, features=features, schedules=schedules, values=values,
-                          objective=objective, top_k=top_k, pareto=pareto, time_budget_s=time_budget_s)
+                          objective=objective, top_k=top_k, pareto=pareto, time_budget_s=time_budget_s,
+                          memory_headroom_gib=memory_headroom_gib)
         return tune(self, req, progress)
 
     def trace(self, job, *, all_stages: bool = False) -> dict:

@@ -396,6 +396,9 @@ class SearchSection:
     #: layers fewer on the last pipeline stage than on the first (output layer, loss, MTP modules)
     lighter_last: tuple[int, ...] | None = attrs.field(default=None,
                                                       validator=_search_values("parallel.last_stage_layers"))
+    #: GiB of HBM per GPU every configuration must leave free (its peak ≤ HBM − headroom): room for the
+    #: allocator's fragmentation and MoFa's memory error; 0 = fill the GPU
+    memory_headroom_gib: float = attrs.field(default=0.0, validator=limit("search.memory_headroom_gib"))
 
 
 @attrs.frozen(kw_only=True)

@@ -138,6 +138,7 @@ LIMITS: dict[str, Bound] = {
     "parallel.first_stage_layers": _count(0, MAX_LAYERS, "0 = balanced"),
     "parallel.last_stage_layers": _count(0, MAX_LAYERS, "0 = balanced"),
     "training.tokens": _real(0.0, MAX_TOKENS, "0 = not given"),
+    "search.memory_headroom_gib": _real(0.0, MAX_RATE, "GiB of HBM per GPU a configuration must leave free"),
     "fault.node_failures_per_day": _real(0.0, 100.0, "failures per node per day"),
     "fault.checkpoint_interval_steps": _count(0, 2**40, "0 = the optimal interval"),
     "fault.checkpoint_save_s": _real(0.0, MAX_SECONDS, "seconds"),

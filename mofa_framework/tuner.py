@@ -201,6 +201,8 @@ class TuneRequest:
     #: nothing that fits was found by then, the search dives to the first configuration that does)
     time_budget_s: float | None = attrs.field(default=None, validator=attrs.validators.optional(
         attrs.validators.gt(0.0)))
+    #: GiB of HBM per GPU a configuration must leave free: it fits when its peak ≤ HBM − headroom
+    memory_headroom_gib: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
 
 
 @attrs.frozen(kw_only=True)
@@ -266,6 +268,8 @@ class TuneResult:
     unexplored: int = 0
     #: candidates whose time the bounds priced without a full evaluation (levels 1 and 2)
     bounded_rows: int = 0
+    #: the request's ``memory_headroom_gib``: every configuration kept leaves this much HBM free
+    memory_headroom_gib: float = 0.0
 
     @property
     def candidates_per_s(self) -> float:
@@ -284,10 +288,11 @@ class TuneResult:
         if over and not self.feasible:  # what to change comes first (a long line is cut at the end)
             # those the memory floor ruled out were not evaluated: their peak is known from below
             at_least = "" if self.evaluated else "at least "
+            room = (f" less the {self.memory_headroom_gib:g} GiB headroom" if self.memory_headroom_gib else "")
+            fix = "add GPUs, enable memory features" + (", or lower the headroom" if room else "")
             return (f"no feasible configuration among {self.space_size:,} candidates: all {over:,} that passed "
-                    f"every rule need more memory than the GPU has (smallest peak {at_least}"
-                    f"{self.min_peak_memory_gib:.1f} GiB): add GPUs, or enable memory features; the rules removed "
-                    f"the others, most by {rules}")
+                    f"every rule need more memory than the GPU has{room} (smallest peak {at_least}"
+                    f"{self.min_peak_memory_gib:.1f} GiB): {fix}; the rules removed the others, most by {rules}")
         return f"no feasible configuration among {self.space_size:,} candidates: most were removed by {rules}"
 
 
@@ -1190,16 +1195,18 @@ def _min_peak(search) -> float:
 
 def job_request(job, registry, *, features: Iterable[str] | None = None, schedules: Iterable[str] | None = None,
                 values: Mapping[str, tuple[int, ...]] | None = None, objective: str = "step_time", top_k: int = 10,
-                pareto: bool = False, time_budget_s: float | None = None,
+                pareto: bool = False, time_budget_s: float | None = None, memory_headroom_gib: float | None = None,
                 fields: tuple[str, str] = ("features", "schedules")) -> TuneRequest:
     """The search ``mofa tune`` runs for `job`: the default space narrowed by the job's ``[search]``
     table and then by `values` (``{"tp": (4, 8)}``: any of :data:`SEARCHED_SIZES`); `features`
     searched (else the table's, else every tunable one) and the job's own features held on with
     their options; `schedules` likewise. An end-to-end objective reads the job's ``[training]`` and
-    ``[reliability]``. `fields` name the two lists in error lines (the CLI's flags)."""
+    ``[reliability]``. `memory_headroom_gib` (else the table's) is the HBM every configuration leaves
+    free. `fields` name the two lists in error lines (the CLI's flags)."""
     srch, values = job.search, _sizes_arg(values)
     features, schedules = _names_arg(features, fields[0]), _names_arg(schedules, fields[1])
-    _check_request_args(objective, top_k, time_budget_s)
+    _check_request_args(objective, top_k, time_budget_s, memory_headroom_gib)
+    headroom = srch.memory_headroom_gib if memory_headroom_gib is None else float(memory_headroom_gib)
     feats = features if features is not None else srch.features
     if feats is None:
         feats = tuple(n for n, f in registry.features.items() if f.tunable)
@@ -1224,10 +1231,11 @@ def job_request(job, registry, *, features: Iterable[str] | None = None, schedul
                        global_batch_size=par.global_batch_size, sequence_length=par.sequence_length,
                        precision=par.precision, space=space, objective=objective, top_k=top_k, e2e=e2e, pareto=pareto,
                        flash_attention=par.flash_attention, time_budget_s=time_budget_s,
-                       attention_kernel=par.attention_kernel, document_length=par.document_length)
+                       attention_kernel=par.attention_kernel, document_length=par.document_length,
+                       memory_headroom_gib=headroom)
 
 
-def _check_request_args(objective, top_k, time_budget_s) -> None:
+def _check_request_args(objective, top_k, time_budget_s, memory_headroom_gib=None) -> None:
     """:func:`job_request`'s scalar arguments, each refused with one line naming it."""
     if objective not in OBJECTIVES:
         raise ConfigError(f"objective: {short(objective)} is not an objective; use one of {', '.join(OBJECTIVES)}")
@@ -1236,6 +1244,11 @@ def _check_request_args(objective, top_k, time_budget_s) -> None:
     ok = isinstance(time_budget_s, (int, float)) and not isinstance(time_budget_s, bool)
     if time_budget_s is not None and not (ok and math.isfinite(time_budget_s) and time_budget_s > 0):
         raise ConfigError(f"time_budget_s: expected seconds > 0 (or None: no budget), got {short(time_budget_s)}")
+    room = memory_headroom_gib
+    ok = isinstance(room, (int, float)) and not isinstance(room, bool)
+    if room is not None and not (ok and math.isfinite(room) and room >= 0):
+        raise ConfigError(f"memory_headroom_gib: expected GiB ≥ 0 of HBM to leave free (or None: the job's "
+                          f"[search] value), got {short(room)}")
 
 
 def _sizes_arg(values) -> dict[str, tuple[int, ...]]:
@@ -1266,6 +1279,7 @@ def tune(predictor, req: TuneRequest, progress: Callable[[TuneProgress], None] |
     best configurations; `progress` is called with a :class:`TuneProgress` as the search goes."""
     t0 = time.perf_counter()
     registry = predictor.registry
+    req = _with_headroom(req)
     all_names = sorted(req.space.features)
     for f in all_names:
         registry.feature(f, field=f"search.features.{f}")
@@ -1314,7 +1328,22 @@ def tune(predictor, req: TuneRequest, progress: Callable[[TuneProgress], None] |
                       elapsed_s=time.perf_counter() - t0, removed_by={k: v for k, v in removed.items() if v},
                       pareto=front, min_peak_memory_gib=_min_peak(search),
                       proven_optimal=proven, unexplored=unexplored if not proven else 0,
-                      bounded_rows=search.bounded_rows if search else 0)
+                      bounded_rows=search.bounded_rows if search else 0, memory_headroom_gib=req.memory_headroom_gib)
+
+
+def _with_headroom(req: TuneRequest) -> TuneRequest:
+    """`req` searched on a GPU whose HBM is less by the request's headroom: every memory check of the
+    search (the floors, each leaf's fit) then leaves that much free. Pricing does not read the HBM's
+    size, only the fits do. A headroom that leaves no memory is one line."""
+    room = req.memory_headroom_gib
+    if not room:
+        return req
+    hbm = req.hardware.memory.hbm_gib
+    if room >= hbm:
+        raise ConfigError(f"memory_headroom_gib: {room:g} GiB leaves none of {req.hardware.name}'s {hbm:g} GiB of HBM; "
+                          f"give less than {hbm:g}")
+    memory = attrs.evolve(req.hardware.memory, hbm_gib=hbm - room)
+    return attrs.evolve(req, hardware=attrs.evolve(req.hardware, memory=memory))
 
 
 def _lower_bounds(predictor, req: TuneRequest, structs: CandidateBatch, names: list[str]) -> np.ndarray | None:

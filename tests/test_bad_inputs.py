@@ -110,7 +110,7 @@ def job_case(id_, doc, *fragments, command="predict"):
 
 # ---------------------------------------------------------------------- 1. every documented bound
 
-_SECTION_BASE = {"model": MOE, "hardware": BASE, "parallel": BASE, "training": BASE, "fault": BASE}
+_SECTION_BASE = {"model": MOE, "hardware": BASE, "parallel": BASE, "training": BASE, "fault": BASE, "search": BASE}
 
 
 def _bad_values(bound):

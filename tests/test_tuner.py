@@ -248,6 +248,9 @@ def test_python_tune_is_the_cli_search(mofa_predictor):
     ({"top_k": "3"}, "top_k: expected an integer ≥ 1"),
     ({"time_budget_s": -1}, "time_budget_s: expected seconds > 0"),
     ({"time_budget_s": float("nan")}, "time_budget_s: expected seconds > 0"),
+    ({"memory_headroom_gib": -1}, "memory_headroom_gib: expected GiB ≥ 0"),
+    ({"memory_headroom_gib": "4"}, "memory_headroom_gib: expected GiB ≥ 0"),
+    ({"memory_headroom_gib": 80}, "memory_headroom_gib: 80 GiB leaves none of h100-sxm5-80gb's 80 GiB"),
 ])
 def test_python_tune_refuses_bad_arguments_in_one_line(mofa_predictor, kwargs, line):
     """Every argument of `Predictor.tune` is checked before the search: one ConfigError naming the
@@ -1257,3 +1260,32 @@ def test_tune_offloads_only_the_layers_memory_needs(mofa_predictor):
     assert searched.step_time_s == pytest.approx(4.931, rel=2e-3) and whole.step_time_s == pytest.approx(5.397, rel=2e-3)
     args, _ = megatron_arguments(model, searched, reg)
     assert "--cpu-offloading-num-layers 14" in args  # a quarter of 56 layers
+
+
+def test_memory_headroom_keeps_that_much_hbm_free(mofa_predictor, tmp_path):
+    """A headroom of h GiB: every configuration kept peaks at most HBM − h (the search's floors and
+    each leaf's fit alike). Mixtral 8×22B at TP 4, PP 1, EP 8 on 512 H100s fills the GPU to 79.2 GiB
+    without one; with 10 GiB the best peaks under 70 GiB and is slower or as fast; the same from the
+    job file's [search] table, from the CLI flag (the headline says so) and Predictor.tune."""
+    job = {"model": {"name": "mixtral-8x22b"}, "hardware": {"name": "h100-sxm5-80gb", "num_gpus": 512},
+           "parallel": {"global_batch_size": 1024, "sequence_length": 4096},
+           "search": {"tp": [4], "pp": [1], "ep": [8], "micro_batch_size": [4], "schedules": ["1f1b"]}}
+    free = mofa_predictor.tune(job, top_k=1)
+    roomy = mofa_predictor.tune(job, top_k=3, memory_headroom_gib=10)
+    assert free.best[0].peak_memory_gib > 79 and free.memory_headroom_gib == 0
+    assert roomy.memory_headroom_gib == 10 and all(c.peak_memory_gib <= 70 for c in roomy.best)
+    assert roomy.best[0].step_time_s >= free.best[0].step_time_s
+    from_table = mofa_predictor.tune({**job, "search": {**job["search"], "memory_headroom_gib": 10}}, top_k=1)
+    assert from_table.best[0].step_time_s == roomy.best[0].step_time_s
+    path = tmp_path / "job.toml"
+    path.write_text('[model]\nname = "mixtral-8x22b"\n[hardware]\nname = "h100-sxm5-80gb"\nnum_gpus = 512\n'
+                    '[parallel]\nglobal_batch_size = 1024\nsequence_length = 4096\n'
+                    '[search]\ntp = [4]\npp = [1]\nep = [8]\nmicro_batch_size = [4]\nschedules = ["1f1b"]\n')
+    out = CliRunner().invoke(cli, ["tune", str(path), "--memory-headroom-gib", "10", "--top", "1", "--no-progress"],
+                             catch_exceptions=False)
+    assert out.exit_code == 0 and "leaving 10 GiB of HBM free" in out.output
+    bad = CliRunner().invoke(cli, ["tune", str(path), "--memory-headroom-gib", "80", "--no-progress"])
+    assert bad.exit_code == 2 and "memory_headroom_gib: 80 GiB leaves none" in bad.output
+    path.write_text(path.read_text() + "memory_headroom_gib = -2\n")
+    bad = CliRunner().invoke(cli, ["tune", str(path), "--no-progress"])
+    assert bad.exit_code == 2 and "search.memory_headroom_gib" in bad.output and "\n" not in bad.output.strip()

@@ -50,7 +50,7 @@ def _names(text: str | None) -> tuple[str, ...] | None:
 
 def build_request(state, job_files, flags, *, tp, pp, vpp, cp, ep, etp, mbs_list, schedules, features,
                   objective, top, pareto, lighter_ends=None, lighter_last=None,
-                  time_budget=None) -> tuple[TuneRequest, object]:
+                  time_budget=None, memory_headroom=None) -> tuple[TuneRequest, object]:
     """A TuneRequest from a job file (its [search] table) or flags; flags override the file."""
     flags = dict(flags)
     num_layers = flags.pop("num_layers", None)  # applies to a job file too
@@ -92,7 +92,8 @@ def build_request(state, job_files, flags, *, tp, pp, vpp, cp, ep, etp, mbs_list
               "lighter_last": _ints(lighter_last, "--lighter-last-values", minimum=0)}
     req = job_request(job, state.pm.registry, features=_names(features) or None, schedules=_names(schedules),
                       values={k: v for k, v in values.items() if v}, objective=objective, top_k=top, pareto=pareto,
-                      time_budget_s=time_budget, fields=("--features", "--schedules"))
+                      time_budget_s=time_budget, memory_headroom_gib=memory_headroom,
+                      fields=("--features", "--schedules"))
     return req, job
 
 
@@ -157,7 +158,9 @@ def _feature_label(name: str, opts: dict, reg) -> str:
 def _headline(result, req) -> str:
     what = (f"{result.evaluated:,} candidates evaluated, {result.skipped_by_bound:,} ruled out by bounds, of "
             f"{result.space_size:,} in the space ({result.structures_feasible:,}/{result.structures:,} structures "
-            f"feasible), {result.feasible:,} fit, {result.elapsed_s:.2f} s")
+            f"feasible), {result.feasible:,} fit"
+            + (f" leaving {result.memory_headroom_gib:g} GiB of HBM free" if result.memory_headroom_gib else "")
+            + f", {result.elapsed_s:.2f} s")
     if not result.proven_optimal:
         what += (f" — TIME BUDGET REACHED: the best found so far, not proven optimal "
                  f"({result.unexplored:,} candidates not explored)")
@@ -273,6 +276,9 @@ class _ProgressLine:
                    "modules), e.g. 0,3 (default 0 to 1 + 2 × the model's MTP modules).")
 @click.option("--time-budget", type=click.FloatRange(min=0.0, min_open=True), metavar="SECONDS",
               help="Stop after SECONDS and print the best found so far (labelled: not proven optimal).")
+@click.option("--memory-headroom-gib", "memory_headroom", type=click.FloatRange(min=0.0), metavar="GIB",
+              help="HBM per GPU every configuration must leave free, for the allocator's fragmentation and the "
+                   "memory estimate's error (default: the job's [search] memory_headroom_gib, else 0).")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on a terminal, a line on stderr every few seconds otherwise (default: on).")
 @NUM_LAYERS_OPTION
@@ -280,7 +286,7 @@ class _ProgressLine:
 def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, tokens, flash_attention, attention_kernel,
              document_length, power_limit_w, scaleout_bandwidth_gbps, moe_load_factor, tp,
              pp, vpp, cp, ep, etp, mbs_list, schedules, features, objective, top, pareto, fmt, trace_best, lighter_ends,
-             lighter_last, time_budget, progress, num_layers=None):
+             lighter_last, time_budget, memory_headroom, progress, num_layers=None):
     """Find the best parallel strategy and features for a model, GPUs and global batch.
 
     Searches TP × PP × VPP × CP × EP × ETP × micro-batch × schedule × every feature's
@@ -296,7 +302,8 @@ def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, token
     req, job = build_request(state, list(job_files), {k: v for k, v in flags.items()},
                              tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, mbs_list=mbs_list, schedules=schedules,
                              features=features, objective=objective, top=top, pareto=pareto,
-                             lighter_ends=lighter_ends, lighter_last=lighter_last, time_budget=time_budget)
+                             lighter_ends=lighter_ends, lighter_last=lighter_last, time_budget=time_budget,
+                             memory_headroom=memory_headroom)
     if progress is False:
         result = tune(state.predictor(), req)
     elif sys.stderr.isatty():
@@ -332,6 +339,7 @@ def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, token
                     "space_size": result.space_size, "elapsed_s": result.elapsed_s,
                     "candidates_per_s": result.candidates_per_s, "removed_by": result.removed_by,
                     "skipped_by_bound": result.skipped_by_bound, "proven_optimal": result.proven_optimal,
+                    "memory_headroom_gib": result.memory_headroom_gib,
                     "unexplored": result.unexplored,
                     "best": [c.to_dict() for c in result.best], "pareto": [c.to_dict() for c in result.pareto],
                     "megatron_args": megatron_arguments(req.model, result.best[0], reg)[0],
