@@ -290,7 +290,7 @@ BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
 #: ``A2A_OVERLAP=1`` adds ``--delay-wgrad-compute --overlap-moe-expert-parallel-comm`` (sbatch_benchmarking.sh
 #: @38ce2ed2e1)
 _QWEN3_ZOO = "best_practice/qwen3/readme.md"
-_QWEN3_ZOO_SOURCE = ("yanring/Megatron-MoE-ModelZoo@020b8136b3c best_practice/qwen3/readme.md, the command under "
+_QWEN3_ZOO_SOURCE = ("yanring/Megatron-MoE-ModelZoo@020b8136b3bc best_practice/qwen3/readme.md, the command under "
                      "each table; A2A_OVERLAP from sbatch_benchmarking.sh@38ce2ed2e1")
 _MOE_ACT_NORM = {"recompute": {"granularity": "selective", "moe_act": True, "layernorm": True}}
 MODEL_ZOO_COMMANDS: tuple[BridgeRecipe, ...] = (

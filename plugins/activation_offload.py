@@ -33,7 +33,10 @@ stage's activations that leaves the GPU is::
     q_j = f · (1 − min(1, resident_layers·v / L_j))
     M_act' = (1 − q_j)·M_act,        M_host += q_j·M_act
 
-The per-layer time uses q of the first stage (the memory-critical one). The offloaded
+The per-layer time uses the largest q of any stage (**choice**: layer costs are per layer kind, not
+per stage, so every stage pays the same exposure; the stage with the most layers has the largest q
+and, holding the most compute, is the one the step waits on — the first stage's q, the memory-critical
+one, would price that stage's copies over too long a window when the end stages are lighter). The offloaded
 bytes are whatever earlier features left in the saved activations (run after recompute,
 memfine and fp8).
 """
@@ -80,7 +83,7 @@ def layer(state, rows):
     a_d2h = _coeff(rows.options["alpha_d2h"], eff.contention_comm)
     a_h2d = _coeff(rows.options["alpha_h2d"], eff.contention_comm)
     beta = _coeff(rows.options["beta"], eff.contention_compute)
-    q = offloaded_share(state, rows)[0]
+    q = offloaded_share(state, rows).max(axis=0)  # the stage with the most layers (see the docstring)
     slowed = 1.0 + q * (beta - 1.0)  # β on one layer of each window of 1/q (Transformer Engine's spread)
     out = {}
     for kind, c in state.layers.items():

@@ -303,6 +303,24 @@ def test_partial_activation_offload_hides_each_copy_behind_its_window_of_layers(
     close(part.state.mem.host_bytes[:, 0], q * part.state.mem.activations_bytes[:, 1])
 
 
+def test_activation_offload_times_the_stage_with_the_most_layers(mofa_predictor):
+    """96 layers on 8 stages with the end stages 8 lighter (6 / 14 × 6 / 6, VPP 1): the first stage
+    offloads q = 1 − 2/6 ≈ 0.667 of its activations, the middle ones 1 − 2/14 ≈ 0.857; every layer's
+    exposure is priced at the middle stages' q (they hold the most compute, so the step waits on
+    them), while each stage's memory moves its own q."""
+    both, _ = on_off(mofa_predictor, {"activation_offload": {}}, vpp=1, first_stage_layers=6, last_stage_layers=6)
+    L, eff = both.state.layers["dense"], both.state.ctx.hardware.efficiency
+    q_first, q_mid = 1.0 - 2 / 6, 1.0 - 2 / 14
+    S, t_fwd = L.act_saved_bytes[1], L.fwd_s[1]
+    slowed = 1 + q_mid * (eff.contention_compute - 1)
+    close(L.offload_exposed_fwd_s[0], max(q_mid * eff.contention_comm * S / 31e9, slowed * t_fwd) - t_fwd)
+    assert L.offload_exposed_fwd_s[0] > max(q_first * eff.contention_comm * S / 31e9,
+                                            (1 + q_first * (eff.contention_compute - 1)) * t_fwd) - t_fwd
+    mem = both.state.mem
+    close(mem.host_bytes[0, 0], q_first * mem.activations_bytes[0, 1])
+    close(mem.host_bytes[1, 0], q_mid * mem.activations_bytes[1, 1])
+
+
 def test_activation_offload_megatron_arguments_count_the_layers(mofa_predictor):
     """Megatron-Core offloads ``--cpu-offloading-num-layers`` N of ``num_layers`` (N < num_layers,
     default 0 = nothing): LLaMA3-8B's 32 layers at PP 1, a quarter → 8, all → 31 (all but the
