@@ -34,8 +34,10 @@ class BridgeRecipe:
     substrings of the row's precision column (any one must occur), empty = any; ``since`` /
     ``until``: the first / last release ("26.06") whose preset has the setting, empty = no bound (a
     row whose release column names none does not match a bounded preset); ``cites``: when set, only
-    rows whose source reference contains it (a launch command printed in one document). A
-    layout-matched setting is used only if every preset version read agrees on it for that layout.
+    rows whose source reference contains it (a launch command printed in one document);
+    ``unmodelled``: what the run also did that no MoFa feature prices — its rows are validated but not
+    fitted to (a fit would take that cost for the hardware's). A layout-matched setting is used only if
+    every preset version read agrees on it for that layout.
     """
 
     models: tuple[str, ...]
@@ -47,6 +49,7 @@ class BridgeRecipe:
     since: str = ""
     until: str = ""
     cites: str = ""
+    unmodelled: str = ""
 
     def matches(self, model: str, hw: str, precision: str, layout: dict, release: str = "", reference: str = "") -> bool:
         if self.cites and self.cites not in reference:
@@ -303,10 +306,11 @@ MODEL_ZOO_COMMANDS: tuple[BridgeRecipe, ...] = (
                  source=_QWEN3_ZOO_SOURCE, layout={"tp": 1, "pp": 8, "vpp": 1, "ep": 8, "mbs": 1, "gbs": 8192},
                  features={"cuda_graphs": _GRAPHS_ATTN_ROUTER}),
     # GB200 MXFP8 (TP 1 PP 4 VPP 6 EP 64, MBS 3): A2A_OVERLAP=1, moe_act + layernorm recompute, the same
-    # graphs (its --fine-grained-activation-offloading of expert_fc1 and moe_act has no MoFa feature)
+    # graphs, and --fine-grained-activation-offloading of expert_fc1 and moe_act (no MoFa feature)
     BridgeRecipe(models=("qwen3-235b-a22b",), gpus=("gb200",), precision=("FP8",), cites=_QWEN3_ZOO,
                  source=_QWEN3_ZOO_SOURCE, layout={"tp": 1, "pp": 4, "vpp": 6, "ep": 64, "mbs": 3, "gbs": 3072},
-                 features={**_MOE_ACT_NORM, "cuda_graphs": _GRAPHS_ATTN_ROUTER, "ep_overlap": {}}),
+                 features={**_MOE_ACT_NORM, "cuda_graphs": _GRAPHS_ATTN_ROUTER, "ep_overlap": {}},
+                 unmodelled="--fine-grained-activation-offloading of expert_fc1 and moe_act"),
     # GB300 MXFP8 standard (TP 1 PP 4 EP 32, MBS 2, GBS 8192): the same graphs
     BridgeRecipe(models=("qwen3-235b-a22b",), gpus=("gb300",), precision=("FP8",), cites=_QWEN3_ZOO,
                  source=_QWEN3_ZOO_SOURCE, layout={"tp": 1, "pp": 4, "vpp": 1, "ep": 32, "mbs": 2, "gbs": 8192},

@@ -279,10 +279,12 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         par["document_length"] = NVIDIA_FINETUNE_DOCUMENT_LENGTH
     layout = {"tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "ep": ep, "mbs": mbs, "gbs": gbs, "fsdp": full_shard}
     recipes = (BRIDGE_RECIPES if ctx.source == "nvidia_megatron_bridge" else ()) + MODEL_ZOO_COMMANDS
+    unmodelled = ""
     for recipe in recipes:
         if recipe.matches(model.name, hw.name, ctx.text(r, "precision"), layout, ctx.text(r, "release"),
                           ctx.text(r, "source")):
             feats.update({k: dict(v) for k, v in recipe.features.items()})
+            unmodelled = unmodelled or recipe.unmodelled
     job = {"model": model_section, "hardware": {"name": hw.name, "num_gpus": num_gpus}, "parallel": par,
            "features": feats}
     # a step of the source's optimisation history (Megatron-Core's DeepSeek-V3 on GB200: 13 steps of one
@@ -291,14 +293,16 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     assumed = "; ".join(filter(None, (layout_note, layout_assumed,
                                       f"reduced-layer proxy: {proxy} layers" if proxy else "",
                                       "a step of the source's optimisation history: not for fitting" if history
-                                      else "")))
+                                      else "",
+                                      f"ran {unmodelled}, which MoFa does not price: not for fitting"
+                                      if unmodelled else "")))
     group = (ctx.source, model.name, hw.name, num_gpus, seq, ctx.text(r, "precision"), task)
     return MappedRow(source=ctx.source, reference=ref, row_id=rid, job=job, measured_s=measured, target=target,
                      group=group, measured_tflops=ctx.number(r, "model_tflops_per_gpu"),
                      tflops_convention="model FLOPs (NVIDIA)", measured_memory_gib=ctx.number(r, "peak_mem_gib"),
                      memory_counter=memory_counter(fw, notes),
                      notes=notes[:200], assumptions=assumed, ignore_constraints=ignore, variants=variants,
-                     fit=not history, framework=framework_generation(fw, ctx.text(r, "release")))
+                     fit=not (history or unmodelled), framework=framework_generation(fw, ctx.text(r, "release")))
 
 
 def _pipeline_layout(notes: str, source: str, model, pp: int, vpp: int) -> tuple[str, str]:
