@@ -1,6 +1,7 @@
 """The command line: listings, versions, and one-line errors with exit status 2."""
 
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -91,6 +92,22 @@ def test_predict_table_and_jsonl(run, tmp_path):
     assert r.exit_code == 0 and len(r.output.strip().splitlines()) == 2
     t = run("predict", str(job))
     assert "MFU" in t.output and "step time breakdown" in t.output
+
+
+def test_predict_says_how_much_hbm_is_left(run):
+    """The memory verdict gives the free GiB (HBM − peak) and calls a fit with less than a tenth of the
+    HBM left tight (MoFa's memory error on published peaks is 5–12 %): Mixtral 8×22B at TP 4, PP 1,
+    EP 8, offloading a quarter of its layers, peaks at 79.2 of 80 GiB."""
+    loose = run("predict", "--model", "llama3-8b", "--hardware", "h100-sxm5-80gb", "--gpus", "8", "--gbs", "32",
+                "--seq", "4096", "--tp", "4")
+    peak = float(re.search(r"peak memory ([0-9.]+) / 80 GiB", loose.output).group(1))
+    assert f"(fits, {80 - peak:.1f} GiB free)" in loose.output
+    tight = run("predict", "--model", "mixtral-8x22b", "--hardware", "h100-sxm5-80gb", "--gpus", "512", "--tp", "4",
+                "--pp", "1", "--ep", "8", "--etp", "2", "--mbs", "4", "--gbs", "1024", "--seq", "4096",
+                "--sequence-parallel", "--feature", "fsdp:reshard_after_forward=false",
+                "--feature", "activation_offload:fraction=0.25")
+    assert tight.exit_code == 0, tight.output
+    assert "GiB free — within the memory estimate's error" in tight.output
 
 
 @pytest.mark.parametrize("args, fragments", [
