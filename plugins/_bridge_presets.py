@@ -322,6 +322,12 @@ MODEL_ZOO_COMMANDS: tuple[BridgeRecipe, ...] = (
                  features=_MOE_ACT_NORM),
 )
 
+#: every preset and launch command the reader applies, each to the rows citing its document: the
+#: Megatron-Bridge presets to rows citing Megatron-Bridge's performance summaries (its source's), the
+#: model zoo's commands to rows citing its README
+PRESETS: tuple[BridgeRecipe, ...] = tuple(attrs.evolve(r, cites=r.cites or _MB) for r in BRIDGE_RECIPES) \
+    + MODEL_ZOO_COMMANDS
+
 
 #: Megatron-Bridge's DeepSeek-V3 pipeline layouts (``--pipeline-model-parallel-layout``) by the number
 #: of virtual stages pp·vpp: ``set_deepseek_v3_pipeline_model_parallel_layout`` (4, 8 and 16 stages,

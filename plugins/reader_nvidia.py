@@ -33,7 +33,7 @@ from mofa_framework import hookimpl
 from mofa_framework.measurements import ReadContext
 from mofa_framework.types import MappedRow, MeasurementReader, SkippedRow
 
-from ._bridge_presets import BRIDGE_RECIPES, GUIDE_STEPS, MODEL_ZOO_COMMANDS, bridge_layout, guide_features
+from ._bridge_presets import GUIDE_STEPS, PRESETS, bridge_layout, guide_features
 from ._frameworks import attention_kernel, loss_features, memory_counter
 from ._megatron import (
     UNEVEN_STAGES_IGNORED,
@@ -278,9 +278,8 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     if task in ("sft", "lora"):
         par["document_length"] = NVIDIA_FINETUNE_DOCUMENT_LENGTH
     layout = {"tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "ep": ep, "mbs": mbs, "gbs": gbs, "fsdp": full_shard}
-    recipes = (BRIDGE_RECIPES if ctx.source == "nvidia_megatron_bridge" else ()) + MODEL_ZOO_COMMANDS
     unmodelled = ""
-    for recipe in recipes:
+    for recipe in PRESETS:
         if recipe.matches(model.name, hw.name, ctx.text(r, "precision"), layout, ctx.text(r, "release"),
                           ctx.text(r, "source")):
             feats.update({k: dict(v) for k, v in recipe.features.items()})
