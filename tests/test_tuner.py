@@ -1286,6 +1286,8 @@ def test_memory_headroom_keeps_that_much_hbm_free(mofa_predictor, tmp_path):
     assert out.exit_code == 0 and "leaving 10 GiB of HBM free" in out.output
     bad = CliRunner().invoke(cli, ["tune", str(path), "--memory-headroom-gib", "80", "--no-progress"])
     assert bad.exit_code == 2 and "memory_headroom_gib: 80 GiB leaves none" in bad.output
+    bad = CliRunner().invoke(cli, ["tune", str(path), "--memory-headroom-gib", "nan", "--no-progress"])
+    assert bad.exit_code == 2 and bad.output.startswith("error: memory_headroom_gib: expected GiB ≥ 0")
     path.write_text(path.read_text() + "memory_headroom_gib = -2\n")
     bad = CliRunner().invoke(cli, ["tune", str(path), "--no-progress"])
     assert bad.exit_code == 2 and "search.memory_headroom_gib" in bad.output and "\n" not in bad.output.strip()
