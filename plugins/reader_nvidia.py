@@ -145,10 +145,16 @@ def fine_tuning(task: str) -> str | None:
 
 
 def _target(r: dict, ctx: ReadContext, model, fw: str, num_gpus: int, gbs, seq) -> tuple[float, str] | str:
-    """The measured or derived step time, else one from the TFLOPS under the framework's convention."""
+    """The measured or derived step time, else one from the throughput (tokens/s per GPU or in total:
+    exact, the global batch's tokens over the rate), else from the TFLOPS under the framework's
+    convention."""
     for col in ("step_time_s", "step_time_s_derived"):
         if (t := ctx.number(r, col)) is not None:
             return t, col
+    per_gpu, total = ctx.number(r, "tokens_per_sec_per_gpu"), ctx.number(r, "total_tokens_per_sec")
+    if gbs and seq and (per_gpu or total):
+        return (gbs * seq / (per_gpu * num_gpus), "tokens_per_sec_per_gpu") if per_gpu else (
+            gbs * seq / total, "total_tokens_per_sec")
     tflops = ctx.number(r, "model_tflops_per_gpu")
     conv = flops_convention(fw, model)
     if tflops and conv:

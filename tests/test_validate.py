@@ -1209,3 +1209,24 @@ def test_a_megatron_plain_row_without_tp_is_searched_an_fsdp_one_is_tp_1(tmp_pat
     assert "layout not stated" in r.assumptions and not r.variants
     (f,), _ = map_rows([tmp_path / "foundry.csv"], reg)
     assert f.job["parallel"]["tp"] == 1 and not f.variants and f.fit
+
+
+def test_nvidia_rows_with_only_a_throughput_derive_the_step_from_it(tmp_path, mofa_predictor):
+    """A row giving tokens/s per GPU (or in total) but no step time: step = global batch × sequence /
+    the rate, exact (no FLOPs convention), and preferred to the row's TFLOPS. Hand values: Llama 3 8B,
+    8 GPUs, 128 × 8192 tokens at 26,006 tokens/s/GPU → 1,048,576 / 208,048 = 5.0400 s."""
+    from mofa_framework.validate import map_rows
+
+    head = ("source_id,release,framework,task,model,system,gpu_type,num_gpus,precision,gbs,mbs,seq_len,fsdp,tp,pp,"
+            "cp,vp,ep,etp,dp,ga,tokens_per_sec_per_gpu,total_tokens_per_sec,model_tflops_per_gpu,notes\n")
+    p = tmp_path / "nvidia.csv"
+    p.write_text(head + "A,NeMo 25.02,NeMo 2.0,pretrain,LLAMA3-8B,DGX-B200,B200,8,FP8,128,2,8192,,1,1,1,1,1,,,8,"
+                        "26006,,1506,\n"
+                        "B,NeMo 25.02,NeMo 2.0,pretrain,LLAMA3-8B,DGX-B200,B200,8,FP8,128,2,8192,,1,1,1,1,1,,,8,"
+                        ",208048,,\n")
+    (a, b), skipped = map_rows([p], mofa_predictor.registry)
+    assert not skipped
+    assert a.measured_s == pytest.approx(128 * 8192 / (26006 * 8)) and a.measured_s == pytest.approx(5.0400, abs=1e-4)
+    assert a.target == "tokens_per_sec_per_gpu" and b.target == "total_tokens_per_sec"
+    assert b.measured_s == pytest.approx(128 * 8192 / 208048)
+
