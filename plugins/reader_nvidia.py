@@ -38,6 +38,7 @@ from ._frameworks import attention_kernel, loss_features, memory_counter
 from ._megatron import (
     UNEVEN_STAGES_IGNORED,
     UNSTATED_VPP_MIN_RATIO,
+    bf16_gradient_reduction,
     framework_generation,
     megatron_core_recipe,
     precision,
@@ -274,6 +275,9 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         if layout_source:
             layout_assumed = f"pipeline layout {layout} from {layout_source}"
     feats = megatron_core_recipe(tp, pp, cp, full_shard)
+    if bf16_gradient_reduction(fw, ctx.text(r, "release"), ctx.text(r, "precision")):
+        shard = "fsdp" if full_shard else "distributed_optimizer"
+        feats[shard] = {**feats[shard], "grad_reduce_dtype": "bf16"}
     if lowp:
         feats[lowp] = dict(lowp_options)
     feats.update(_note_features(notes, model, ep))

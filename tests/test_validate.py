@@ -1230,3 +1230,28 @@ def test_nvidia_rows_with_only_a_throughput_derive_the_step_from_it(tmp_path, mo
     assert a.target == "tokens_per_sec_per_gpu" and b.target == "total_tokens_per_sec"
     assert b.measured_s == pytest.approx(128 * 8192 / 208048)
 
+
+def test_nemo2_and_megatron_bridge_rows_reduce_gradients_as_their_performance_scripts_do():
+    """NeMo 2.0's performance scripts set ``grad_reduce_in_fp32 = False`` for FP8 runs from 25.02 and
+    for every run from 25.07; Megatron-Bridge's presets keep it. NeMo 1 (24.x) and NeMo 2.0's BF16
+    runs before 25.07 reduce in fp32 (the ``bf16_mixed`` plugin's default)."""
+    from mofa_plugins._megatron import bf16_gradient_reduction as bf16
+
+    assert bf16("NeMo 2.0", "NeMo 25.02", "FP8") and bf16("NeMo 2.0", "NeMo 25.04.rc2", "MXFP8")
+    assert not bf16("NeMo 2.0", "NeMo 25.04", "BF16") and bf16("NeMo 2.0", "NeMo 25.07", "BF16")
+    assert bf16("Megatron-Bridge", "NeMo 25.09", "BF16") and bf16("Megatron-Bridge", "NeMo 26.06", "NVFP4")
+    assert not bf16("NeMo (1.0/Megatron)", "NeMo 24.07", "FP8") and not bf16("NeMo", "NeMo 24.03.01", "FP8")
+    assert not bf16("Megatron-Core (moe_dev/main branches, 2025)", "", "FP8")
+    assert not bf16("Megatron-Bridge", "", "BF16")  # no release: the default fp32 reduction
+
+
+def test_nvidia_rows_carry_the_gradient_reduction_into_the_sharding_feature(mofa_predictor):
+    from mofa_framework.validate import map_rows
+
+    mapped, _ = map_rows([DATA / "nvidia_megatron_bridge.csv", DATA / "nemo_2407.csv"], mofa_predictor.registry)
+    feats = {m.row_id: m.job["features"] for m in mapped}
+    assert feats["MB-ARC-073"]["distributed_optimizer"]["grad_reduce_dtype"] == "bf16"
+    fsdp = [f for rid, f in feats.items() if rid.startswith("MB-") and "fsdp" in f]
+    assert fsdp and all(f["fsdp"].get("grad_reduce_dtype") == "bf16" for f in fsdp)
+    nemo1 = [f for rid, f in feats.items() if rid.startswith("NEMO2407")]
+    assert nemo1 and all("grad_reduce_dtype" not in f.get("distributed_optimizer", {}) for f in nemo1)
