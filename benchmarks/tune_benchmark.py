@@ -47,6 +47,9 @@ EXHAUSTIVE = [
     ("MoE: deepseek-v3, TP 2, PP 8, EP 64", "deepseek-v3", "h800-sxm5-80gb", 2048, 15360, 4096,
      {"tp": (2,), "pp": (8,), "ep": (64,), "etp": (1,)}),
 ]
+#: the installed package names whose folders differ (pyproject's package-dir): another checkout's are
+#: linked under these names, else its plugins would run on this checkout's profiles and models
+TREE_PACKAGES = {"mofa_plugins": "plugins", "mofa_hardware_profiles": "hardware_profiles", "mofa_model_zoo": "model_zoo"}
 CASES = [c[0] for c in (CLI_CASE, *SEARCHES)] + [f"exhaustive-{i}" for i in range(len(EXHAUSTIVE))]
 
 
@@ -115,12 +118,13 @@ def measure(name: str, tree: Path | None, timeout_s: float | None = None) -> dic
     """Run one case in a fresh process; add its whole-process CPU time, wall time and peak RSS
     (or, past `timeout_s` of wall time, stop it and say how far it got)."""
     env = dict(os.environ)
-    if tree is not None:  # another checkout: its core and its plugins
+    if tree is not None:  # another checkout: its core, plugins, hardware profiles and models
         shim = Path(os.environ.get("TMPDIR", "/tmp")) / f"mofa-bench-{os.getpid()}"
         shim.mkdir(exist_ok=True)
-        link = shim / "mofa_plugins"
-        if not link.exists():
-            link.symlink_to(tree.resolve() / "plugins")
+        for package, folder in TREE_PACKAGES.items():
+            link = shim / package
+            if not link.exists():
+                link.symlink_to(tree.resolve() / folder)
         env["PYTHONPATH"] = os.pathsep.join([str(tree.resolve()), str(shim)])
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # start-up as installed (cached bytecode)
     t0 = time.perf_counter()
