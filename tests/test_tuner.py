@@ -1264,15 +1264,15 @@ def test_tune_offloads_only_the_layers_memory_needs(mofa_predictor):
 
 def test_memory_headroom_keeps_that_much_hbm_free(mofa_predictor, tmp_path):
     """A headroom of h GiB: every configuration kept peaks at most HBM − h (the search's floors and
-    each leaf's fit alike). Mixtral 8×22B at TP 4, PP 1, EP 8 on 512 H100s fills the GPU to 79.2 GiB
-    without one; with 10 GiB the best peaks under 70 GiB and is slower or as fast; the same from the
+    each leaf's fit alike). Mixtral 8×22B at TP 4, PP 1, EP 8 on 512 H100s nearly fills the GPU
+    without one (78.6 GiB of 80); with 10 GiB the best peaks under 70 GiB and is slower or as fast; the same from the
     job file's [search] table, from the CLI flag (the headline says so) and Predictor.tune."""
     job = {"model": {"name": "mixtral-8x22b"}, "hardware": {"name": "h100-sxm5-80gb", "num_gpus": 512},
            "parallel": {"global_batch_size": 1024, "sequence_length": 4096},
            "search": {"tp": [4], "pp": [1], "ep": [8], "micro_batch_size": [4], "schedules": ["1f1b"]}}
     free = mofa_predictor.tune(job, top_k=1)
     roomy = mofa_predictor.tune(job, top_k=3, memory_headroom_gib=10)
-    assert free.best[0].peak_memory_gib > 79 and free.memory_headroom_gib == 0
+    assert free.best[0].peak_memory_gib > 75 and free.memory_headroom_gib == 0
     assert roomy.memory_headroom_gib == 10 and all(c.peak_memory_gib <= 70 for c in roomy.best)
     assert roomy.best[0].step_time_s >= free.best[0].step_time_s
     from_table = mofa_predictor.tune({**job, "search": {**job["search"], "memory_headroom_gib": 10}}, top_k=1)
