@@ -68,24 +68,26 @@ def megatron_core_recipe(tp: int, pp: int, cp: int, full_shard: bool) -> dict[st
 
 #: NeMo 2.0's performance scripts (NVIDIA/NeMo ``scripts/performance``) reduce gradients in bf16
 #: (``recipe.trainer.plugins.grad_reduce_in_fp32 = False``) in every FP8 run since their 2025-02
-#: restructuring (81d94d1501, 25.02), and in every run from the 25.07 refactor on ("bf16 grads for bf16
-#: jobs", 5cb6e3f4fb); Megatron-Bridge's presets (25.09 on) keep that. Earlier BF16 runs used
-#: ``bf16_mixed()``'s fp32 reduction
+#: restructuring (81d94d1501: release 25.02), and in every run from the 25.07 refactor on ("bf16 grads for
+#: bf16 jobs", 5cb6e3f4fb); Megatron-Bridge's presets (25.09 on) keep that. Earlier runs, NeMo 1's included,
+#: used the fp32 reduction (``bf16_mixed()``'s default)
+BF16_GRADS_LOW_PRECISION_SINCE = (25, 2)
 BF16_GRADS_ALL_PRECISIONS_SINCE = (25, 7)
-NEMO2_OR_BRIDGE = re.compile(r"nemo 2\.0|nemo2|megatron-bridge", re.I)
+NEMO_OR_BRIDGE = re.compile(r"nemo|megatron-bridge", re.I)
 
 
 def bf16_gradient_reduction(framework: str, release: str, precision_text: str) -> bool:
-    """Whether a NeMo 2.0 / Megatron-Bridge performance run reduced its gradients in bf16 (see
-    :data:`BF16_GRADS_ALL_PRECISIONS_SINCE`); False for every other stack and for NeMo 2.0's BF16
-    runs before 25.07."""
-    if not NEMO2_OR_BRIDGE.search(framework):
+    """Whether a NeMo / Megatron-Bridge performance run reduced its gradients in bf16: an FP8 / FP4 run
+    from release 25.02, any run from 25.07 (see :data:`BF16_GRADS_ALL_PRECISIONS_SINCE`); False for
+    every other stack and for a row whose release is not stated."""
+    if not NEMO_OR_BRIDGE.search(framework):
         return False
     m = re.search(r"\b(\d{2})\.(\d{2})\b", release or "")
     if m is None:
         return False
+    key = (int(m.group(1)), int(m.group(2)))
     low_precision = re.search(r"fp8|fp4|float8", precision_text, re.I) is not None
-    return low_precision or (int(m.group(1)), int(m.group(2))) >= BF16_GRADS_ALL_PRECISIONS_SINCE
+    return key >= BF16_GRADS_ALL_PRECISIONS_SINCE or (low_precision and key >= BF16_GRADS_LOW_PRECISION_SINCE)
 
 
 def uneven_pipeline(num_layers: int, pp: int, vpp: int) -> dict[str, int]:

@@ -1244,6 +1244,8 @@ def test_nemo2_and_megatron_bridge_rows_reduce_gradients_as_their_performance_sc
     assert not bf16("NeMo 2.0", "NeMo 25.04", "BF16") and bf16("NeMo 2.0", "NeMo 25.07", "BF16")
     assert bf16("Megatron-Bridge", "NeMo 25.09", "BF16") and bf16("Megatron-Bridge", "NeMo 26.06", "NVFP4")
     assert not bf16("NeMo (1.0/Megatron)", "NeMo 24.07", "FP8") and not bf16("NeMo", "NeMo 24.03.01", "FP8")
+    # the framework column may say only "NeMo": the release decides
+    assert bf16("NeMo", "NeMo 25.02", "FP8") and not bf16("NeMo", "NeMo 24.12", "FP8")
     assert not bf16("Megatron-Core (moe_dev/main branches, 2025)", "", "FP8")
     assert not bf16("Megatron-Bridge", "", "BF16")  # no release: the default fp32 reduction
 
