@@ -34,7 +34,7 @@ IGNORED_FLAGS = frozenset("""
 --mscale-all-dim --no-rope-fusion --no-position-embedding --use-rotary-position-embeddings --weight-decay
 --adam-beta1 --adam-beta2 --adam-eps --sgd-momentum --optimizer --transformer-impl --spec --enable-experimental
 --no-check-for-nan-in-loss-and-grad --check-for-large-grads --no-mmap-bin-files --no-create-attention-mask-in-dataloader
---fp8-amax-history-len --fp8-amax-compute-algo --fp8-param-gather --fp8-margin --fp8-interval --fp8-wgrad
+--fp8-amax-history-len --fp8-amax-compute-algo --fp8-margin --fp8-interval --fp8-wgrad
 --fp4-param-gather --first-last-layers-bf16 --num-layers-at-start-in-bf16 --moe-router-load-balancing-type
 --moe-aux-loss-coeff --moe-z-loss-coeff --moe-router-pre-softmax --moe-grouped-gemm --moe-permute-fusion
 --moe-router-fusion --moe-router-dtype --moe-router-score-function --moe-router-enable-expert-bias

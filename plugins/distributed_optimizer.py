@@ -23,6 +23,9 @@ without parameter resharding) also keeps only ``1/D`` of the fp32 gradient buffe
 bucket is reduce-scattered and freed as it completes, so ``M = P·2 + P·(4 + 12)/D``; the
 communication is unchanged.
 
+With the ``fp8`` feature's ``fp8_params`` (Megatron ``--fp8-param-gather``) the parameters are
+all-gathered in FP8: 1 byte per parameter instead of 2 (:func:`param_gather_bytes`).
+
 Option ``grad_reduce_dtype`` (``fp32`` default: Megatron's fp32 main-grad buffer; ``bf16``:
 Megatron-LM ``--grad-reduce-in-bf16``, NeMo's ``grad_sync_dtype = bf16``) sets the dtype of the
 gradient buffer and of its reduce-scatter, d_g = 4 or 2 bytes per parameter: the reduce-scatter
@@ -42,8 +45,9 @@ from mofa_framework.types import MemoryOptimizer, option
 
 #: optimizer state bytes per parameter (fp32 master + Adam m + v)
 STATE_BYTES = 12.0
-#: bytes per parameter of the all-gathered bf16 weights
+#: bytes per parameter of the all-gathered bf16 weights, and of FP8 ones (``fp8`` with ``fp8_params``)
 PARAM_BYTES = 2.0
+FP8_PARAM_BYTES = 1.0
 #: gradient-reduction dtypes: the main-grad dtype (fp32 for bf16 jobs) or bf16
 GRAD_REDUCE_DTYPES = ("fp32", "bf16")
 
@@ -68,6 +72,14 @@ def reduce_grad_bytes(batch) -> np.ndarray:
     return gb
 
 
+def param_gather_bytes(batch) -> np.ndarray:
+    """Bytes per parameter of the all-gathered parameters: 2 (bf16), 1 where the weights are FP8
+    tensors (``fp8`` with ``fp8_params``)."""
+    from mofa_plugins.fp8 import fp8_param_rows
+
+    return np.where(fp8_param_rows(batch), FP8_PARAM_BYTES, PARAM_BYTES)
+
+
 def dp_sizes(state):
     """(D_dense, D_expert) as float arrays over the batch."""
     (d_size, _), (e_size, _) = _dp_groups(state.ctx, state.batch)
@@ -83,18 +95,18 @@ def local_params(state):
 
 
 def sharded_dp_comm_s(state) -> np.ndarray:
-    """Reduce-scatter of the gradients + all-gather of bf16 parameters, dense and expert groups."""
+    """Reduce-scatter of the gradients + all-gather of the parameters (bf16, or FP8), dense and expert groups."""
     ctx, batch = state.ctx, state.batch
     (d_size, d_stride), (e_size, e_stride) = _dp_groups(ctx, batch)
     p_dense, p_expert = local_params(state)
-    gb = reduce_grad_bytes(batch)
+    gb, pb = reduce_grad_bytes(batch), param_gather_bytes(batch)
     total = np.zeros(len(batch))
     for label, grad, params, size, stride in (
             ("dense", p_dense * gb, p_dense, d_size, d_stride),
             ("expert", p_expert * gb, p_expert, e_size, e_stride)):
         rs = Coll(name=f"dp_{label}_grad_rs", parallel="dp", kind=REDUCE_SCATTER, bytes=grad, group_size=size,
                   stride=stride)
-        ag = Coll(name=f"dp_{label}_param_ag", parallel="dp", kind=ALL_GATHER, bytes=params * PARAM_BYTES,
+        ag = Coll(name=f"dp_{label}_param_ag", parallel="dp", kind=ALL_GATHER, bytes=params * pb,
                   group_size=size, stride=stride)
         # a group with nothing to reduce (no expert parameters) costs nothing, not a latency
         # sizes depend on the structure only: priced once per structure in a tuning search

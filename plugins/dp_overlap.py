@@ -27,7 +27,8 @@ Which collectives:
 - with the distributed optimizer (``distributed_optimizer``, or ``cpu_optimizer`` with
   ``shard = true``) ``opt.dp_comm_s`` is reduce-scatter + all-gather; it is split between
   them by bytes: gradients ``d_g`` bytes/parameter (4 with fp32 main grads, 2 with fp16 or
-  a bf16 gradient reduction), parameters 2 (so RS = 2/3, AG = 1/3 with bf16); ``fsdp`` rows
+  a bf16 gradient reduction), parameters 2 (1 with ``fp8``'s ``fp8_params``; so RS = 2/3, AG = 1/3
+  with fp32 gradients and bf16 parameters); ``fsdp`` rows
   keep only the per-step remainder (embedding, head) here, split the same way;
 - without it the DP communication is an all-reduce (= RS + AG of the same gradients, two
   halves) issued per chunk in the cooldown as its gradients complete (Megatron's
@@ -74,7 +75,7 @@ import numpy as np
 from mofa_framework import hookimpl
 from mofa_framework.types import OverlapStrategy, option
 from mofa_plugins._overlap import ContentionOptions, _positive_int, contention, opt
-from mofa_plugins.distributed_optimizer import dp_sizes, local_params, reduce_grad_bytes
+from mofa_plugins.distributed_optimizer import dp_sizes, local_params, param_gather_bytes, reduce_grad_bytes
 
 #: bytes per parameter of the all-gathered (bf16) parameters
 PARAM_BYTES = 2.0
@@ -145,7 +146,8 @@ def optimizer(state, rows):
     k = opt(rows, "buckets_per_chunk", 1.0)
     k_last = last_chunk_buckets(state, rows, k)
     grad_bytes = reduce_grad_bytes(batch)
-    rs_share = np.where(sharded_rows(batch), grad_bytes / (grad_bytes + PARAM_BYTES), 1.0)
+    param_bytes = np.where(np.asarray(batch.feature("fsdp").enabled, bool), PARAM_BYTES, param_gather_bytes(batch))
+    rs_share = np.where(sharded_rows(batch), grad_bytes / (grad_bytes + param_bytes), 1.0)
     comm = o.dp_comm_s
     rs, ag = comm * rs_share, comm * (1.0 - rs_share)
     # micro-batches of one chunk the first stage runs back to back between two chunks' collectives

@@ -44,6 +44,16 @@ publishes FP8-CS and MXFP8 runs of the same layouts, MXFP8 2–12 % slower, but 
 held-out error improves with it — see ``docs/features/memory.md``). Blockwise GEMMs are left at the
 fp8 rate (one published row; nothing to fit).
 
+**FP8 primary weights** (``fp8_params``, Megatron ``--fp8-param-gather``; NeMo 2.0's and
+Megatron-Bridge's FP8 precision configs set it for the delayed, current-scaling and MXFP8 recipes).
+Transformer Engine creates the GEMM weights as FP8 tensors (``fp8_model_init``): the optimizer keeps
+its fp32 master copy, and no bf16 copy of those weights is kept (``weights −= 2 · P_gemm`` bytes);
+the distributed optimizer all-gathers the updated parameters in FP8, 1 byte per parameter instead of
+2 (``distributed_optimizer``'s all-gather, and ``dp_overlap``'s split between its two collectives,
+read it). The embedding, the output layer and the norms stay bf16 but are counted at 1 byte in that
+all-gather too (a few per cent of its bytes in the smallest models). Megatron-FSDP does not gather
+FP8 parameters (NeMo turns it off there): ``fsdp`` rows keep bf16 gathers.
+
 **torchao's Float8Linear** (torchtitan's ``[quantize.linear.float8]``) differs from Transformer
 Engine in three ways the options carry. ``recipe = "rowwise"``: one fp32 scale per row along the
 reduction dimension (negligible bytes), so the backward needs the column-wise copy too, and torchao
@@ -73,6 +83,8 @@ CAST_BYTES = 3.0
 #: scaling recipes (Megatron ``--fp8-recipe``) → scale-factor bytes per element of a block-scaled
 #: copy (None: per-tensor scales, one fp8 copy per cast)
 RECIPES = {"delayed": None, "tensorwise": None, "mxfp8": 1.0 / 32.0, "blockwise": 4.0 / 128.0, "rowwise": 0.0}
+#: bytes per element of the bf16 weight copy FP8 primary weights drop
+BF16_BYTES = 2.0
 #: recipes whose two orientations are quantised by two separate casts (each reads the bf16 tensor
 #: and writes one fp8 copy) rather than one fused cast-transpose
 SEPARATE_CASTS = ("rowwise",)
@@ -91,6 +103,8 @@ class Fp8Options:
     weight_cache: bool = option(True, doc="keep the quantised weights across micro-batches (Transformer Engine); "
                                           "false: each GEMM weight is cast in every forward and again, transposed, in "
                                           "every backward and no copy is kept (torchao's Float8Linear)")
+    fp8_params: bool = option(False, doc="GEMM weights kept in FP8 only, no bf16 copy, and all-gathered in FP8 by "
+                                         "the distributed optimizer (Megatron --fp8-param-gather)")
 
 
 def _scale_bytes(rows) -> np.ndarray:
@@ -129,13 +143,29 @@ def memory(state, rows):
     # block-scaled: both orientations always; per-tensor: the transposed copy if cached
     copies = np.where(np.isfinite(scale) | (rows.options["transpose_cache"] > 0.5), 2.0, 1.0)
     copies = np.where(rows.options["weight_cache"] > 0.5, copies, 0.0)  # cast when used, none kept
-    return with_weight_copies(state, (1.0 + np.nan_to_num(scale)) * copies)
+    # FP8 primary weights: the bf16 copy of each GEMM weight is not kept
+    bf16_copy = np.where(rows.options["fp8_params"] > 0.5, BF16_BYTES, 0.0)
+    return with_weight_copies(state, (1.0 + np.nan_to_num(scale)) * copies - bf16_copy)
+
+
+def fp8_param_rows(batch) -> np.ndarray:
+    """Rows whose GEMM weights are FP8 tensors (``fp8`` on with ``fp8_params``)."""
+    rows = batch.feature("fp8")
+    if "fp8_params" not in rows.options:
+        return np.zeros(len(batch), bool)
+    return np.asarray(rows.enabled, bool) & (np.asarray(rows.options["fp8_params"]) > 0.5)
 
 
 @hookimpl
 def mofa_candidate_constraints(batch, model, hardware):
     yield from needs_format(batch, hardware, "fp8", "fp8", "FP8")
     rows = batch.feature("fp8")
+    if rows.enabled.any() and "fp8_params" in rows.options:
+        torchao = rows.choice("recipe", "rowwise") | (np.asarray(rows.options["weight_cache"]) < 0.5)
+        yield ConstraintResult(
+            name="fp8_params_needs_te_weights", feasible=~(fp8_param_rows(batch) & torchao),
+            reason="features.fp8.fp8_params = true needs Transformer Engine's FP8 weights (recipe delayed, "
+                   "tensorwise, mxfp8 or blockwise with weight_cache = true): set fp8_params = false")
     if rows.enabled.any() and "fp4" not in hardware.compute.peak_tflops:
         yield ConstraintResult(
             name="fp8_mxfp8_tensor_cores", feasible=~(rows.enabled & rows.choice("recipe", "mxfp8")),
@@ -149,17 +179,18 @@ def megatron_args(options) -> list[str]:
         weights = ", weights cast every micro-batch" if not o.weight_cache else ""
         return [f"# fp8 as torchao's Float8Linear ({o.recipe} scaling{weights}): no Megatron-LM recipe does this; "
                 "torchtitan's --quantize.linear.float8.recipe_name"]
-    return ["--fp8-format", "hybrid", "--fp8-recipe", o.recipe]
+    return ["--fp8-format", "hybrid", "--fp8-recipe", o.recipe, *(["--fp8-param-gather"] if o.fp8_params else [])]
 
 
 def from_megatron(args):
     """``--fp8-format`` (hybrid or e4m3) turns it on; ``--fp8-recipe`` is the scaling recipe
-    (Megatron's default: delayed)."""
+    (Megatron's default: delayed); ``--fp8-param-gather`` keeps the weights in FP8 (``fp8_params``)."""
     fmt = args.value("--fp8-format")
     recipe = args.value("--fp8-recipe", "delayed")
     if fmt is None:
         return None
-    return {"recipe": recipe} if recipe in RECIPES else {}
+    params = {"fp8_params": True} if args.has("--fp8-param-gather") else {}
+    return {"recipe": recipe, **params} if recipe in RECIPES else params
 
 
 FEATURE = CostTransform(

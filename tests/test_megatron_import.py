@@ -139,9 +139,9 @@ def test_llama3_70b_interleaved_fp8(registry):
     assert r.job["features"] == {
         "tp_overlap": {}, "cp_overlap": {}, "pp_overlap": {},  # interleaved: Megatron overlaps p2p by default
         "distributed_optimizer": {"grad_reduce_dtype": "fp32"}, "dp_overlap": {},
-        "recompute": {"granularity": "full", "num_layers": 2}, "fp8": {"recipe": "tensorwise"}}
+        "recompute": {"granularity": "full", "num_layers": 2}, "fp8": {"recipe": "tensorwise", "fp8_params": True}}
     assert r.unknown == ("--my-cluster-flag",)  # listed, not fatal
-    assert "--fp8-param-gather" in r.ignored
+    assert "--fp8-param-gather" not in r.ignored  # read: FP8 weights, gathered in FP8
 
 
 def test_mixtral_moe(registry):
