@@ -90,6 +90,18 @@ def bf16_gradient_reduction(framework: str, release: str, precision_text: str) -
     return key >= BF16_GRADS_ALL_PRECISIONS_SINCE or (low_precision and key >= BF16_GRADS_LOW_PRECISION_SINCE)
 
 
+def fp8_primary_weights(framework: str, release: str, recipe: str) -> bool:
+    """Whether a NeMo / Megatron-Bridge FP8 performance run kept its weights in FP8 (``fp8_param_gather``):
+    their precision configs ``bf16_with_fp8_mixed`` (delayed), ``bf16_with_fp8_current_scaling_mixed``
+    and ``bf16_with_mxfp8_mixed`` set it, the blockwise (sub-channel) one does not; for runs of NeMo
+    2.0's performance scripts (release 25.02 on) and Megatron-Bridge's. The caller leaves Megatron-FSDP
+    rows out (NeMo turns it off there)."""
+    if not NEMO_OR_BRIDGE.search(framework) or recipe == "blockwise":
+        return False
+    m = re.search(r"\b(\d{2})\.(\d{2})\b", release or "")
+    return m is not None and (int(m.group(1)), int(m.group(2))) >= BF16_GRADS_LOW_PRECISION_SINCE
+
+
 def uneven_pipeline(num_layers: int, pp: int, vpp: int) -> dict[str, int]:
     """Stage sizes when pp·vpp does not divide the layers.
 

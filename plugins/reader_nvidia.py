@@ -39,6 +39,7 @@ from ._megatron import (
     UNEVEN_STAGES_IGNORED,
     UNSTATED_VPP_MIN_RATIO,
     bf16_gradient_reduction,
+    fp8_primary_weights,
     framework_generation,
     megatron_core_recipe,
     precision,
@@ -280,6 +281,9 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         feats[shard] = {**feats[shard], "grad_reduce_dtype": "bf16"}
     if lowp:
         feats[lowp] = dict(lowp_options)
+    if lowp == "fp8" and not full_shard and fp8_primary_weights(fw, ctx.text(r, "release"),
+                                                                lowp_options.get("recipe", "delayed")):
+        feats["fp8"]["fp8_params"] = True
     feats.update(_note_features(notes, model, ep))
     feats.update(_guide_step_features(notes))
     feats.update(loss_features(fw, f"{notes} {ctx.text(r, 'release')} {ctx.text(r, 'source')}"))

@@ -1260,3 +1260,22 @@ def test_nvidia_rows_carry_the_gradient_reduction_into_the_sharding_feature(mofa
     assert fsdp and all(f["fsdp"].get("grad_reduce_dtype") == "bf16" for f in fsdp)
     nemo1 = [f for rid, f in feats.items() if rid.startswith("NEMO2407")]
     assert nemo1 and all("grad_reduce_dtype" not in f.get("distributed_optimizer", {}) for f in nemo1)
+
+
+def test_nemo2_and_megatron_bridge_fp8_rows_keep_fp8_weights(mofa_predictor):
+    """Their FP8 precision configs set fp8_param_gather (delayed, current scaling, MXFP8), the blockwise
+    one does not, and NeMo turns it off under Megatron-FSDP: the reader gives ``fp8_params`` to the
+    rest of their FP8 rows; NeMo 1 and the MoE model zoo keep bf16 weights."""
+    from mofa_framework.validate import map_rows
+    from mofa_plugins._megatron import fp8_primary_weights as fp8w
+
+    assert fp8w("Megatron-Bridge", "NeMo 26.04", "mxfp8") and fp8w("NeMo 2.0", "NeMo 25.02", "delayed")
+    assert not fp8w("Megatron-Bridge", "NeMo 25.09", "blockwise") and not fp8w("NeMo", "NeMo 24.07", "delayed")
+    mapped, _ = map_rows([DATA / "nvidia_megatron_bridge.csv", DATA / "nemo_2407.csv", DATA / "megatron_core_moe.csv"],
+                         mofa_predictor.registry)
+    fp8 = {m.row_id: m.job["features"] for m in mapped if "fp8" in m.job["features"]}
+    assert fp8["MB-ARC-073"]["fp8"].get("fp8_params") is True  # DeepSeek-V3 MXFP8 on B200
+    assert "fp8_params" not in fp8["MB-ARC-273"]["fp8"]  # FP8 blockwise on H100
+    fsdp = [f for rid, f in fp8.items() if rid.startswith("MB-") and "fsdp" in f]
+    assert fsdp and all("fp8_params" not in f["fp8"] for f in fsdp)
+    assert all("fp8_params" not in f["fp8"] for rid, f in fp8.items() if not rid.startswith("MB-"))
