@@ -13,6 +13,8 @@ import re
 import attrs
 
 from mofa_framework.measurements import layout_variants
+
+from ._bridge_presets import release_key
 from mofa_framework.types import MappedRow
 
 #: frameworks whose published runs use Megatron-Core's performance recipes
@@ -71,23 +73,25 @@ def megatron_core_recipe(tp: int, pp: int, cp: int, full_shard: bool) -> dict[st
 #: restructuring (81d94d1501: release 25.02), and in every run from the 25.07 refactor on ("bf16 grads for
 #: bf16 jobs", 5cb6e3f4fb); Megatron-Bridge's presets (25.09 on) keep that. Earlier runs, NeMo 1's included,
 #: used the fp32 reduction (``bf16_mixed()``'s default)
-BF16_GRADS_LOW_PRECISION_SINCE = (25, 2)
+NEMO2_SCRIPTS_SINCE = (25, 2)
 BF16_GRADS_ALL_PRECISIONS_SINCE = (25, 7)
 NEMO_OR_BRIDGE = re.compile(r"nemo|megatron-bridge", re.I)
+
+
+def _nemo2_release(framework: str, release: str) -> tuple[int, int] | None:
+    """(year, month) of a NeMo / Megatron-Bridge run from NeMo 2.0's performance scripts on (release
+    25.02), else None (another stack, an earlier release, or none stated)."""
+    key = release_key(release) if NEMO_OR_BRIDGE.search(framework) else None
+    return key if key is not None and key >= NEMO2_SCRIPTS_SINCE else None
 
 
 def bf16_gradient_reduction(framework: str, release: str, precision_text: str) -> bool:
     """Whether a NeMo / Megatron-Bridge performance run reduced its gradients in bf16: an FP8 / FP4 run
     from release 25.02, any run from 25.07 (see :data:`BF16_GRADS_ALL_PRECISIONS_SINCE`); False for
     every other stack and for a row whose release is not stated."""
-    if not NEMO_OR_BRIDGE.search(framework):
-        return False
-    m = re.search(r"\b(\d{2})\.(\d{2})\b", release or "")
-    if m is None:
-        return False
-    key = (int(m.group(1)), int(m.group(2)))
+    key = _nemo2_release(framework, release)
     low_precision = re.search(r"fp8|fp4|float8", precision_text, re.I) is not None
-    return key >= BF16_GRADS_ALL_PRECISIONS_SINCE or (low_precision and key >= BF16_GRADS_LOW_PRECISION_SINCE)
+    return key is not None and (low_precision or key >= BF16_GRADS_ALL_PRECISIONS_SINCE)
 
 
 def fp8_primary_weights(framework: str, release: str, recipe: str) -> bool:
@@ -96,10 +100,7 @@ def fp8_primary_weights(framework: str, release: str, recipe: str) -> bool:
     and ``bf16_with_mxfp8_mixed`` set it, the blockwise (sub-channel) one does not; for runs of NeMo
     2.0's performance scripts (release 25.02 on) and Megatron-Bridge's. The caller leaves Megatron-FSDP
     rows out (NeMo turns it off there)."""
-    if not NEMO_OR_BRIDGE.search(framework) or recipe == "blockwise":
-        return False
-    m = re.search(r"\b(\d{2})\.(\d{2})\b", release or "")
-    return m is not None and (int(m.group(1)), int(m.group(2))) >= BF16_GRADS_LOW_PRECISION_SINCE
+    return recipe != "blockwise" and _nemo2_release(framework, release) is not None
 
 
 def uneven_pipeline(num_layers: int, pp: int, vpp: int) -> dict[str, int]:

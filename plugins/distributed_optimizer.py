@@ -42,6 +42,7 @@ from mofa_framework import hookimpl
 from mofa_framework.decompose import ALL_GATHER, REDUCE_SCATTER, Coll
 from mofa_framework.engine import _dp_groups, _grad_bytes_per_param
 from mofa_framework.types import MemoryOptimizer, option
+from mofa_plugins.fp8 import fp8_param_rows
 
 #: optimizer state bytes per parameter (fp32 master + Adam m + v)
 STATE_BYTES = 12.0
@@ -75,8 +76,6 @@ def reduce_grad_bytes(batch) -> np.ndarray:
 def param_gather_bytes(batch) -> np.ndarray:
     """Bytes per parameter of the all-gathered parameters: 2 (bf16), 1 where the weights are FP8
     tensors (``fp8`` with ``fp8_params``)."""
-    from mofa_plugins.fp8 import fp8_param_rows
-
     return np.where(fp8_param_rows(batch), FP8_PARAM_BYTES, PARAM_BYTES)
 
 

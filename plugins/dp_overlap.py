@@ -77,8 +77,6 @@ from mofa_framework.types import OverlapStrategy, option
 from mofa_plugins._overlap import ContentionOptions, _positive_int, contention, opt
 from mofa_plugins.distributed_optimizer import dp_sizes, local_params, param_gather_bytes, reduce_grad_bytes
 
-#: bytes per parameter of the all-gathered (bf16) parameters
-PARAM_BYTES = 2.0
 #: Megatron-Core's default gradient bucket: max(MIN, PER_RANK × DP×CP) parameters
 #: (megatron/core/distributed/distributed_data_parallel.py)
 MEGATRON_MIN_BUCKET_PARAMS = 40_000_000.0
@@ -146,8 +144,7 @@ def optimizer(state, rows):
     k = opt(rows, "buckets_per_chunk", 1.0)
     k_last = last_chunk_buckets(state, rows, k)
     grad_bytes = reduce_grad_bytes(batch)
-    param_bytes = np.where(np.asarray(batch.feature("fsdp").enabled, bool), PARAM_BYTES, param_gather_bytes(batch))
-    rs_share = np.where(sharded_rows(batch), grad_bytes / (grad_bytes + param_bytes), 1.0)
+    rs_share = np.where(sharded_rows(batch), grad_bytes / (grad_bytes + param_gather_bytes(batch)), 1.0)
     comm = o.dp_comm_s
     rs, ag = comm * rs_share, comm * (1.0 - rs_share)
     # micro-batches of one chunk the first stage runs back to back between two chunks' collectives

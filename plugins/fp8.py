@@ -52,7 +52,7 @@ the distributed optimizer all-gathers the updated parameters in FP8, 1 byte per 
 2 (``distributed_optimizer``'s all-gather, and ``dp_overlap``'s split between its two collectives,
 read it). The embedding, the output layer and the norms stay bf16 but are counted at 1 byte in that
 all-gather too (a few per cent of its bytes in the smallest models). Megatron-FSDP does not gather
-FP8 parameters (NeMo turns it off there): ``fsdp`` rows keep bf16 gathers.
+FP8 parameters (NeMo turns it off there): with ``fsdp`` the option is refused.
 
 **torchao's Float8Linear** (torchtitan's ``[quantize.linear.float8]``) differs from Transformer
 Engine in three ways the options carry. ``recipe = "rowwise"``: one fp32 scale per row along the
@@ -161,11 +161,16 @@ def mofa_candidate_constraints(batch, model, hardware):
     yield from needs_format(batch, hardware, "fp8", "fp8", "FP8")
     rows = batch.feature("fp8")
     if rows.enabled.any() and "fp8_params" in rows.options:
+        fp8_params = fp8_param_rows(batch)
         torchao = rows.choice("recipe", "rowwise") | (np.asarray(rows.options["weight_cache"]) < 0.5)
         yield ConstraintResult(
-            name="fp8_params_needs_te_weights", feasible=~(fp8_param_rows(batch) & torchao),
+            name="fp8_params_needs_te_weights", feasible=~(fp8_params & torchao),
             reason="features.fp8.fp8_params = true needs Transformer Engine's FP8 weights (recipe delayed, "
                    "tensorwise, mxfp8 or blockwise with weight_cache = true): set fp8_params = false")
+        yield ConstraintResult(
+            name="fp8_params_not_with_fsdp", feasible=~(fp8_params & np.asarray(batch.feature("fsdp").enabled, bool)),
+            reason="features.fp8.fp8_params = true with features.fsdp: Megatron-FSDP gathers no FP8 parameters "
+                   "(NeMo turns fp8_param_gather off under it): set fp8_params = false")
     if rows.enabled.any() and "fp4" not in hardware.compute.peak_tflops:
         yield ConstraintResult(
             name="fp8_mxfp8_tensor_cores", feasible=~(rows.enabled & rows.choice("recipe", "mxfp8")),

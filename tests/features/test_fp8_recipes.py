@@ -208,8 +208,9 @@ def test_fp8_params_drop_the_bf16_weight_copy_and_gather_one_byte_per_parameter(
 
 
 def test_fp8_params_reach_megatron_and_need_transformer_engines_weights(tmp_path):
-    """Exported as --fp8-param-gather; with torchao's rowwise recipe (no FP8 weight tensors) the job
-    is refused in one line naming the option and the fix."""
+    """Exported as --fp8-param-gather; with torchao's rowwise recipe (no FP8 weight tensors), or with
+    Megatron-FSDP (which gathers no FP8 parameters), the job is refused in one line naming the option
+    and the fix."""
     from mofa_plugins.fp8 import Fp8Options, megatron_args
 
     assert megatron_args(Fp8Options(fp8_params=True))[-1] == "--fp8-param-gather"
@@ -220,3 +221,6 @@ def test_fp8_params_reach_megatron_and_need_transformer_engines_weights(tmp_path
                     'sequence_length = 2048\n[features.fp8]\nrecipe = "rowwise"\nfp8_params = true\n')
     res = CliRunner().invoke(cli, ["predict", str(path)])
     assert res.exit_code == 2 and "fp8_params" in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    path.write_text(path.read_text().replace('recipe = "rowwise"\n', "").replace("[features.fp8]", "[features.fsdp]\n[features.fp8]"))
+    res = CliRunner().invoke(cli, ["predict", str(path)])
+    assert res.exit_code == 2 and "Megatron-FSDP" in res.output and len(res.output.strip().splitlines()) == 1, res.output
