@@ -100,18 +100,25 @@ def sharded_dp_comm_s(state) -> np.ndarray:
     p_dense, p_expert = local_params(state)
     gb, pb = reduce_grad_bytes(batch), param_gather_bytes(batch)
     total = np.zeros(len(batch))
-    for label, grad, params, size, stride in (
-            ("dense", p_dense * gb, p_dense, d_size, d_stride),
-            ("expert", p_expert * gb, p_expert, e_size, e_stride)):
-        rs = Coll(name=f"dp_{label}_grad_rs", parallel="dp", kind=REDUCE_SCATTER, bytes=grad, group_size=size,
-                  stride=stride)
-        ag = Coll(name=f"dp_{label}_param_ag", parallel="dp", kind=ALL_GATHER, bytes=params * pb,
-                  group_size=size, stride=stride)
+    for label, params, size, stride in (("dense", p_dense, d_size, d_stride), ("expert", p_expert, e_size, e_stride)):
+        rs = lambda b: Coll(name=f"dp_{label}_grad_rs", parallel="dp", kind=REDUCE_SCATTER,  # noqa: E731
+                            bytes=params * b, group_size=size, stride=stride)
+        ag = lambda b: Coll(name=f"dp_{label}_param_ag", parallel="dp", kind=ALL_GATHER,  # noqa: E731
+                            bytes=params * b, group_size=size, stride=stride)
         # a group with nothing to reduce (no expert parameters) costs nothing, not a latency
-        # sizes depend on the structure only: priced once per structure in a tuning search
-        total = total + np.where(grad > 0, ctx.collective_s(rs, per_structure=True)
-                                 + ctx.collective_s(ag, per_structure=True), 0.0)
+        total = total + np.where(params > 0, _by_bytes(ctx, rs, gb) + _by_bytes(ctx, ag, pb), 0.0)
     return total
+
+
+def _by_bytes(ctx, coll, per_param: np.ndarray) -> np.ndarray:
+    """``ctx.collective_s(coll(b))`` for each row's bytes per parameter ``b``. The parameter counts and
+    groups depend on the structure only, so each distinct ``b`` is priced once per structure in a
+    tuning search; ``b`` itself comes from feature options (the gradient dtype, FP8 weights), which rows
+    of one structure may not share."""
+    out = np.zeros(len(per_param))
+    for b in np.unique(per_param):
+        out = np.where(per_param == b, ctx.collective_s(coll(float(b)), per_structure=True), out)
+    return out
 
 
 def shard_fraction(dense, expert, d_dense, d_expert):

@@ -1291,3 +1291,31 @@ def test_memory_headroom_keeps_that_much_hbm_free(mofa_predictor, tmp_path):
     path.write_text(path.read_text() + "memory_headroom_gib = -2\n")
     bad = CliRunner().invoke(cli, ["tune", str(path), "--no-progress"])
     assert bad.exit_code == 2 and "search.memory_headroom_gib" in bad.output and "\n" not in bad.output.strip()
+
+
+def test_rows_of_one_structure_with_other_dp_bytes_are_priced_as_predict_prices_them(mofa_predictor):
+    """The distributed optimizer's collectives are priced once per structure in a search, but their bytes
+    per parameter come from feature options (fp32 or bf16 gradients; FP8 weights gathered in 1 byte), which
+    rows of one structure need not share. With both searched (Llama 3 8B, TP 2, 64 H100s: DP 32 over the
+    nodes' NICs), the search's choice is the fastest of the four as `predict` prices them — bf16 gradients
+    and FP8 weights — not the first row's bytes applied to all four (the search ranked them as equals)."""
+    reg = mofa_predictor.registry
+    model, hw = reg.model("llama3-8b"), reg.hardware_profile("h100-sxm5-80gb")
+    options = {"fp8": ({"fp8_params": False}, {"fp8_params": True}),
+               "distributed_optimizer": ({"grad_reduce_dtype": "fp32"}, {"grad_reduce_dtype": "bf16"})}
+    space = SearchSpace(tp=(2,), pp=(1,), vpp=(1,), cp=(1,), ep=(1,), etp=(1,), micro_batch_size=(1,),
+                        schedules=("1f1b",), features=options)
+    req = TuneRequest(model=model, hardware=hw, num_gpus=64, global_batch_size=64, sequence_length=4096,
+                      space=space, top_k=1)
+    best = tune(mofa_predictor, req).best[0]
+    predicted = {}
+    for fp8, dist in itertools.product(*options.values()):
+        job = {"model": {"name": "llama3-8b"}, "hardware": {"name": hw.name, "num_gpus": 64},
+               "parallel": {"tp": 2, "pp": 1, "micro_batch_size": 1, "global_batch_size": 64, "sequence_length": 4096},
+               "features": {"fp8": fp8, "distributed_optimizer": dist}}
+        predicted[(fp8["fp8_params"], dist["grad_reduce_dtype"])] = mofa_predictor.predict(mofa_predictor.job(job))[0].step_time_s
+    assert len(set(predicted.values())) == 4  # the four byte counts price differently
+    fastest = min(predicted, key=predicted.get)
+    assert fastest == (True, "bf16")
+    assert best.step_time_s == pytest.approx(predicted[fastest], rel=1e-12)
+    assert (best.features["fp8"]["fp8_params"], best.features["distributed_optimizer"]["grad_reduce_dtype"]) == fastest
