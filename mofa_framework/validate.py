@@ -292,8 +292,8 @@ def _strategy(job: dict) -> str:
     if sched and sched not in ("1f1b",):
         bits.append(sched)
     rec = job.get("features", {}).get("recompute")
-    if rec:
-        bits.append(f"rc-{rec['granularity']}")
+    if rec:  # options given; the granularity only when stated (a row may set modules alone)
+        bits.append(f"rc-{rec['granularity']}" if "granularity" in rec else "rc")
     return " ".join(bits)
 
 

@@ -1279,3 +1279,17 @@ def test_nemo2_and_megatron_bridge_fp8_rows_keep_fp8_weights(mofa_predictor):
     fsdp = [f for rid, f in fp8.items() if rid.startswith("MB-") and "fsdp" in f]
     assert fsdp and all("fp8_params" not in f["fp8"] for f in fsdp)
     assert all("fp8_params" not in f["fp8"] for rid, f in fp8.items() if not rid.startswith("MB-"))
+
+
+def test_a_recompute_row_naming_modules_only_is_predicted(cli, tmp_path):
+    """A plain row whose recompute states modules but no granularity (Megatron-Core's
+    ``--recompute-modules`` alone) is predicted and labelled ``rc``; it used to stop `mofa validate`
+    with an internal KeyError while naming the row's strategy."""
+    p = tmp_path / "runs.csv"
+    p.write_text("row_id,model,hardware,num_gpus,tp,pp,micro_batch_size,global_batch_size,sequence_length,features,"
+                 "step_time_s\n"
+                 'r1,llama3.1-8b,h100-sxm5-80gb,8,1,1,1,64,4096,"recompute:layernorm=true,moe_act=false",1.0\n')
+    res = CliRunner().invoke(cli, ["validate", str(p), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    row = json.loads(res.output)["rows"][0]
+    assert row["strategy"].endswith(" rc") and row["predicted_s"] > 0
