@@ -175,11 +175,17 @@ class PipelineTimes:
 @attrs.frozen(kw_only=True, eq=False)
 class Inflight:
     """Micro-batches' worth of one stage's activations held at peak by the first, the
-    worst middle and the last stage."""
+    worst middle and the last stage. A mirrored schedule (``PipelineSchedule.mirrored``) also says
+    what the same GPU holds of its mirrored stage's activations: the GPU of the first stage holds
+    ``mirror_first`` micro-batches of the last stage's, the last's ``mirror_last`` of the first's,
+    a middle one ``mirror_mid`` of another middle stage's (0, the default, for other schedules)."""
 
     first: FloatArray
     mid: FloatArray
     last: FloatArray
+    mirror_first: FloatArray | float = 0.0
+    mirror_mid: FloatArray | float = 0.0
+    mirror_last: FloatArray | float = 0.0
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -950,6 +956,18 @@ def _stage_components(state: CostState, priced: Mapping) -> dict[str, np.ndarray
     eff = hardware.efficiency
     per_mb = eff.microbatch_overhead_s + eff.chunk_overhead_s * batch.vpp.astype(np.float64)
     comp["microbatch_overhead"] = np.broadcast_to(per_mb, (3, n)).copy()
+    return _mirror_work(comp, mirrored_rows(state.ctx.pm.registry, batch))
+
+
+def _mirror_work(comp: dict[str, np.ndarray], mirrored: BoolArray) -> dict[str, np.ndarray]:
+    """On a mirrored schedule's rows each end GPU runs half its micro-batches through the first
+    stage and half through the last: its work per micro-batch is their mean (a middle GPU's, two
+    middle stages', the worst middle's)."""
+    if not mirrored.any():
+        return comp
+    for k, v in comp.items():
+        ends = 0.5 * (v[0] + v[2])
+        comp[k] = np.stack([np.where(mirrored, ends, v[0]), v[1], np.where(mirrored, ends, v[2])])
     return comp
 
 
@@ -1324,7 +1342,10 @@ def run_schedules(state: CostState, registry) -> tuple[PipelineTimes, Inflight]:
         for f in attrs.fields(PipelineTimes):
             out[f.name][idx] = _checked(f"{who}: {f.name}", getattr(t, f.name, None), len(idx))
         for f in attrs.fields(Inflight):
-            inf[f.name][idx] = _checked(f"{who}: inflight.{f.name}", getattr(fl, f.name, None), len(idx))
+            value = getattr(fl, f.name, None)
+            if f.name.startswith("mirror_") and np.ndim(value) == 0 and value is not None:
+                value = np.full(len(idx), float(value))  # a scalar default (non-mirrored schedules)
+            inf[f.name][idx] = _checked(f"{who}: inflight.{f.name}", value, len(idx))
     return PipelineTimes(**out), Inflight(**inf)
 
 
@@ -1369,16 +1390,23 @@ def _params_on_stages(model: ModelSpec, batch: CandidateBatch, lay: StageLayout)
 
 
 def params_on_stages(state: CostState) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_params_on_stages` of the state's rows (its batch and layout), computed once per
-    structure when rows share structures (``ctx.structure``: a search's leaves) and repeated."""
+    """(dense, expert) parameters each GPU holds per stage, (3, N): :func:`_params_on_stages` of the
+    state's rows (its batch and layout), both stages' on a mirrored schedule's GPUs (:func:`per_gpu`);
+    computed once per structure when rows share structures (``ctx.structure``: a search's leaves)."""
     ctx, batch, lay = state.ctx, state.batch, state.layout
     if ctx.structure is None:
-        return _params_on_stages(ctx.model, batch, lay)
+        return _gpu_params(ctx, batch, lay)
     first, inverse = ctx.structure
-    sizes = SimpleNamespace(**{k: getattr(batch, k)[first] for k in ("tp", "ep", "etp", "pp")})
+    sizes = SimpleNamespace(**{k: getattr(batch, k)[first] for k in ("tp", "ep", "etp", "pp", "schedule")})
     sub = StageLayout(counts={k: v[:, first] for k, v in lay.counts.items()}, total=lay.total[:, first])
-    dense, expert = _params_on_stages(ctx.model, sizes, sub)
+    dense, expert = _gpu_params(ctx, sizes, sub)
     return dense.take(inverse, axis=1), expert.take(inverse, axis=1)
+
+
+def _gpu_params(ctx: Context, batch, lay: StageLayout) -> tuple[np.ndarray, np.ndarray]:
+    dense, expert = _params_on_stages(ctx.model, batch, lay)
+    mirrored = mirrored_rows(ctx.pm.registry, batch)
+    return per_gpu(dense, mirrored), per_gpu(expert, mirrored)
 
 
 def _grad_bytes_per_param(batch: CandidateBatch) -> FloatArray:
@@ -1387,7 +1415,7 @@ def _grad_bytes_per_param(batch: CandidateBatch) -> FloatArray:
 
 
 def _optimizer_costs(ctx: Context, batch: CandidateBatch, lay: StageLayout) -> OptimizerCosts:
-    dense, expert = _params_on_stages(ctx.model, batch, lay)
+    dense, expert = _gpu_params(ctx, batch, lay)
     gb = _grad_bytes_per_param(batch)
     (d_size, d_stride), (e_size, e_stride) = _dp_groups(ctx, batch)
     # the busiest stage sets the step (stages reduce concurrently)
@@ -1439,10 +1467,13 @@ def _memory_costs(state: CostState, lay: StageLayout, inflight: Inflight) -> Mem
         w = np.where(count > 0, L[kind].act_working_bytes, 0.0)
         work = w if work is None else np.maximum(work, w)
     held = np.stack([inflight.first, inflight.mid, inflight.last])
-    acts = act_stage * held
+    # a mirrored schedule's GPU also holds its mirrored stage's (first ↔ last, middle ↔ middle)
+    mirror = np.stack([inflight.mirror_first, inflight.mirror_mid, inflight.mirror_last])
+    acts = act_stage * held + act_stage[::-1] * mirror
     logits = np.zeros_like(acts)
     logits[2] = logits_loss_bytes(model, g.tokens, g.t)
-    logits[0] = np.where(batch.pp == 1, logits[2], 0.0)
+    # the only stage runs the loss, and so does each end GPU of a mirrored schedule (one direction's)
+    logits[0] = np.where((batch.pp == 1) | mirrored_rows(ctx.pm.registry, batch), logits[2], 0.0)
     host = np.zeros_like(acts)
     return MemoryCosts(dense_params=dense, expert_params=expert, weights_bytes=weights, grads_bytes=grads,
                        optimizer_bytes=optim, activations_bytes=acts, buffers_bytes=np.zeros_like(acts),
@@ -1469,6 +1500,20 @@ def memory_breakdown(mem: MemoryCosts, pick, runtime: FloatArray) -> dict[str, F
 
 
 def _param_copies(ctx: Context, batch: CandidateBatch) -> FloatArray:
-    """Copies of the stage's parameters each row's schedule keeps (DualPipe: 2)."""
+    """Copies of the stage's parameters each row's schedule keeps (``PipelineSchedule.parameter_copies``)."""
     table = np.array([s.parameter_copies for s in ctx.pm.registry.schedules.values()], dtype=np.float64)
     return table[batch.schedule]
+
+
+def mirrored_rows(registry, batch) -> BoolArray:
+    """Rows whose schedule is mirrored (``PipelineSchedule.mirrored``: DualPipe) and has two stages
+    or more: each GPU also runs the stage ``p−1−j``."""
+    table = np.array([s.mirrored for s in registry.schedules.values()], dtype=bool)
+    return table[np.asarray(batch.schedule)] & (np.asarray(batch.pp) > 1)
+
+
+def per_gpu(stages: np.ndarray, mirrored) -> np.ndarray:
+    """(3, N) per-stage amounts (first, worst middle, last) as each GPU holds them: on mirrored rows
+    a GPU holds its stage and the mirrored one — first + last at either end, two middle stages in
+    between (the worst middle stands for both)."""
+    return np.where(mirrored, stages + stages[::-1], stages)

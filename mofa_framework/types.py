@@ -989,8 +989,13 @@ class PipelineSchedule:
     #: the p2p times fixed): the tuner then bounds configurations by the bubble too, not only the
     #: busy time. False (the default) is always safe
     monotone_bubble: bool = False
-    #: copies of the stage's parameters each GPU holds (DualPipe: 2)
+    #: copies of the stage's parameters each GPU holds
     parameter_copies: int = attrs.field(default=1, validator=_pos_int)
+    #: each GPU also runs the mirrored stage ``p−1−j`` of a second pipeline that flows the other way
+    #: (DualPipe): it holds the parameters of both stages, does half its micro-batches on each, and
+    #: its activations are ``Inflight`` of its own stage plus ``Inflight.mirror_*`` of the mirrored
+    #: one. The GPUs at the ends each hold the first *and* the last stage; a middle GPU two middle stages
+    mirrored: bool = False
     #: minimum micro-batches per step as a function of pp (e.g. m ≥ p); None: m ≥ 1
     min_microbatches: Callable | None = None
     equation: str = ""

@@ -11,7 +11,7 @@ import attrs
 import numpy as np
 
 from mofa_framework.decompose import GEMM, layer_operators, layer_params, parallel_block, routed_pairs
-from mofa_framework.engine import price_operators, stage_layout
+from mofa_framework.engine import mirrored_rows, per_gpu, price_operators, stage_layout
 from mofa_framework.types import ConstraintResult
 
 #: transforms a GEMM re-pricing feature must run before: they read the re-priced compute times
@@ -142,9 +142,12 @@ def gemm_params_on_stages(model, batch) -> np.ndarray:
 
 
 def with_weight_copies(state, bytes_per_param):
-    """The quantised copies Transformer Engine keeps of each GEMM weight, ``bytes_per_param`` (N,)."""
+    """The quantised copies Transformer Engine keeps of each GEMM weight, ``bytes_per_param`` (N,):
+    of both stages a mirrored schedule's GPU holds (``engine.per_gpu``)."""
     mem = state.mem
-    extra = gemm_params_on_stages(state.ctx.model, state.batch) * np.asarray(bytes_per_param)[None, :]
+    gemm = per_gpu(gemm_params_on_stages(state.ctx.model, state.batch),
+                   mirrored_rows(state.ctx.pm.registry, state.batch))
+    extra = gemm * np.asarray(bytes_per_param)[None, :]
     return attrs.evolve(state, mem=attrs.evolve(mem, weights_bytes=mem.weights_bytes + extra))
 
 

@@ -1,14 +1,24 @@
 """DualPipe (DeepSeek-V3 technical report, arXiv 2412.19437, §3.2.1 and Table 2).
 
-Micro-batches are fed from both ends of the pipeline at once: each stage holds its own layers
-*and* those of the mirrored stage ``p−1−j`` (``parameter_copies = 2``), half the micro-batches
-flow 0→p−1 and half p−1→0, and a forward chunk of one direction runs overlapped with a
-backward chunk of the other ("F&B"). With per-stage F, B (input grad), W (weight grad):
-busy ``m(F+B+W)`` (each stage runs m/2 micro-batches per direction, one stage's work each),
-bubble ``(p/2 − 1)(F&B + B − 3W)`` clamped at 0 (critical-stage times) and ``p + 1`` micro-batches' activations in flight on
-every stage (capped at m). Here ``F&B = F + B``: the overlap of the two directions' compute
-with EP all-to-alls is the business of the ``ep_overlap`` feature, which shrinks F and B
-before the schedule sees them. p2p as in 1F1B, p−1 warmup transfers.
+Micro-batches are fed from both ends of the pipeline at once: GPU j holds stage j of the pipeline
+that flows 0→p−1 *and* stage ``p−1−j`` of the one that flows p−1→0 (``mirrored``: the report's
+"two copies of the model parameters"), half the micro-batches take each direction, and a forward
+chunk of one direction runs overlapped with a backward chunk of the other ("F&B"). So the GPUs at
+the two ends each hold the first stage (the embedding) and the last (the output head, DeepSeek's
+MTP modules, the loss) — the report places them together on purpose, to share the embedding and
+the output head between the main model and MTP — and a middle GPU holds two middle stages.
+
+With per-stage F, B (input grad), W (weight grad) of the critical GPU (an end GPU's are the mean
+of the first and the last stage's: it runs m/2 micro-batches through each): busy ``m(F+B+W)``,
+bubble ``(p/2 − 1)(F&B + B − 3W)`` clamped at 0. Here ``F&B = F + B``: the overlap of the two
+directions' compute with EP all-to-alls is the business of the ``ep_overlap`` feature, which
+shrinks F and B before the schedule sees them. p2p as in 1F1B, p−1 warmup transfers.
+
+Activations: ``p + 1`` micro-batches' worth on every GPU (Table 2). An end GPU is the first stage
+of one direction, holding ``p`` micro-batches of the first stage's activations as 1F1B's first
+stage does, and the last stage of the other, holding one of the last stage's (``Inflight.first =
+p``, ``mirror_first = 1``; the other end the same the other way round); a middle GPU holds p + 1
+of its stages' (capped at the micro-batches of a direction, m/2).
 
 Requirements, enforced by :func:`feasible` (a job breaking them is refused; the tuner never
 proposes one): ``p`` even and ``m ≥ 2p`` micro-batches, split evenly between the two
@@ -45,8 +55,13 @@ def time(x) -> PipelineTimes:
 
 
 def inflight(x) -> Inflight:
-    held = np.minimum(x.m, x.p + 1.0)
-    return Inflight(first=held, mid=held, last=held)
+    """p + 1 micro-batches' activations per GPU: an end GPU p of its first stage and one of its
+    last (module docstring); a middle GPU p + 1 of its two middle stages."""
+    half = x.m / 2.0
+    own = np.minimum(half, x.p)
+    one = np.minimum(half, 1.0)
+    return Inflight(first=own, mid=np.minimum(x.m, x.p + 1.0), last=one, mirror_first=one, mirror_mid=0.0 * own,
+                    mirror_last=own)
 
 
 def route(p: int, m: int):
@@ -74,7 +89,7 @@ def feasible(batch, rows):
 SCHEDULE = PipelineSchedule(
     name="dualpipe",
     description="DualPipe (DeepSeek-V3): bidirectional, bubble (p/2-1)(F&B+B-3W), 2x parameters, p+1 activations",
-    time=time, inflight=inflight, supports_vpp=False, parameter_copies=2, equation="DualPipe (DeepSeek-V3 Table 2)",
+    time=time, inflight=inflight, supports_vpp=False, mirrored=True, equation="DualPipe (DeepSeek-V3 Table 2)",
     min_microbatches=lambda p: 2 * p, order=op_order, route=lambda p, v, m: route(p, m),
     feasible=feasible,
     megatron_args=("# DualPipe: DeepSeek's schedule (github.com/deepseek-ai/DualPipe), not in Megatron-LM mainline: "

@@ -262,6 +262,79 @@ def test_engine_schedules(mofa_predictor):
     assert res["dualpipe"].memory_breakdown["weights"] == pytest.approx(2 * res["1f1b"].memory_breakdown["weights"])
 
 
+# ------------------------------------------------------------------ DualPipe: each GPU runs two mirrored stages
+def test_dualpipe_inflight_by_hand():
+    """DeepSeek-V3 Table 2: p + 1 micro-batches' activations per GPU. An end GPU is the first stage
+    of one direction (p of the first stage's, as 1F1B's first stage) and the last of the other (one
+    of the last stage's); p = 8, m = 32."""
+    x = schedule_dualpipe.inflight(inputs(8, 1, 32, 1.0, 1.0, 1.0))
+    got = {k: float(np.ravel(getattr(x, k))[0]) for k in ("first", "mirror_first", "mid", "mirror_mid", "last",
+                                                           "mirror_last")}
+    assert got == {"first": 8.0, "mirror_first": 1.0, "mid": 9.0, "mirror_mid": 0.0, "last": 1.0, "mirror_last": 8.0}
+    assert schedule_dualpipe.SCHEDULE.mirrored and schedule_dualpipe.SCHEDULE.parameter_copies == 1
+
+
+def test_dualpipe_inflight_matches_the_simulated_split():
+    """At m = 2p the greedy DualPipe order holds, on GPU 0, p micro-batches of its first stage
+    (direction 0→p−1, chunk 0) and one of its last (chunk 1); no GPU holds more than p + 1."""
+    p, m = 8, 16
+    r = simulate(schedule_dualpipe.op_order(p, 1, m), p=p, v=2, m=m, F=1.0, B=1.0, W=1.0,
+                 route=schedule_dualpipe.route(p, m))
+    per_chunk = [peak_inflight([e for e in r.timeline if e[3] == c], p) for c in (0, 1)]
+    x = schedule_dualpipe.inflight(inputs(p, 1, m, 1.0, 1.0, 1.0))
+    assert (per_chunk[0][0], per_chunk[1][0]) == (float(x.first[0]), float(x.mirror_first[0]))
+    peak = peak_inflight(r.timeline, p)
+    assert peak.max() == p + 1 and peak[0] == p + 1
+
+
+def _stages(pred, schedule):
+    """(pipelined, memory, optimizer) of Llama 3.1 8B on 32 GPUs at PP 4 with uneven stages
+    (6 + 8 + 8 + 10 layers), m = 16 micro-batches."""
+    from mofa_framework import engine
+    from mofa_framework.config import jobs_to_batch
+
+    job = pred.job({"model": {"name": "llama3.1-8b"}, "hardware": {"name": "h100-sxm5-80gb", "num_gpus": 32},
+                    "parallel": {"tp": 1, "pp": 4, "first_stage_layers": 6, "last_stage_layers": 10,
+                                 "micro_batch_size": 1, "global_batch_size": 128, "sequence_length": 4096},
+                    "pipeline": {"schedule": schedule}})
+    pl = engine.pipeline_phase(jobs_to_batch([job], pred.registry), job.model, job.hardware, pred.pm)
+    st = engine._optimizer_and_memory(pl, {})
+    return pl, st.mem, st.opt
+
+
+def test_dualpipe_gpus_hold_both_mirrored_stages(mofa_predictor):
+    """GPU j holds stage j and stage p−1−j: an end GPU the first and the last stage's parameters,
+    p of the first stage's activations and one of the last's (1F1B's first plus its last), the loss
+    of one direction; a middle GPU two middle stages' parameters and p + 1 micro-batches; the DP
+    reduction moves the busiest GPU's gradients, both stages'."""
+    one_pl, one, one_opt = _stages(mofa_predictor, "1f1b")
+    dual_pl, dual, dual_opt = _stages(mofa_predictor, "dualpipe")
+    p = 4.0
+    for field in ("dense_params", "weights_bytes", "grads_bytes"):
+        a, d = getattr(one, field)[:, 0], getattr(dual, field)[:, 0]
+        assert d[0] == pytest.approx(a[0] + a[2]) and d[2] == pytest.approx(a[0] + a[2]), field
+        assert d[1] == pytest.approx(2.0 * a[1]), field
+    a, d = one.activations_bytes[:, 0], dual.activations_bytes[:, 0]
+    # 1F1B's first stage holds p micro-batches, its last one, its worst middle p − 1
+    assert d[0] == pytest.approx(a[0] + a[2]) and d[2] == pytest.approx(a[0] + a[2])
+    assert d[1] == pytest.approx(a[1] * (p + 1.0) / (p - 1.0))
+    assert dual.logits_bytes[0, 0] == pytest.approx(one.logits_bytes[2, 0]) == pytest.approx(dual.logits_bytes[2, 0])
+    assert one.logits_bytes[0, 0] == 0.0
+    busiest = max(2.0 * one.dense_params[1, 0], one.dense_params[0, 0] + one.dense_params[2, 0])
+    assert dual_opt.dense_grad_bytes[0] == pytest.approx(4.0 * busiest)  # fp32 main grads
+
+
+def test_dualpipe_end_gpus_run_the_mean_of_the_end_stages(mofa_predictor):
+    """An end GPU runs m/2 micro-batches through the first stage and m/2 through the last: its work
+    per micro-batch is their mean; a middle GPU's is a middle stage's."""
+    one_pl, _, _ = _stages(mofa_predictor, "1f1b")
+    dual_pl, _, _ = _stages(mofa_predictor, "dualpipe")
+    for k in ("compute_fwd", "compute_bwd_input", "compute_bwd_weight"):
+        a, d = one_pl.comp[k][:, 0], dual_pl.comp[k][:, 0]
+        assert d[0] == pytest.approx(0.5 * (a[0] + a[2])) == pytest.approx(d[2]), k
+        assert d[1] == pytest.approx(a[1]), k
+
+
 def test_csv_names_resolve(mofa_predictor):
     reg = mofa_predictor.registry
     assert reg.schedule("ZB-1p").name == "zb-h1"
