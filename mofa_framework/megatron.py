@@ -256,6 +256,13 @@ def _peft_key(path: tuple[str, ...], value) -> str:
     return PEFT_KEYS.get(key, key if key.startswith("lora_") else f"lora_{key}")
 
 
+#: config keys holding a dtype (Megatron-Bridge's ``OptimizerConfig``), and the Megatron-LM names of
+#: the torch dtypes they hold (TE's FusedAdam keeps fp8 moments as uint8)
+_DTYPE_KEYS = ("exp_avg_dtype", "exp_avg_sq_dtype", "main_grads_dtype", "main_params_dtype")
+_DTYPE_NAMES = {"float32": "fp32", "float": "fp32", "fp32": "fp32", "bfloat16": "bf16", "bf16": "bf16",
+                "float16": "fp16", "half": "fp16", "fp16": "fp16", "uint8": "fp8", "float8": "fp8", "fp8": "fp8"}
+
+
 def _config_flag(key: str, value) -> list[tuple[str, tuple[str, ...]]]:
     """The Megatron-LM flags one config key stands for."""
     if value is None or value is False:
@@ -279,6 +286,8 @@ def _config_flag(key: str, value) -> list[tuple[str, tuple[str, ...]]]:
     if key == "kv_lora_rank":
         return [("--multi-latent-attention", ()), ("--kv-lora-rank", (str(value),))]
     flag = _CONFIG_ALIASES.get(key, "--" + key.replace("_", "-"))
+    if key in _DTYPE_KEYS:  # Megatron-Bridge states torch dtypes: torch.bfloat16 → bf16
+        value = _DTYPE_NAMES.get(str(value).lower().removeprefix("torch."), str(value))
     if value is True:
         return [(flag, ())]
     if isinstance(value, (list, tuple)):

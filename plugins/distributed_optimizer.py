@@ -31,6 +31,16 @@ Megatron-LM ``--grad-reduce-in-bf16``, NeMo's ``grad_sync_dtype = bf16``) sets t
 gradient buffer and of its reduce-scatter, d_g = 4 or 2 bytes per parameter: the reduce-scatter
 moves half the bytes and the (sharded or not) gradient buffer is half the size. fp16 jobs keep
 fp16 gradients (d_g = 2) either way.
+
+Options ``exp_avg_dtype`` / ``exp_avg_sq_dtype`` / ``main_params_dtype`` (Megatron-Core's
+precision-aware optimizer: ``--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype
+bf16 [--main-params-dtype fp16]``, which Megatron-Bridge's DeepSeek and Qwen3-MoE recipes set;
+DeepSeek-V3 kept its AdamW moments in BF16, arXiv 2412.19437 §3.3.3) store Adam's first and second
+moments in b_m, b_v bytes (fp32 4, fp16/bf16 2, fp8 1) and the master weights in b_w (fp32 4, fp16
+2). The state per parameter becomes ``b_w + b_m + b_v`` (12 → 8 with the moments in bf16), sharded
+as above, and the update's HBM traffic drops by those tensors' read and write,
+``2·(4 − b_w) + 2·(4 − b_m) + 2·(4 − b_v)`` of its 30 bytes per parameter
+(``engine.ADAM_BYTES_PER_PARAM``).
 """
 
 from __future__ import annotations
@@ -40,7 +50,7 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.decompose import ALL_GATHER, REDUCE_SCATTER, Coll
-from mofa_framework.engine import _dp_groups, _grad_bytes_per_param
+from mofa_framework.engine import ADAM_BYTES_PER_PARAM, _dp_groups, _grad_bytes_per_param
 from mofa_framework.types import MemoryOptimizer, option
 from mofa_plugins.fp8 import fp8_param_rows
 
@@ -51,6 +61,10 @@ PARAM_BYTES = 2.0
 FP8_PARAM_BYTES = 1.0
 #: gradient-reduction dtypes: the main-grad dtype (fp32 for bf16 jobs) or bf16
 GRAD_REDUCE_DTYPES = ("fp32", "bf16")
+#: Adam moment dtypes (Megatron's ``--exp-avg-dtype`` / ``--exp-avg-sq-dtype``) and their bytes
+MOMENT_DTYPES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0}
+#: master-weight dtypes (``--main-params-dtype``) and their bytes
+MASTER_DTYPES = {"fp32": 4.0, "fp16": 2.0}
 
 
 @attrs.frozen(kw_only=True)
@@ -60,6 +74,35 @@ class DistributedOptimizerOptions:
     grad_reduce_dtype: str = option("fp32", choices=GRAD_REDUCE_DTYPES,
                                     doc="dtype of the gradient buffer and its reduce-scatter (fp32 main grads, or "
                                         "bf16: half the bytes); fp16 jobs reduce fp16 either way")
+    exp_avg_dtype: str = option("fp32", choices=tuple(MOMENT_DTYPES),
+                                doc="dtype Adam's first moment is stored in (Megatron's precision-aware optimizer, "
+                                    "--exp-avg-dtype)")
+    exp_avg_sq_dtype: str = option("fp32", choices=tuple(MOMENT_DTYPES),
+                                   doc="dtype Adam's second moment is stored in (--exp-avg-sq-dtype)")
+    main_params_dtype: str = option("fp32", choices=tuple(MASTER_DTYPES),
+                                    doc="dtype of the master weights the optimizer updates (--main-params-dtype)")
+
+
+def state_tensor_bytes(rows) -> np.ndarray:
+    """(3, N): bytes per parameter of the master weights, Adam's first and second moment per row
+    (4 each where the feature is off)."""
+    out = []
+    for name, dtypes in (("main_params_dtype", MASTER_DTYPES), ("exp_avg_dtype", MOMENT_DTYPES),
+                         ("exp_avg_sq_dtype", MOMENT_DTYPES)):
+        table = np.array(list(dtypes.values()))
+        out.append(np.where(rows.enabled, table[np.asarray(rows.options[name]).astype(int)], 4.0))
+    return np.stack(out)
+
+
+def state_scale(rows) -> np.ndarray:
+    """Optimizer state bytes per parameter over fp32 Adam's 12: (b_w + b_m + b_v) / 12."""
+    return state_tensor_bytes(rows).sum(axis=0) / STATE_BYTES
+
+
+def update_scale(rows) -> np.ndarray:
+    """The update's HBM bytes over fp32 Adam's 30: each state tensor is read and written in its bytes."""
+    saved = 2.0 * (4.0 - state_tensor_bytes(rows)).sum(axis=0)
+    return (ADAM_BYTES_PER_PARAM - saved) / ADAM_BYTES_PER_PARAM
 
 
 def reduce_grad_bytes(batch) -> np.ndarray:
@@ -132,7 +175,8 @@ def optimizer(state, rows):
     d_dense, d_expert = dp_sizes(state)
     frac = shard_fraction(p_dense, p_expert, d_dense, d_expert)
     comm = sharded_dp_comm_s(state)
-    opt = attrs.evolve(state.opt, dp_comm_s=comm, dp_exposed_s=comm, update_s=state.opt.update_s * frac)
+    opt = attrs.evolve(state.opt, dp_comm_s=comm, dp_exposed_s=comm,
+                       update_s=state.opt.update_s * frac * update_scale(rows))
     return attrs.evolve(state, opt=opt)
 
 
@@ -142,14 +186,30 @@ def memory(state, rows):
     frac = shard_fraction(mem.dense_params, mem.expert_params, d_dense[None, :], d_expert[None, :])
     grads = mem.grads_bytes * (reduce_grad_bytes(state.batch) / _grad_bytes_per_param(state.batch))[None, :]
     grads = np.where(rows.options["shard_gradients"][None, :] > 0.5, grads * frac, grads)
-    return attrs.evolve(state, mem=attrs.evolve(mem, optimizer_bytes=mem.optimizer_bytes * frac, grads_bytes=grads))
+    states = mem.optimizer_bytes * frac * state_scale(rows)[None, :]
+    return attrs.evolve(state, mem=attrs.evolve(mem, optimizer_bytes=states, grads_bytes=grads))
 
 
 def megatron_args(options) -> list[str]:
-    bf16 = ["--grad-reduce-in-bf16"] if options is not None and options.grad_reduce_dtype == "bf16" else []
+    extra = ["--grad-reduce-in-bf16"] if options is not None and options.grad_reduce_dtype == "bf16" else []
+    dtypes = {k: getattr(options, k.removeprefix("--").replace("-", "_"), "fp32") if options is not None else "fp32"
+              for k in ("--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype")}
+    if any(v != "fp32" for v in dtypes.values()):
+        extra += ["--use-precision-aware-optimizer", *(x for k, v in dtypes.items() if v != "fp32" for x in (k, v))]
     if options is not None and options.shard_gradients:
-        return ["--use-custom-fsdp", "--data-parallel-sharding-strategy", "optim_grads", *bf16]
-    return ["--use-distributed-optimizer", *bf16]
+        return ["--use-custom-fsdp", "--data-parallel-sharding-strategy", "optim_grads", *extra]
+    return ["--use-distributed-optimizer", *extra]
+
+
+def _moment_args(args) -> dict:
+    """The moments' dtypes, read only under ``--use-precision-aware-optimizer`` (Megatron ignores
+    them without it); the fp32 defaults are left out."""
+    if not args.has("--use-precision-aware-optimizer"):
+        return {}
+    got = {"main_params_dtype": args.value("--main-params-dtype", "fp32"),
+           "exp_avg_dtype": args.value("--exp-avg-dtype", "fp32"),
+           "exp_avg_sq_dtype": args.value("--exp-avg-sq-dtype", "fp32")}
+    return {k: v for k, v in got.items() if v != "fp32"}
 
 
 def from_megatron(args):
@@ -163,9 +223,9 @@ def from_megatron(args):
     if args.has("--optimizer-cpu-offload"):
         return None
     if fsdp:
-        return {"shard_gradients": strategy == "optim_grads", "grad_reduce_dtype": dtype} if strategy in (
-            "optim", "optim_grads") else None
-    return {"grad_reduce_dtype": dtype} if dist else None
+        return {"shard_gradients": strategy == "optim_grads", "grad_reduce_dtype": dtype, **_moment_args(args)} if (
+            strategy in ("optim", "optim_grads")) else None
+    return {"grad_reduce_dtype": dtype, **_moment_args(args)} if dist else None
 
 
 FEATURE = MemoryOptimizer(
