@@ -51,7 +51,11 @@ wk, wo, w3, the activation) in backward. Per token (q = a·d, v = kv·d, the att
 (MoE layers: f → the routed pairs' expert width ``k·f_e/etp``). The re-run forward is the
 unsaved matmuls' (wk, wo, w3) FLOPs share of the layer's GEMM time, ``1 − (q + v + 2f)/(2q + 2v +
 3f)`` of ``tp_gemm_fwd_s`` (a third of ``expert_fwd_s``), plus the layer's non-GEMM, non-attention
-operators; the working set while a layer runs backward is what it dropped.
+operators; the working set while a layer runs backward is what it dropped. The policy saves
+reduce-scatters' outputs but not all-gathers' (``torchtitan/distributed/activation_checkpoint.py``,
+the save list), so with tensor parallelism the forward's all-gathers run again in backward — half
+the forward's TP communication with sequence parallelism, all of it (all-reduces) without — added
+to the backward's TP communication, where an overlap feature may hide it.
 
 Recomputed forward FLOPs go to ``recompute_flops`` (hardware FLOPs, HFU).
 """
@@ -263,8 +267,11 @@ def layer(state, rows):
             sel_saved = np.where(per_op, op_saved, sel_saved)
             sel_core = np.where(per_op, 0.0, sel_core)
             sel_other = np.where(per_op, op_saved - c.act_layer_input_bytes, sel_other)
+        # per-op: the forward's unsaved TP collectives (all-gathers; all-reduces without SP) run again
+        rerun_tp = np.where(per_op, np.where(state.batch.sequence_parallel, 0.5, 1.0) * c.tp_fwd_s, 0.0)
         out[kind] = attrs.evolve(
             c,
+            tp_bwd_s=c.tp_bwd_s + rerun_tp, tp_exposed_bwd_s=c.tp_exposed_bwd_s + rerun_tp,
             recompute_s=c.recompute_s + np.where(full, r * fwd, sel_time),
             recompute_flops=c.recompute_flops + np.where(full, r * c.fwd_flops, sel_flops),
             act_saved_bytes=np.where(full, full_saved, sel_saved),

@@ -21,8 +21,9 @@ JOB = {"model": {"name": "llama3-8b"}, "hardware": {"name": "h100-sxm5-80gb", "n
 T, V, H, A, D_HEAD, KV, F = 4096, 128256, 4096, 32, 128, 8, 14336
 
 
-def predict(pred, features, **parallel):
-    jobs = [pred.job({**JOB, "parallel": {**JOB["parallel"], **parallel}, "features": f}) for f in features]
+def predict(pred, features, gpus=1, **parallel):
+    jobs = [pred.job({**JOB, "hardware": {**JOB["hardware"], "num_gpus": gpus},
+                      "parallel": {**JOB["parallel"], **parallel}, "features": f}) for f in features]
     return pred.evaluate(jobs_to_batch(jobs, pred.registry), jobs[0].model, jobs[0].hardware)
 
 
@@ -68,6 +69,24 @@ def test_op_checkpointing_keeps_every_other_matmul(mofa_predictor):
     close(layers.recompute_flops[0], share * gemm_flops)
     # the working set while a layer runs backward: what it dropped (the no-recompute layer's rest)
     close(layers.act_working_bytes[0], out.state.layers["dense"].act_saved_bytes[1] - T * per_token)
+
+
+def test_op_checkpointing_runs_the_forward_all_gathers_again(mofa_predictor):
+    # torchtitan's save list keeps reduce-scatters' outputs, not all-gathers': with TP and sequence
+    # parallelism each layer's backward repeats the forward's all-gathers — half its TP communication
+    # (one all-gather and one reduce-scatter of the same activation per sublayer); without sequence
+    # parallelism the all-reduces, all of it. Nothing else of the TP communication changes.
+    for sp, share in ((True, 0.5), (False, 1.0)):
+        out = predict(mofa_predictor, [{"recompute": {"granularity": "op"}}, {}], gpus=8, tp=8,
+                      sequence_parallel=sp)
+        L = out.state.layers["dense"]  # row 0: per-op checkpointing, row 1: none
+        assert L.tp_fwd_s[1] > 0
+        close(L.tp_bwd_s[0], L.tp_bwd_s[1] + share * L.tp_fwd_s[1])
+        close(L.tp_exposed_bwd_s[0], L.tp_exposed_bwd_s[1] + share * L.tp_fwd_s[1])
+        close(L.tp_fwd_s[0], L.tp_fwd_s[1])
+    # and no TP communication to repeat at TP 1
+    one = predict(mofa_predictor, [{"recompute": {"granularity": "op"}}, {}]).state.layers["dense"]
+    close(one.tp_bwd_s, [0.0, 0.0])
 
 
 def test_peak_counts_the_larger_of_loss_and_recomputed_layer(mofa_predictor):
