@@ -40,7 +40,7 @@ moments in b_m, b_v bytes (fp32 4, fp16/bf16 2, fp8 1) and the master weights in
 2). The state per parameter becomes ``b_w + b_m + b_v`` (12 → 8 with the moments in bf16), sharded
 as above, and the update's HBM traffic drops by those tensors' read and write,
 ``2·(4 − b_w) + 2·(4 − b_m) + 2·(4 − b_v)`` of its 30 bytes per parameter
-(``engine.ADAM_BYTES_PER_PARAM``).
+(``engine.ADAM_BYTES_PER_PARAM``). Its ``--main-grads-dtype bf16`` is ``grad_reduce_dtype = "bf16"``.
 """
 
 from __future__ import annotations
@@ -219,7 +219,9 @@ def from_megatron(args):
     dist = args.has("--use-distributed-optimizer")
     fsdp = args.has("--use-custom-fsdp") | args.has("--use-megatron-fsdp")
     strategy = args.value("--data-parallel-sharding-strategy", "optim_grads_params")
-    dtype = "bf16" if args.has("--grad-reduce-in-bf16") else "fp32"
+    # the gradient buffer in bf16: --grad-reduce-in-bf16, or the precision-aware optimizer's bf16 main grads
+    bf16_main = args.has("--use-precision-aware-optimizer") and args.value("--main-grads-dtype", "fp32") == "bf16"
+    dtype = "bf16" if args.has("--grad-reduce-in-bf16") or bf16_main else "fp32"
     if args.has("--optimizer-cpu-offload"):
         return None
     if fsdp:

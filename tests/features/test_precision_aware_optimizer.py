@@ -63,6 +63,9 @@ def test_megatron_arguments_round_trip(mofa_predictor):
     assert feat.from_megatron(_args(["--use-distributed-optimizer", "--exp-avg-dtype", "bf16"])) == {
         "grad_reduce_dtype": "fp32"}
     assert feat.megatron_args(feat.options_type()) == ["--use-distributed-optimizer"]
+    # its bf16 main grads are MoFa's bf16 gradient buffer (and reduction)
+    grads = _args(["--use-distributed-optimizer", "--use-precision-aware-optimizer", "--main-grads-dtype", "bf16"])
+    assert feat.from_megatron(grads) == {"grad_reduce_dtype": "bf16"}
     master = feat.megatron_args(feat.options_type(main_params_dtype="fp16"))
     assert master == ["--use-distributed-optimizer", "--use-precision-aware-optimizer", "--main-params-dtype", "fp16"]
     assert feat.from_megatron(_args(master)) == {"grad_reduce_dtype": "fp32", "main_params_dtype": "fp16"}
