@@ -214,6 +214,8 @@ def gradient_reduction_s(state, rows, dense, expert, stage):
     kind, g, bucket = _reduce_kind(rows, stage), grad_bytes(rows), opt(rows, "reduce_bucket_size", 5e8)
     total = last = 0.0
     for label, params, size, stride in (("dense", dense, d_size, d_stride), ("expert", expert, e_size, e_stride)):
+        if not np.any(params > 0):  # nothing to reduce (a dense model's experts): no collective to price
+            continue
         t, t_last = bucketed_s(state.ctx, f"zero_grad_{label}", kind, params, g, bucket, size, stride)
         total, last = total + t, last + t_last
     return total, last
@@ -225,6 +227,8 @@ def parameter_gather_s(state, rows, dense, expert):
     bucket = opt(rows, "allgather_bucket_size", 5e8)
     total = 0.0
     for label, params, size, stride in (("dense", dense, d_size, d_stride), ("expert", expert, e_size, e_stride)):
+        if not np.any(params > 0):
+            continue
         total = total + bucketed_s(state.ctx, f"zero_param_{label}", ALL_GATHER, params, PARAM_BYTES, bucket, size,
                                    stride)[0]
     return total
@@ -273,6 +277,8 @@ def layer(state, rows):
     rest_ag = np.zeros(len(state.batch))
     (d_size, d_stride), (e_size, e_stride) = _dp_groups(state.ctx, state.batch)
     for label, params, size, stride in (("dense", rest[0], d_size, d_stride), ("expert", rest[1], e_size, e_stride)):
+        if not np.any(params > 0):
+            continue
         ag = Coll(name=f"zero3_rest_{label}_ag", parallel="dp", kind=ALL_GATHER, bytes=params * PARAM_BYTES,
                   group_size=size, stride=stride)
         rest_ag = rest_ag + np.where(params > 0, state.ctx.collective_s(ag, per_structure=True), 0.0)

@@ -144,6 +144,8 @@ def sharded_dp_comm_s(state) -> np.ndarray:
     gb, pb = reduce_grad_bytes(batch), param_gather_bytes(batch)
     total = np.zeros(len(batch))
     for label, params, size, stride in (("dense", p_dense, d_size, d_stride), ("expert", p_expert, e_size, e_stride)):
+        if not np.any(params > 0):  # a dense model's experts: nothing to price
+            continue
         rs = lambda b: Coll(name=f"dp_{label}_grad_rs", parallel="dp", kind=REDUCE_SCATTER,  # noqa: E731
                             bytes=params * b, group_size=size, stride=stride)
         ag = lambda b: Coll(name=f"dp_{label}_param_ag", parallel="dp", kind=ALL_GATHER,  # noqa: E731

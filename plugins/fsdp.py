@@ -110,12 +110,15 @@ def layer_shards(state, kind: str):
 
 def layer_groups(state, kind: str):
     """(label, parameters, group size, stride) of one layer's dense and expert parameters on one GPU
-    and the data-parallel group each is sharded over."""
+    and the data-parallel group each is sharded over; a group with no parameters on any row (a dense
+    layer's experts) is left out — its collectives would cost nothing."""
     (d_size, d_stride), (e_size, e_stride) = _dp_groups(state.ctx, state.batch)
     n = len(state.batch)
     for label, params, size, stride in zip(("dense", "expert"), layer_shards(state, kind),
                                            (d_size, e_size), (d_stride, e_stride)):
-        yield label, np.broadcast_to(np.asarray(params, dtype=np.float64), (n,)), size, stride
+        params = np.broadcast_to(np.asarray(params, dtype=np.float64), (n,))
+        if np.any(params > 0):
+            yield label, params, size, stride
 
 
 def layer_gather_s(state, kind: str, prefix: str = "fsdp", pieces=None) -> np.ndarray:
@@ -189,6 +192,8 @@ def optimizer(state, rows):
     (d_size, d_stride), (e_size, e_stride) = _dp_groups(ctx, batch)
     comm = np.zeros(len(batch))
     for label, params, size, stride in (("dense", rest_d, d_size, d_stride), ("expert", rest_e, e_size, e_stride)):
+        if not np.any(np.asarray(params) > 0):
+            continue
         rs = Coll(name=f"fsdp_rest_{label}_rs", parallel="dp", kind=REDUCE_SCATTER, bytes=params * gb,
                   group_size=size, stride=stride)
         ag = Coll(name=f"fsdp_rest_{label}_ag", parallel="dp", kind=ALL_GATHER, bytes=params * PARAM_BYTES,
