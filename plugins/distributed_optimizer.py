@@ -204,8 +204,8 @@ def megatron_args(options) -> list[str]:
 
 
 def _moment_args(args) -> dict:
-    """The moments' dtypes, read only under ``--use-precision-aware-optimizer`` (Megatron ignores
-    them without it); the fp32 defaults are left out."""
+    """The precision-aware optimizer's master-weight and moment dtypes, read only under
+    ``--use-precision-aware-optimizer`` (Megatron ignores them without it); fp32 ones are left out."""
     if not args.has("--use-precision-aware-optimizer"):
         return {}
     got = {"main_params_dtype": args.value("--main-params-dtype", "fp32"),

@@ -17,8 +17,8 @@ shrinks F and B before the schedule sees them. p2p as in 1F1B, p−1 warmup tran
 Activations: ``p + 1`` micro-batches' worth on every GPU (Table 2). An end GPU is the first stage
 of one direction, holding ``p`` micro-batches of the first stage's activations as 1F1B's first
 stage does, and the last stage of the other, holding one of the last stage's (``Inflight.first =
-p``, ``mirror_first = 1``; the other end the same the other way round); a middle GPU holds p + 1
-of its stages' (capped at the micro-batches of a direction, m/2).
+p``, ``mirror_first = 1``; the other end the same the other way round; each capped at a
+direction's m/2 micro-batches); a middle GPU holds p + 1 of its stages' (capped at m).
 
 Requirements, enforced by :func:`feasible` (a job breaking them is refused; the tuner never
 proposes one): ``p`` even and ``m ≥ 2p`` micro-batches, split evenly between the two
