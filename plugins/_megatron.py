@@ -13,9 +13,9 @@ import re
 import attrs
 
 from mofa_framework.measurements import layout_variants
+from mofa_framework.types import MappedRow
 
 from ._bridge_presets import release_key
-from mofa_framework.types import MappedRow
 
 #: frameworks whose published runs use Megatron-Core's performance recipes
 MEGATRON_CORE = re.compile(r"megatron[- ]core|\bmcore\b|\bnemo\b|megatron-bridge", re.I)

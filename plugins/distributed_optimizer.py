@@ -65,6 +65,9 @@ GRAD_REDUCE_DTYPES = ("fp32", "bf16")
 MOMENT_DTYPES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0}
 #: master-weight dtypes (``--main-params-dtype``) and their bytes
 MASTER_DTYPES = {"fp32": 4.0, "fp16": 2.0}
+#: the precision-aware optimizer's options and the Megatron-LM flags that set them (fp32 by default)
+PRECISION_AWARE_FLAGS = {"main_params_dtype": "--main-params-dtype", "exp_avg_dtype": "--exp-avg-dtype",
+                         "exp_avg_sq_dtype": "--exp-avg-sq-dtype"}
 
 
 @attrs.frozen(kw_only=True)
@@ -194,10 +197,10 @@ def memory(state, rows):
 
 def megatron_args(options) -> list[str]:
     extra = ["--grad-reduce-in-bf16"] if options is not None and options.grad_reduce_dtype == "bf16" else []
-    dtypes = {k: getattr(options, k.removeprefix("--").replace("-", "_"), "fp32") if options is not None else "fp32"
-              for k in ("--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype")}
-    if any(v != "fp32" for v in dtypes.values()):
-        extra += ["--use-precision-aware-optimizer", *(x for k, v in dtypes.items() if v != "fp32" for x in (k, v))]
+    low = [(flag, getattr(options, name)) for name, flag in PRECISION_AWARE_FLAGS.items()
+           if options is not None and getattr(options, name) != "fp32"]
+    if low:
+        extra += ["--use-precision-aware-optimizer", *(x for pair in low for x in pair)]
     if options is not None and options.shard_gradients:
         return ["--use-custom-fsdp", "--data-parallel-sharding-strategy", "optim_grads", *extra]
     return ["--use-distributed-optimizer", *extra]
@@ -208,9 +211,7 @@ def _moment_args(args) -> dict:
     ``--use-precision-aware-optimizer`` (Megatron ignores them without it); fp32 ones are left out."""
     if not args.has("--use-precision-aware-optimizer"):
         return {}
-    got = {"main_params_dtype": args.value("--main-params-dtype", "fp32"),
-           "exp_avg_dtype": args.value("--exp-avg-dtype", "fp32"),
-           "exp_avg_sq_dtype": args.value("--exp-avg-sq-dtype", "fp32")}
+    got = {name: args.value(flag, "fp32") for name, flag in PRECISION_AWARE_FLAGS.items()}
     return {k: v for k, v in got.items() if v != "fp32"}
 
 

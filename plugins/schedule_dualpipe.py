@@ -60,7 +60,7 @@ def inflight(x) -> Inflight:
     half = x.m / 2.0
     own = np.minimum(half, x.p)
     one = np.minimum(half, 1.0)
-    return Inflight(first=own, mid=np.minimum(x.m, x.p + 1.0), last=one, mirror_first=one, mirror_mid=0.0 * own,
+    return Inflight(first=own, mid=np.minimum(x.m, x.p + 1.0), last=one, mirror_first=one, mirror_mid=np.zeros_like(own),
                     mirror_last=own)
 
 
