@@ -86,19 +86,22 @@ def contention(state, rows) -> tuple[np.ndarray, np.ndarray]:
     return np.where(a > 0, a, eff.contention_compute), np.where(b > 0, b, eff.contention_comm)
 
 
-def overlap_layers(state, applies, compute: str, comm: str, exposed: str, total_time):
+def overlap_layers(state, applies, compute: str, comm: str, exposed: str, total_time, total_time_bwd=None):
     """Set ``exposed`` in every layer type and pass to ``total_time(compute, comm) − compute``.
 
     `compute`, `comm` and `exposed` name LayerCosts fields with ``{}`` for the pass
     (``"tp_gemm_{}_s"`` → ``tp_gemm_fwd_s`` / ``tp_gemm_bwd_s``); rows where `applies` is false
     or there is no communication keep their exposed time. `total_time` is the overlap's
-    equation for the pair (compute + communication run together).
+    equation for the pair (compute + communication run together); `total_time_bwd`, when given,
+    replaces it in the backward pass.
     """
+    totals = {"fwd": total_time, "bwd": total_time if total_time_bwd is None else total_time_bwd}
+
     def one(lc):
         kw = {}
-        for d in ("fwd", "bwd"):
+        for d, total in totals.items():
             c, m, field = getattr(lc, compute.format(d)), getattr(lc, comm.format(d)), exposed.format(d)
-            kw[field] = np.where(applies & (m > 0), total_time(c, m) - c, getattr(lc, field))
+            kw[field] = np.where(applies & (m > 0), total(c, m) - c, getattr(lc, field))
         return attrs.evolve(lc, **kw)
 
     return attrs.evolve(state, layers={k: one(lc) for k, lc in state.layers.items()})

@@ -90,7 +90,7 @@ def test_bad_options_are_config_errors(mofa_predictor, features):
 
 def test_tp_overlap_eq20(mofa_predictor):
     off, job = evaluate(mofa_predictor, DENSE)
-    on, _ = evaluate(mofa_predictor, DENSE, {"tp_overlap": {"chunks": 4}})
+    on, _ = evaluate(mofa_predictor, DENSE, {"tp_overlap": {"method": "chunked", "chunks": 4}})
     a, b = coefficients(job)
     n = 4
     saved = 0.0
@@ -324,11 +324,54 @@ def test_kernel_scaling_eq17_eq18(mofa_predictor):
     assert_memory_unchanged(on, off)
 
 
+def test_tp_overlap_userbuffers(mofa_predictor):
+    """Transformer Engine's default userbuffers (method te, the default), by hand at TP 8 with
+    α = 1.2, β = 1.1: half of each pass's GEMMs (c' = c/2) against half of its collectives
+    (m' = m/2) as a ring exchange of 8 chunks and 7 p2p steps; the other halves as [20] in 4
+    chunks (forward) or in bulk behind the whole GEMM (backward)."""
+    off, job = evaluate(mofa_predictor, DENSE)
+    a, b = 1.2, 1.1
+    on, _ = evaluate(mofa_predictor, DENSE, {"tp_overlap": {"contention_compute": a, "contention_comm": b}})
+    for d in ("fwd", "bwd"):
+        lc = off.state.layers["dense"]
+        c, m = f0(getattr(lc, f"tp_gemm_{d}_s")) / 2, f0(getattr(lc, f"tp_{d}_s")) / 2
+        ring = 7 * max(a * c / 8, b * m / 7) + a * c / 8
+        if d == "fwd":
+            rest = b * m / 4 + 3 * max(a * c / 4, b * m / 4) + a * c / 4
+        else:  # the one that would finish first under contention does so at min(α·c', β·m')
+            rest = m + a * c * (1 - 1 / b) if a * c <= b * m else c + b * m * (1 - 1 / a)
+        got = f0(getattr(on.state.layers["dense"], f"tp_exposed_{d}_s"))
+        assert got == pytest.approx(ring + rest - 2 * c, rel=1e-12)
+        assert 0 < got < f0(getattr(lc, f"tp_exposed_{d}_s"))
+    # with the profile's contention and with none, the overlap makes the step faster
+    for feats in ({}, {"contention_compute": 1.0, "contention_comm": 1.0}):
+        unit, _ = evaluate(mofa_predictor, DENSE, {"tp_overlap": feats})
+        assert f0(unit.step_time_s) < f0(off.step_time_s)
+    assert_memory_unchanged(on, off)
+
+
+def test_tp_overlap_ring_exchange_hides_what_chunks_expose(mofa_predictor):
+    """With α = β = 1 and each p2p step shorter than its GEMM chunk, the ring exchange hides every
+    all-gather and the reduce-scatters expose one of n chunks (forward) or nothing (bulk,
+    backward): a quarter of [20]'s m/n per pass in the forward, none in the backward."""
+    unit = {"contention_compute": 1.0, "contention_comm": 1.0, "chunks": 4}
+    off, _ = evaluate(mofa_predictor, DENSE)
+    te, _ = evaluate(mofa_predictor, DENSE, {"tp_overlap": unit})
+    ch, _ = evaluate(mofa_predictor, DENSE, {"tp_overlap": {**unit, "method": "chunked"}})
+    lc = off.state.layers["dense"]
+    for d in ("fwd", "bwd"):
+        c, m = f0(getattr(lc, f"tp_gemm_{d}_s")), f0(getattr(lc, f"tp_{d}_s"))
+        assert m < c * 7 / 8  # the regime the statement is about: each p2p step within its GEMM chunk
+        assert f0(getattr(ch.state.layers["dense"], f"tp_exposed_{d}_s")) == pytest.approx(m / 4, rel=1e-12)
+        want = m / 2 / 4 if d == "fwd" else 0.0
+        assert f0(getattr(te.state.layers["dense"], f"tp_exposed_{d}_s")) == pytest.approx(want, rel=1e-12, abs=1e-15)
+
+
 def test_kernel_scaling_runs_before_tp_overlap(mofa_predictor):
     """tp_overlap sees the scaled times: its exposed TP equals [20] on the ÷β, ÷γ inputs."""
     off, job = evaluate(mofa_predictor, DENSE)
     on, _ = evaluate(mofa_predictor, DENSE, {"kernel_scaling": {"compute_factor": 2.0, "bandwidth_factor": 4.0},
-                                             "tp_overlap": {"chunks": 2}})
+                                             "tp_overlap": {"method": "chunked", "chunks": 2}})
     scaled, _ = evaluate(mofa_predictor, DENSE, {"kernel_scaling": {"compute_factor": 2.0, "bandwidth_factor": 4.0}})
     a, b = coefficients(job)
     # the scaled inputs: ÷ 4 on the collective; ÷ 2 on the GEMMs except where an operator reaches the
