@@ -126,14 +126,20 @@ from mofa_framework.uncertainty import TABLE
 #: in-sample 6.47 → 6.48 %
 #: Tightened the same day: torchtitan's per-op checkpointing runs the forward's TP all-gathers again (its
 #: save list keeps only reduce-scatters): torchtitan 13.23 → 12.52 %
+#: Reset on 2026-11-29 (later) after `tp_overlap` was priced as Transformer Engine's userbuffers (ring
+#: exchange, pipeline, bulk) and H100, B200, GB200, GB300, B300 refitted: NeMo's tables (external) 9.0 → 7.9 %,
+#: the papers' rows (external) 12.7 → 11.6 %, overall 7.42 → 7.35 %, in-sample 6.48 → 6.41 %, Megatron-Bridge
+#: 12.08 → 12.00 %, torchtitan 12.52 → 12.15 %; looser by the trade: MoE zoo 16.63 → 17.03 % and its ranking ρ
+#: 0.46 → 0.10 (its Megatron-FSDP row, +66 % held out before, reads +83 % under H100's refitted contention and
+#: passes the slowest of its 5-row group; docs/validation.md, *TP overlap as Transformer Engine runs it*)
 NOT_YET_MET: dict[str, float] = {
-    "source:nvidia_megatron_bridge": 0.1208,
-    "source:megatron_core_moe": 0.1663,
-    "source:torchtitan_benchmarks": 0.1252,
-    "overall": 0.0742,
-    "in-sample": 0.0648,
+    "source:nvidia_megatron_bridge": 0.1200,
+    "source:megatron_core_moe": 0.1703,
+    "source:torchtitan_benchmarks": 0.1215,
+    "overall": 0.0735,
+    "in-sample": 0.0641,
     "ranking:zero_bubble": 0.7483,
-    "ranking:megatron_core_moe": 0.4617,
+    "ranking:megatron_core_moe": 0.1026,
     "ranking:torchtitan_benchmarks": 0.5000,
 }
 #: how far a figure may drift before the ratchet trips (fractions, or ρ)
