@@ -374,9 +374,15 @@ def _memo_prices(ctx: Context, cols: Mapping[str, np.ndarray]) -> FloatArray:
     process: the tuner prices the same structures' collectives chunk after chunk, and a provider
     prices rows independently (kind, bytes, group size, nodes → seconds), so a row seen before
     takes its earlier answer, bit for bit. Large batches (rows that vary per candidate) go to the
-    provider directly."""
+    provider directly, each run of equal consecutive rows asked once (:func:`_runs_of`)."""
     n = len(cols["kind"])
     if n > _MEMO_ROWS:
+        heads, run = _runs_of(cols)
+        if len(heads) < n:
+            sub = {k: v[heads] for k, v in cols.items()}
+            return _memo_prices(ctx, sub)[run] if len(heads) <= _MEMO_ROWS else \
+                invariants.provider_result(ctx.pm, "mofa_collective_latency", len(heads),
+                                           colls=CollectiveBatch(**sub), hardware=ctx.hardware)[run]
         return invariants.provider_result(ctx.pm, "mofa_collective_latency", n, colls=CollectiveBatch(**cols),
                                           hardware=ctx.hardware)
     impls = tuple(ctx.pm.hook.mofa_collective_latency.get_hookimpls())
@@ -400,6 +406,17 @@ def _memo_prices(ctx: Context, cols: Mapping[str, np.ndarray]) -> FloatArray:
         for i, v in zip(miss, new.tolist()):
             got[i] = table[keys[i]] = v
     return np.array(got, dtype=np.float64)
+
+
+def _runs_of(cols: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(first row of each run of rows equal in every column of `cols`, each row's run): the
+    tuner's batches are sorted by structure, so a collective's inputs repeat row after row."""
+    n = len(next(iter(cols.values())))
+    starts = np.zeros(n, bool)
+    starts[0] = True
+    for v in cols.values():
+        starts[1:] |= v[1:] != v[:-1]
+    return np.flatnonzero(starts), np.cumsum(starts) - 1
 
 
 def _per_structure_rows(ctx: Context, cols: Mapping[str, np.ndarray], k: int, n: int):
@@ -963,11 +980,11 @@ def _mirror_work(comp: dict[str, np.ndarray], mirrored: BoolArray) -> dict[str, 
     """On a mirrored schedule's rows each end GPU runs half its micro-batches through the first
     stage and half through the last: its work per micro-batch is their mean (a middle GPU's, two
     middle stages', the worst middle's)."""
-    if not mirrored.any():
-        return comp
-    for k, v in comp.items():
-        ends = 0.5 * (v[0] + v[2])
-        comp[k] = np.stack([np.where(mirrored, ends, v[0]), v[1], np.where(mirrored, ends, v[2])])
+    rows = np.flatnonzero(mirrored)
+    for v in comp.values():  # each (3, N) array is this call's own (built by _stage_components)
+        ends = 0.5 * (v[0, rows] + v[2, rows])
+        v[0, rows] = ends
+        v[2, rows] = ends
     return comp
 
 

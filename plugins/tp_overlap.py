@@ -91,8 +91,12 @@ def layer(state, rows):
     applies = (b.tp > 1) & np.asarray(b.sequence_parallel, bool)
 
     def total(backward):
-        return lambda gemm, comm: np.where(te, userbuffers(gemm, comm, t, n, alpha, beta, backward),
-                                           pipelined(gemm, comm, n, alpha, beta))
+        def one(gemm, comm):
+            if te.all():  # one method on every row (the usual case): price only that one
+                return userbuffers(gemm, comm, t, n, alpha, beta, backward)
+            chunked = pipelined(gemm, comm, n, alpha, beta)
+            return np.where(te, userbuffers(gemm, comm, t, n, alpha, beta, backward), chunked) if te.any() else chunked
+        return one
 
     return overlap_layers(state, applies, "tp_gemm_{}_s", "tp_{}_s", "tp_exposed_{}_s", total(False), total(True))
 

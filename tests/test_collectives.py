@@ -155,3 +155,39 @@ def test_shipped_h100_tables_cover_its_collectives(mofa_predictor):
     nvls = max(p.busbw_gbps for p in hw.collective_profile if p.kind == "all_reduce" and p.scope == "scaleup"
                and p.group_size == 8)
     assert up == pytest.approx(2**30 * 2 * 7 / 8 / (nvls * 1e9), rel=0.05)
+
+
+# ====================================================================== the engine's pricing of many rows
+
+
+def test_large_batches_ask_the_provider_once_per_run_of_equal_rows(mofa_predictor, monkeypatch):
+    """Rows sorted by structure repeat a collective's inputs: a batch above the memo's size asks the
+    provider for the first row of each run of equal rows only, and every row gets its run's price,
+    bit for bit what the provider gives each row alone."""
+    from mofa_framework import engine
+
+    hw = mofa_predictor.registry.hardware_profile("h100-sxm5-80gb")
+    runs = [(0, 1e6, 8, 1), (2, 4e8, 64, 8), (0, 1e6, 8, 1), (1, 3e7, 16, 2)]  # a run may recur later
+    reps = [300, 1, 250, 100]
+    cols = {k: np.repeat(np.array([r[i] for r in runs], dtype=dt), reps)
+            for i, (k, dt) in enumerate((("kind", np.int64), ("bytes", np.float64), ("group_size", np.int64),
+                                          ("nodes", np.int64)))}
+    n = sum(reps)
+    assert n > engine._MEMO_ROWS
+    asked = []
+    real = engine.invariants.provider_result
+
+    def spy(pm, hook, rows, **kw):
+        asked.append(rows)
+        return real(pm, hook, rows, **kw)
+
+    monkeypatch.setattr(engine.invariants, "provider_result", spy)
+    monkeypatch.setattr(engine, "_COLLECTIVE_MEMO", {})  # nothing priced before
+    ctx = engine.Context(model=mofa_predictor.registry.model("llama3-8b"), hardware=hw, geometry=None,
+                         pm=mofa_predictor.pm)
+    got = engine._memo_prices(ctx, cols)
+    assert asked == [len(runs)]  # one question, the four runs' first rows
+    alone = real(mofa_predictor.pm, "mofa_collective_latency", n, colls=CollectiveBatch(**cols), hardware=hw)
+    assert np.array_equal(got, alone)
+    heads, run = engine._runs_of(cols)
+    assert heads.tolist() == [0, 300, 301, 551] and run[299] == 0 and run[300] == 1 and run[-1] == 3
