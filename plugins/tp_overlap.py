@@ -90,13 +90,14 @@ def layer(state, rows):
     t = np.asarray(b.tp, np.float64)
     applies = (b.tp > 1) & np.asarray(b.sequence_parallel, bool)
 
-    def total(backward):
-        def one(gemm, comm):
-            if te.all():  # one method on every row (the usual case): price only that one
-                return userbuffers(gemm, comm, t, n, alpha, beta, backward)
+    def total(backward: bool):
+        def priced(gemm, comm):  # each method only where a row uses it (usually one for all)
+            ub = userbuffers(gemm, comm, t, n, alpha, beta, backward) if te.any() else None
+            if te.all():
+                return ub
             chunked = pipelined(gemm, comm, n, alpha, beta)
-            return np.where(te, userbuffers(gemm, comm, t, n, alpha, beta, backward), chunked) if te.any() else chunked
-        return one
+            return chunked if ub is None else np.where(te, ub, chunked)
+        return priced
 
     return overlap_layers(state, applies, "tp_gemm_{}_s", "tp_{}_s", "tp_exposed_{}_s", total(False), total(True))
 
@@ -109,8 +110,9 @@ def from_megatron(args):
 FEATURE = OverlapStrategy(
     name="tp_overlap",
     description="overlap each TP collective with its adjacent GEMM (Megatron --tp-comm-overlap: TE userbuffers)",
-    equation="[20] T = β·m_1 + Σ_{i=1}^{n−1} max(α·c_i, β·m_{i+1}) + α·c_n (method chunked); method te: ring "
-             "exchange (t−1)·max(α·c'/t, β·m'/(t−1)) + α·c'/t on half, [20] (fwd) or bulk (bwd) on the other half",
+    equation="[20] T = β·m_1 + Σ_{i=1}^{n−1} max(α·c_i, β·m_{i+1}) + α·c_n (method chunked); "
+             "method te: ring exchange (t−1)·max(α·c'/t, β·m'/(t−1)) + α·c'/t on half, "
+             "[20] (fwd) or bulk (bwd) on the other half",
     options_type=TpOverlapOptions,
     layer=layer,
     applies=lambda batch, model, hardware: (batch.tp > 1) & batch.sequence_parallel,

@@ -367,6 +367,18 @@ def test_tp_overlap_ring_exchange_hides_what_chunks_expose(mofa_predictor):
         assert f0(getattr(te.state.layers["dense"], f"tp_exposed_{d}_s")) == pytest.approx(want, rel=1e-12, abs=1e-15)
 
 
+def test_tp_overlap_methods_mixed_in_one_batch(mofa_predictor):
+    """A batch whose rows use both methods prices each row as it is priced alone."""
+    jobs = [make_job(mofa_predictor, DENSE, {"tp_overlap": {"method": m}}, name=m) for m in ("te", "chunked")]
+    both = mofa_predictor.evaluate(jobs_to_batch(jobs, mofa_predictor.registry), jobs[0].model, jobs[0].hardware)
+    for i, m in enumerate(("te", "chunked")):
+        alone, _ = evaluate(mofa_predictor, DENSE, {"tp_overlap": {"method": m}})
+        for d in ("fwd", "bwd"):
+            field = f"tp_exposed_{d}_s"
+            assert float(getattr(both.state.layers["dense"], field)[i]) == f0(getattr(alone.state.layers["dense"], field))
+    assert both.step_time_s[0] < both.step_time_s[1]
+
+
 def test_kernel_scaling_runs_before_tp_overlap(mofa_predictor):
     """tp_overlap sees the scaled times: its exposed TP equals [20] on the ÷β, ÷γ inputs."""
     off, job = evaluate(mofa_predictor, DENSE)
