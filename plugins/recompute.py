@@ -105,12 +105,14 @@ class RecomputeOptions:
         return tuple(m for m in RECOMPUTE_MODULES if getattr(self, m)) or ("core_attn",)
 
 
-def _group_flops(ctx, kind: str, groups) -> np.ndarray:
+def _group_flops(ctx, kind: str, *groups: str) -> tuple[np.ndarray, ...]:
+    """Forward FLOPs of each of the operator `groups` of a `kind` layer, per row (one decomposition
+    of the layer, per structure)."""
     def flops(c):
+        ops = layer_operators(c.model, c.geometry, kind)
         z = np.zeros(len(c.geometry.b))
-        return sum((np.asarray(o.flops, dtype=np.float64) for o in layer_operators(c.model, c.geometry, kind)
-                    if o.group in groups), z)
-    return ctx.per_structure(flops)
+        return tuple(sum((np.asarray(o.flops, dtype=np.float64) for o in ops if o.group == g), z) for g in groups)
+    return tuple(ctx.per_structure(flops))
 
 
 #: which LayerCosts forward-time field already carries each operator group's (FP8/kernel-scaled) time
@@ -223,8 +225,8 @@ def layer(state, rows):
         # selective (the QKV projection only with the attention core it feeds)
         qkv_k = qkv & state.ctx.model.block(kind).is_attention
         sel_time = np.where(qkv_k, c.qkv_attn_fwd_s, c.attn_fwd_s)
-        sel_flops = (_group_flops(state.ctx, kind, ("core_attn",))
-                     + np.where(qkv_k, _group_flops(state.ctx, kind, ("qkv",)), 0.0))
+        attn_flops, qkv_flops = _group_flops(state.ctx, kind, "core_attn", "qkv")
+        sel_flops = attn_flops + np.where(qkv_k, qkv_flops, 0.0)
         sel_saved = c.act_saved_bytes - c.act_core_attn_bytes
         sel_other = c.act_other_bytes
         sel_work = c.act_working_bytes
