@@ -1360,8 +1360,8 @@ def run_schedules(state: CostState, registry) -> tuple[PipelineTimes, Inflight]:
             out[f.name][idx] = _checked(f"{who}: {f.name}", getattr(t, f.name, None), len(idx))
         for f in attrs.fields(Inflight):
             value = getattr(fl, f.name, None)
-            if f.name.startswith("mirror_") and np.ndim(value) == 0 and value is not None:
-                value = np.full(len(idx), float(value))  # a scalar default (non-mirrored schedules)
+            if isinstance(value, (int, float)):  # one number for every row (the mirror_* defaults)
+                value = np.full(len(idx), float(value))
             inf[f.name][idx] = _checked(f"{who}: inflight.{f.name}", value, len(idx))
     return PipelineTimes(**out), Inflight(**inf)
 
@@ -1372,6 +1372,16 @@ def _dp_groups(ctx: Context, batch: CandidateBatch):
     dense = (g.dp * g.c, g.t)  # Megatron reduces dense grads over DP×CP
     expert = (g.t * g.c * g.dp / (g.e * g.etp), g.e * g.etp)
     return dense, expert
+
+
+def dp_param_groups(ctx: Context, batch: CandidateBatch, dense, expert):
+    """(label, parameters, group size, stride) of the `dense` and the `expert` parameters (per row),
+    each with the data-parallel group it is reduced (or sharded) over (:func:`_dp_groups`); a kind no
+    row holds any of — a dense model's experts — is left out: its collectives would cost nothing."""
+    (d_size, d_stride), (e_size, e_stride) = _dp_groups(ctx, batch)
+    for label, params, size, stride in (("dense", dense, d_size, d_stride), ("expert", expert, e_size, e_stride)):
+        if np.any(np.asarray(params) > 0):
+            yield label, params, size, stride
 
 
 def _params_on_stages(model: ModelSpec, batch: CandidateBatch, lay: StageLayout):

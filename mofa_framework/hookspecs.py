@@ -92,7 +92,8 @@ class MofaSpecs:
         :class:`~mofa_framework.types.PipelineSchedule`. Each schedule's ``time`` and
         ``inflight`` callables are later called by the engine with a
         :class:`~mofa_framework.engine.PipelineInputs` holding the rows (candidate
-        configurations) that chose it, and must return arrays of that length. A schedule
+        configurations) that chose it, and must return arrays of that length (an ``Inflight``
+        field may also be one number for every row). A schedule
         whose GPUs each run two mirrored stages (``mirrored = True``: GPU j also runs stage
         ``p−1−j``, as DualPipe does) has the engine price each GPU rather than each stage:
         the end GPUs' work is the mean of the first and the last stage's, their parameters

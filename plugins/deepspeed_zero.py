@@ -82,7 +82,7 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.decompose import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Coll
-from mofa_framework.engine import _dp_groups, _grad_bytes_per_param, params_on_stages
+from mofa_framework.engine import _grad_bytes_per_param, dp_param_groups, params_on_stages
 from mofa_framework.types import ConstraintResult, MemoryOptimizer, option
 from mofa_plugins._overlap import ContentionOptions, contention, opt
 from mofa_plugins.distributed_optimizer import dp_sizes, shard_fraction
@@ -210,12 +210,9 @@ def busiest_stage(state):
 def gradient_reduction_s(state, rows, dense, expert, stage):
     """(total, last bucket) seconds of one reduction of the gradients of `dense` and `expert`
     parameters, each over its own DP group, in ``reduce_bucket_size`` buckets."""
-    (d_size, d_stride), (e_size, e_stride) = _dp_groups(state.ctx, state.batch)
     kind, g, bucket = _reduce_kind(rows, stage), grad_bytes(rows), opt(rows, "reduce_bucket_size", 5e8)
     total = last = 0.0
-    for label, params, size, stride in (("dense", dense, d_size, d_stride), ("expert", expert, e_size, e_stride)):
-        if not np.any(params > 0):  # nothing to reduce (a dense model's experts): no collective to price
-            continue
+    for label, params, size, stride in dp_param_groups(state.ctx, state.batch, dense, expert):
         t, t_last = bucketed_s(state.ctx, f"zero_grad_{label}", kind, params, g, bucket, size, stride)
         total, last = total + t, last + t_last
     return total, last
@@ -223,12 +220,9 @@ def gradient_reduction_s(state, rows, dense, expert, stage):
 
 def parameter_gather_s(state, rows, dense, expert):
     """Seconds of the stage-1/2 all-gather of the updated bf16 parameters (``allgather_bucket_size``)."""
-    (d_size, d_stride), (e_size, e_stride) = _dp_groups(state.ctx, state.batch)
     bucket = opt(rows, "allgather_bucket_size", 5e8)
     total = 0.0
-    for label, params, size, stride in (("dense", dense, d_size, d_stride), ("expert", expert, e_size, e_stride)):
-        if not np.any(params > 0):
-            continue
+    for label, params, size, stride in dp_param_groups(state.ctx, state.batch, dense, expert):
         total = total + bucketed_s(state.ctx, f"zero_param_{label}", ALL_GATHER, params, PARAM_BYTES, bucket, size,
                                    stride)[0]
     return total
@@ -275,10 +269,7 @@ def layer(state, rows):
     # stage 3: the parameters outside the layers are gathered with them, twice per micro-batch
     rest = _rest_params(state)
     rest_ag = np.zeros(len(state.batch))
-    (d_size, d_stride), (e_size, e_stride) = _dp_groups(state.ctx, state.batch)
-    for label, params, size, stride in (("dense", rest[0], d_size, d_stride), ("expert", rest[1], e_size, e_stride)):
-        if not np.any(params > 0):
-            continue
+    for label, params, size, stride in dp_param_groups(state.ctx, state.batch, *rest):
         ag = Coll(name=f"zero3_rest_{label}_ag", parallel="dp", kind=ALL_GATHER, bytes=params * PARAM_BYTES,
                   group_size=size, stride=stride)
         rest_ag = rest_ag + np.where(params > 0, state.ctx.collective_s(ag, per_structure=True), 0.0)

@@ -50,7 +50,7 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.decompose import ALL_GATHER, REDUCE_SCATTER, Coll
-from mofa_framework.engine import ADAM_BYTES_PER_PARAM, _dp_groups, _grad_bytes_per_param
+from mofa_framework.engine import ADAM_BYTES_PER_PARAM, _dp_groups, _grad_bytes_per_param, dp_param_groups
 from mofa_framework.types import MemoryOptimizer, option
 from mofa_plugins.fp8 import fp8_param_rows
 
@@ -142,13 +142,9 @@ def local_params(state):
 def sharded_dp_comm_s(state) -> np.ndarray:
     """Reduce-scatter of the gradients + all-gather of the parameters (bf16, or FP8), dense and expert groups."""
     ctx, batch = state.ctx, state.batch
-    (d_size, d_stride), (e_size, e_stride) = _dp_groups(ctx, batch)
-    p_dense, p_expert = local_params(state)
     gb, pb = reduce_grad_bytes(batch), param_gather_bytes(batch)
     total = np.zeros(len(batch))
-    for label, params, size, stride in (("dense", p_dense, d_size, d_stride), ("expert", p_expert, e_size, e_stride)):
-        if not np.any(params > 0):  # a dense model's experts: nothing to price
-            continue
+    for label, params, size, stride in dp_param_groups(ctx, batch, *local_params(state)):
         rs = lambda b: Coll(name=f"dp_{label}_grad_rs", parallel="dp", kind=REDUCE_SCATTER,  # noqa: E731
                             bytes=params * b, group_size=size, stride=stride)
         ag = lambda b: Coll(name=f"dp_{label}_param_ag", parallel="dp", kind=ALL_GATHER,  # noqa: E731

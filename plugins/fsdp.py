@@ -61,7 +61,7 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.decompose import ALL_GATHER, REDUCE_SCATTER, Coll, layer_params
-from mofa_framework.engine import _dp_groups, _grad_bytes_per_param, frozen_weight_rows, params_on_stages
+from mofa_framework.engine import _grad_bytes_per_param, dp_param_groups, frozen_weight_rows, params_on_stages
 from mofa_framework.limits import MAX_LAYERS, between
 from mofa_framework.types import MemoryOptimizer, option
 from mofa_plugins._overlap import ContentionOptions, contention, opt
@@ -112,13 +112,9 @@ def layer_groups(state, kind: str):
     """(label, parameters, group size, stride) of one layer's dense and expert parameters on one GPU
     and the data-parallel group each is sharded over; a group with no parameters on any row (a dense
     layer's experts) is left out — its collectives would cost nothing."""
-    (d_size, d_stride), (e_size, e_stride) = _dp_groups(state.ctx, state.batch)
     n = len(state.batch)
-    for label, params, size, stride in zip(("dense", "expert"), layer_shards(state, kind),
-                                           (d_size, e_size), (d_stride, e_stride)):
-        params = np.broadcast_to(np.asarray(params, dtype=np.float64), (n,))
-        if np.any(params > 0):
-            yield label, params, size, stride
+    dense, expert = (np.broadcast_to(np.asarray(p, dtype=np.float64), (n,)) for p in layer_shards(state, kind))
+    yield from dp_param_groups(state.ctx, state.batch, dense, expert)
 
 
 def layer_gather_s(state, kind: str, prefix: str = "fsdp", pieces=None) -> np.ndarray:
@@ -189,11 +185,8 @@ def optimizer(state, rows):
     frac = shard_fraction(p_dense, p_expert, d_dense, d_expert)
     rest_d, rest_e = _rest_params(state)
     gb = reduced_grad_bytes(state, rows)
-    (d_size, d_stride), (e_size, e_stride) = _dp_groups(ctx, batch)
     comm = np.zeros(len(batch))
-    for label, params, size, stride in (("dense", rest_d, d_size, d_stride), ("expert", rest_e, e_size, e_stride)):
-        if not np.any(np.asarray(params) > 0):
-            continue
+    for label, params, size, stride in dp_param_groups(ctx, batch, rest_d, rest_e):
         rs = Coll(name=f"fsdp_rest_{label}_rs", parallel="dp", kind=REDUCE_SCATTER, bytes=params * gb,
                   group_size=size, stride=stride)
         ag = Coll(name=f"fsdp_rest_{label}_ag", parallel="dp", kind=ALL_GATHER, bytes=params * PARAM_BYTES,

@@ -78,6 +78,24 @@ def test_hook_mofa_register_pipeline_schedules(mofa_pm, mofa_predictor):
     assert sum(r.breakdown.values()) == pytest.approx(r.step_time_s)
 
 
+def test_schedule_inflight_may_be_one_number(mofa_pm, mofa_predictor):
+    """An ``Inflight`` field given as one number holds for every row: the same peak memory as the
+    same value given per row."""
+    from mofa_framework.engine import Inflight
+
+    class P:
+        @hookimpl
+        def mofa_register_pipeline_schedules(self):
+            return [PipelineSchedule(name=n, description="test", time=_const_schedule, inflight=f)
+                    for n, f in (("arrays", lambda x: Inflight(first=x.m * 0 + 2.0, mid=x.m * 0 + 2.0, last=x.m * 0 + 2.0)),
+                                 ("numbers", lambda x: Inflight(first=2.0, mid=2.0, last=2.0)))]
+    mofa_pm.register_plugin(P(), "sched2")
+    arrays = predict(mofa_predictor, {**JOB, "pipeline": {"schedule": "arrays"}})
+    numbers = predict(mofa_predictor, {**JOB, "pipeline": {"schedule": "numbers"}})
+    assert numbers.peak_memory_gib == arrays.peak_memory_gib
+    assert numbers.memory_breakdown["activations"] > 0
+
+
 def _feature_plugin(hook, cls, name, **phases):
     def impl(self):
         return [cls(name=name, description="test", **phases)]
