@@ -897,14 +897,21 @@ class _Search:
         t = self.top.threshold()
         return t + abs(t) * _REL_EPS if np.isfinite(t) else t
 
-    def budget(self) -> int:
-        """Candidates the next pop may take: the chunk, or :data:`MEMORY_BOUND_GROWTH` chunks once
-        at least a chunk of leaves has been reached and fewer than :data:`MEMORY_BOUND_SHARE` of them
-        fit (counts, not time: the same search pops the same nodes on any machine)."""
-        reached = self.evaluated + self.floored
-        if self.adaptive and reached >= self.chunk_rows and self.feasible < MEMORY_BOUND_SHARE * reached:
+    def budget(self, depth: int) -> int:
+        """Candidates the next pop (of level `depth`) may take: the chunk, or, above the pipeline
+        level, :data:`MEMORY_BOUND_GROWTH` chunks once at least a chunk of leaves has been reached
+        and fewer than :data:`MEMORY_BOUND_SHARE` of them fit (counts, not time: the same search pops
+        the same nodes on any machine). Pipeline-level nodes are popped a chunk at a time: their
+        memory floors dropped those with no leaf that fits, so their leaves' incumbent prunes."""
+        if self.adaptive and depth < len(self.level_kinds) and self.memory_bound():
             return self.chunk_rows * MEMORY_BOUND_GROWTH
         return self.chunk_rows
+
+    def memory_bound(self) -> bool:
+        """Whether at least a chunk of leaves has been reached and fewer than
+        :data:`MEMORY_BOUND_SHARE` of them fit (evaluated, or ruled out by their node's floor)."""
+        reached = self.evaluated + self.floored
+        return reached >= self.chunk_rows and self.feasible < MEMORY_BOUND_SHARE * reached
 
     def _batch(self, s_idx: np.ndarray, choice: np.ndarray) -> CandidateBatch:
         """The batch of rows (structure, choice vector): as ``structs.take(s_idx)`` with the
@@ -929,9 +936,14 @@ class _Search:
         return [np.flatnonzero(label == x) for x in _present(label)]
 
     def _grouped(self, fn, s_idx: np.ndarray, choice: np.ndarray) -> np.ndarray:
-        out = np.empty(len(s_idx))
+        """``fn`` over the rows, one group of exclusive features at a time: its values (one per row,
+        or a (k, rows) stack of k per row) in the rows' order."""
+        out = None
         for rows in self._groups(choice):
-            out[rows] = fn(s_idx[rows], choice[rows])
+            vals = fn(s_idx[rows], choice[rows])
+            if out is None:
+                out = np.empty(vals.shape[:-1] + (len(s_idx),))
+            out[..., rows] = vals
         return out
 
     # ---- bounds (rows sorted by structure)
@@ -957,11 +969,26 @@ class _Search:
 
     def _pipeline(self, s_idx: np.ndarray, choice: np.ndarray) -> np.ndarray:
         """Objective bound of rows (structure, layer- and pipeline-feature setting): the pipeline
-        time (busy, bubble, exposed p2p) + overhead; DP and the optimizer only add."""
+        time (busy, bubble, exposed p2p) + overhead; DP and the optimizer only add. Stacked with
+        each row's memory floor (:meth:`_floors`) once the search is :meth:`memory_bound` (before,
+        most nodes have leaves that fit, and a memory pass per bounded node costs more than the
+        nodes it would spare)."""
         batch = self._batch(s_idx, choice)
         pl = engine.pipeline_phase(batch, self.req.model, self.req.hardware, self.predictor.pm,
                                    **self._engine_args(s_idx))
-        return _objective(self.req, pl.times.total_s + self.overhead_s, batch)
+        bound = _objective(self.req, pl.times.total_s + self.overhead_s, batch)
+        if self.lowered is None or not self.memory_bound():
+            return bound
+        return np.stack([bound, *self._floors(pl)])
+
+    def _floors(self, pl) -> tuple[np.ndarray, np.ndarray]:
+        """(which memory no leaf below a pipeline-level node can fit in — 0 none, 1 the HBM, 2 the
+        host's —, its GPU floor in GiB): the node's memory with the leaf features off, less every
+        component those may lower (``Feature.lowers_memory``), bounds each leaf's from below."""
+        gpu, host = engine.memory_floor(pl, self.lowered)
+        over = np.where(gpu > self.req.hardware.hbm_bytes, 1.0,
+                        np.where(host > self.req.hardware.host_bytes_per_gpu, 2.0, 0.0))
+        return over, gpu / GIB
 
     # ---- expansions
     def _child_rows(self, depth: int, grp, s, sub):
@@ -984,15 +1011,43 @@ class _Search:
         same = self.nodes.same[depth][g_idx] if depth > 0 else np.zeros(len(g_idx), bool)
         b = bound[pos].astype(np.float64)  # the same layer costs: the same bound
         todo = np.flatnonzero(~same)
+        alive = None  # children with room in memory below, where a floor dropped some
         if self.req.pareto:  # no pruning: every leaf is evaluated, bounds would be wasted work
             b[:] = 0.0
         elif len(todo):
             fn = {"settled": self._settled, "busy": self._busy, "pipeline": self._pipeline}[self.level_kinds[depth]]
-            # a node's bound holds for all below it: a child keeps the larger of the two
-            b[todo] = np.maximum(self._grouped(fn, rows_s[todo], choice[todo]), b[todo])
+            vals = self._grouped(fn, rows_s[todo], choice[todo])
             self.bounded_rows += len(todo)
+            if vals.ndim == 2:  # pipeline-level nodes with their memory floors: drop those no leaf fits
+                vals, over, floor_gib = vals
+                fits = self._room_below(todo, vals, over, floor_gib, self.nodes.leaves_below[depth][gid])
+                if not fits.all():
+                    alive = np.ones(len(b), bool)
+                    alive[todo[~fits]] = False
+                    todo, vals = todo[fits], vals[fits]
+            # a node's bound holds for all below it: a child keeps the larger of the two
+            b[todo] = np.maximum(vals, b[todo])
+        if alive is not None:
+            g_idx, rows_s, child, b, gid = (a[alive] for a in (g_idx, rows_s, child, b, gid))
         self.levels[depth + 1].push(g_idx, rows_s, child, b, self.nodes.leaves_below[depth][gid],
                                     self.nodes.fanout[depth][gid])
+
+    def _room_below(self, todo: np.ndarray, bound: np.ndarray, over: np.ndarray, floor_gib: np.ndarray,
+                    leaves: np.ndarray) -> np.ndarray:
+        """Whether some leaf below each pipeline-level node (children `todo`, their `bound`) may fit
+        in memory; the others' leaves are counted as memory failures, as :meth:`_memory_room` counts
+        them, and as reached (for :meth:`budget`) where the node's bound could still win: the search
+        would have popped it to learn that nothing below fits."""
+        if not len(todo):
+            return np.ones(0, bool)
+        self.min_floor = min(self.min_floor, float(floor_gib.min()))
+        for reason, code in ((OVER_HBM, 1.0), (OVER_HOST, 2.0)):
+            hit = over == code
+            if hit.any():
+                self.removed[reason] = self.removed.get(reason, 0) + int(leaves[todo[hit]].sum())
+        live = (over > 0.0) & (bound <= self.threshold())
+        self.floored += int(leaves[todo[live]].sum())
+        return over == 0.0
 
     def evaluate(self, grp: np.ndarray, ps: np.ndarray, pf: np.ndarray) -> None:
         """The leaves below pipeline-level nodes (structure `ps`, layer+pipeline setting `pf`): the
@@ -1164,7 +1219,7 @@ class _Search:
             # the smallest bound first; on a tie the deepest level (it reaches a leaf sooner). Out of
             # time with nothing that fits yet: dive (deepest level first) to the first that does
             depth = max(live) if out_of_time else min(live, key=lambda i: (levels[i].min(), -i))
-            self.expand(depth, *levels[depth].pop(limit, self.budget()))
+            self.expand(depth, *levels[depth].pop(limit, self.budget(depth)))
             now = time.perf_counter()
             if progress is not None and now - last_report > 0.25:
                 last_report = now

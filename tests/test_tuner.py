@@ -506,6 +506,33 @@ def test_moe_search_equals_brute_force_for_every_objective(mofa_predictor, objec
         assert result.best[0].checkpoint_interval_steps >= 1
 
 
+def test_pipeline_level_nodes_with_no_leaf_in_memory_are_never_popped(mofa_predictor, monkeypatch):
+    """The memory-bound A100 case: a pipeline-level node whose memory floor is over the HBM is dropped
+    when it is bounded (its leaves counted as memory failures), so the search pops fewer of them than
+    with the floors turned off (every node kept, to be ruled out when popped) — for the same optimum
+    and the same leaves evaluated."""
+    import mofa_framework.tuner as tuner
+
+    reg = mofa_predictor.registry
+    jobs, pred, ok = _moe_case(mofa_predictor, "a100-sxm4-80gb")
+    space = SearchSpace(**_MOE_SPACE, features={n: feature_choices(reg, n) for n in _MOE_FEATURES})
+    req = TuneRequest(model=jobs[0].model, hardware=jobs[0].hardware, num_gpus=16, global_batch_size=32,
+                      sequence_length=4096, space=space, top_k=3, chunk_rows=16)
+    dropped, popped = [], []
+    room, evaluate = tuner._Search._room_below, tuner._Search.evaluate
+    monkeypatch.setattr(tuner._Search, "_room_below",
+                        lambda self, *a: dropped.append(int((~(r := room(self, *a))).sum())) or r)
+    monkeypatch.setattr(tuner._Search, "evaluate", lambda self, grp, *a: popped.append(len(grp)) or evaluate(self, grp, *a))
+    floored = tune(mofa_predictor, req)
+    with_floors = sum(popped)
+    popped.clear()
+    monkeypatch.setattr(tuner._Search, "_room_below", lambda self, todo, *a: np.ones(len(todo), bool))
+    kept = tune(mofa_predictor, req)
+    assert sum(dropped) > 0 and with_floors < sum(popped)
+    assert [c.step_time_s for c in floored.best] == [c.step_time_s for c in kept.best]
+    assert floored.evaluated == kept.evaluated and floored.removed_by[tuner.OVER_HBM] > 0
+
+
 _LATTICE_SPACE = dict(_MOE_SPACE, tp=(2,), pp=(2, 4), vpp=(1,), ep=(2, 8), schedules=("1f1b",), lighter_ends=(0,),
                       lighter_last=(0, 2))
 _LATTICE_FEATURES = ("activation_offload", "distributed_optimizer", "fsdp", "memfine", "recompute", "weight_offload")
@@ -558,18 +585,23 @@ def test_the_lattice_shares_a_level_between_features_that_exclude_one_another(mo
 def test_a_memory_bound_search_pops_larger_chunks():
     """Hand values of the pop budget: the chunk until a chunk of leaves has been reached, then
     MEMORY_BOUND_GROWTH chunks while fewer than MEMORY_BOUND_SHARE of them fit; never when the
-    request sets the chunk (or asks for a front: `adaptive` off)."""
+    request sets the chunk (or asks for a front: `adaptive` off), nor for pipeline-level nodes
+    (depth 3 of 3 levels below the structures: their children are leaves)."""
     from types import SimpleNamespace
 
     from mofa_framework.tuner import MEMORY_BOUND_GROWTH, MEMORY_BOUND_SHARE, _Search
 
-    def budget(evaluated, floored, feasible, adaptive=True):
-        return _Search.budget(SimpleNamespace(chunk_rows=1000, adaptive=adaptive, evaluated=evaluated,
-                                              floored=floored, feasible=feasible))
+    def budget(evaluated, floored, feasible, adaptive=True, depth=1):
+        search = SimpleNamespace(chunk_rows=1000, adaptive=adaptive, evaluated=evaluated, floored=floored,
+                                 feasible=feasible, level_kinds=("settled", "busy", "pipeline"))
+        search.memory_bound = lambda: _Search.memory_bound(search)
+        return _Search.budget(search, depth)
 
     assert (MEMORY_BOUND_SHARE, MEMORY_BOUND_GROWTH) == (0.05, 4)
     assert budget(999, 0, 0) == 1000  # fewer than a chunk of leaves reached: too early to tell
     assert budget(600, 400, 49) == 4000  # 1,000 reached (evaluated or ruled out by their floor), 4.9 % fit
+    assert budget(600, 400, 49, depth=2) == 4000  # the level above the pipeline level
+    assert budget(600, 400, 49, depth=3) == 1000  # pipeline-level nodes: one chunk at a time
     assert budget(600, 400, 50) == 1000  # 5 % fit: not memory-bound
     assert budget(100_000, 0, 10, adaptive=False) == 1000
 
@@ -590,7 +622,7 @@ def test_the_grown_chunk_keeps_a_memory_bound_search_exact(mofa_predictor, monke
     monkeypatch.setattr(tuner, "CHUNK_ROWS", 16)
     grown = []
     budget = tuner._Search.budget
-    monkeypatch.setattr(tuner._Search, "budget", lambda self: grown.append(budget(self)) or grown[-1])
+    monkeypatch.setattr(tuner._Search, "budget", lambda self, depth: grown.append(budget(self, depth)) or grown[-1])
     adaptive = tune(mofa_predictor, TuneRequest(**common))
     fixed = tune(mofa_predictor, TuneRequest(**common, chunk_rows=16))
     assert 16 * tuner.MEMORY_BOUND_GROWTH in grown and grown[0] == 16
