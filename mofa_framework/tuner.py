@@ -73,8 +73,11 @@ PARETO_CHUNK_ROWS = 131_072
 #: reached, once a chunk's worth has been) pops :data:`MEMORY_BOUND_GROWTH` times as many candidates
 #: at a time: its fast nodes must all be priced to learn that they do not fit, so the incumbent that
 #: small chunks keep for pruning comes late either way, and larger engine calls price them for less
+#: (above the pipeline level only, where the floors cannot drop nodes yet; 2, not 4: the same CPU
+#: time within noise on the memory-bound searches, DeepSeek-V3's peak 598 → 457 MiB, DeepSeek-V4-Pro's
+#: 1,114 → 991 MiB at +12 % CPU)
 MEMORY_BOUND_SHARE = 0.05
-MEMORY_BOUND_GROWTH = 4
+MEMORY_BOUND_GROWTH = 2
 
 
 def _pow2_upto(n: int) -> tuple[int, ...]:

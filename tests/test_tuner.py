@@ -597,10 +597,10 @@ def test_a_memory_bound_search_pops_larger_chunks():
         search.memory_bound = lambda: _Search.memory_bound(search)
         return _Search.budget(search, depth)
 
-    assert (MEMORY_BOUND_SHARE, MEMORY_BOUND_GROWTH) == (0.05, 4)
+    assert (MEMORY_BOUND_SHARE, MEMORY_BOUND_GROWTH) == (0.05, 2)
     assert budget(999, 0, 0) == 1000  # fewer than a chunk of leaves reached: too early to tell
-    assert budget(600, 400, 49) == 4000  # 1,000 reached (evaluated or ruled out by their floor), 4.9 % fit
-    assert budget(600, 400, 49, depth=2) == 4000  # the level above the pipeline level
+    assert budget(600, 400, 49) == 2000  # 1,000 reached (evaluated or ruled out by their floor), 4.9 % fit
+    assert budget(600, 400, 49, depth=2) == 2000  # the level above the pipeline level
     assert budget(600, 400, 49, depth=3) == 1000  # pipeline-level nodes: one chunk at a time
     assert budget(600, 400, 50) == 1000  # 5 % fit: not memory-bound
     assert budget(100_000, 0, 10, adaptive=False) == 1000
