@@ -256,6 +256,8 @@ class MofaSpecs:
         Composition: lifecycle.
 
         Called once when the CLI is assembled, after plugins are loaded. Receives the
-        top-level :class:`click.Group`; add commands with ``cli.add_command``. Returns
-        nothing.
+        top-level :class:`click.Group`; add commands with ``cli.add_command``. The core's
+        own groups (``import``, …) are loaded when first used: to add a sub-command to one,
+        wrap its loader in ``cli.lazy[name]`` (``plugins/import_torchtitan.py`` adds
+        ``mofa import torchtitan`` so). Returns nothing.
         """

@@ -23,12 +23,18 @@ def _import(state, kind: str, source: str, hardware, gpus, model, name, output, 
     header = [f"imported by `mofa import {kind}` from {origin}", *(f"note: {n}" for n in res.notes)]
     if res.unknown:
         header.append(f"unknown flags (not read): {' '.join(res.unknown)}")
+    write_imported_job(res.job, header, output, fmt)
+
+
+def write_imported_job(job: dict, header: list[str], output: Path | None, fmt: str) -> None:
+    """An imported job as TOML (`header` as its comments) or JSON, to `output` or standard output
+    (shared with the plugins that add ``mofa import`` sub-commands)."""
     if fmt == "json":
         import json
 
-        body = json.dumps(res.job, indent=2) + "\n"
+        body = json.dumps(job, indent=2) + "\n"
     else:
-        body = to_toml(res.job, header)
+        body = to_toml(job, header)
     if output is None:
         click.echo(body, nl=False)
         return
@@ -56,10 +62,16 @@ def _common(f):
 
 @click.group("import")
 def import_cmd():
-    """Write a MoFa job from a Megatron-LM launch or a NeMo / Megatron-Bridge config."""
+    """Write a MoFa job from a Megatron-LM launch, a NeMo / Megatron-Bridge config or (a plugin) a
+    torchtitan train config."""
 
 
-@import_cmd.command("megatron")
+#: SOURCE may be the arguments themselves in quotes ("--tensor-model-parallel-size 8 ..."): a token
+#: click does not know as an option is the argument, not an error
+ARGUMENTS_IN_QUOTES = {"ignore_unknown_options": True}
+
+
+@import_cmd.command("megatron", context_settings=ARGUMENTS_IN_QUOTES)
 @_common
 @pass_state
 def import_megatron(state, source, hardware, gpus, model, name, output, fmt):
@@ -73,7 +85,7 @@ def import_megatron(state, source, hardware, gpus, model, name, output, fmt):
     _import(state, "megatron", source, hardware, gpus, model, name, output, fmt)
 
 
-@import_cmd.command("nemo")
+@import_cmd.command("nemo", context_settings=ARGUMENTS_IN_QUOTES)
 @_common
 @pass_state
 def import_nemo(state, source, hardware, gpus, model, name, output, fmt):
