@@ -1114,7 +1114,7 @@ class _Search:
             self.top.offer(float(val[t]), same, tie, (int(g_idx[t]), int(s_idx[t]), int(c_idx[t])))
         if req.pareto:
             ok_rows = np.flatnonzero(fits)
-            g_ok, c_ok = g_idx[ok_rows], c_idx[ok_rows]
+            c_ok = c_idx[ok_rows]
             tie = np.stack([self.nodes.n_on[leaf[ok_rows]], s_idx[ok_rows], c_ok])
             for t in _pareto(out.step_time_s[ok_rows], out.peak_memory_bytes[ok_rows], tie):
                 r = int(ok_rows[t])
