@@ -774,19 +774,50 @@ class _Level:
     does not grow with the pending nodes (DeepSeek-V3 on 256 A100s keeps millions pending)."""
 
     FIELDS = ("grp", "s", "sub", "bound", "count", "fanout")
+    #: a part is copied without its popped head or dead tail once those are at least half of it and
+    #: at least this many nodes: its memory follows the nodes still pending, at amortised O(1) a node
+    COMPACT_MIN = 4096
 
     def __init__(self, **arrays):
         #: per part: [arrays sorted by bound (FIELDS order), cumulative count, cumulative fanout, cursor]
         self.parts: list[list] = []
+        #: leaves below nodes dropped because their bound could no longer win (:meth:`prune`)
+        self.dropped = 0
         if arrays:
             self.push(*(arrays[f] for f in self.FIELDS))
 
-    def push(self, *arrays) -> None:
+    def push(self, *arrays, limit: float = np.inf) -> None:
+        """Add nodes; those whose bound is above `limit` (the k-th best: they can never be popped)
+        are not kept, their leaves counted as dropped."""
         if not len(arrays[0]):
             return
         order = np.argsort(arrays[3], kind="stable")
+        cut = int(np.searchsorted(np.asarray(arrays[3])[order], limit, side="right"))
+        if cut < len(order):
+            self.dropped += int(np.asarray(arrays[4])[order[cut:]].sum())
+            order = order[:cut]
+        if not len(order):
+            return
         cols = tuple(np.asarray(a)[order] for a in arrays)
         self.parts.append([cols, np.cumsum(cols[4]), np.cumsum(cols[5]), 0])
+
+    def prune(self, limit: float) -> None:
+        """Drop the nodes whose bound is above `limit` (the k-th best, which only falls) and the
+        popped heads, where that is at least half of a part (see :data:`COMPACT_MIN`)."""
+        kept = []
+        for part in self.parts:
+            cols, ccount, cfan, cur = part
+            n = len(cols[0])
+            cut = max(cur, int(np.searchsorted(cols[3], limit, side="right")))
+            if cut == cur:
+                self.dropped += int(ccount[-1]) - self._before(ccount, cur)
+                continue
+            if (n - cut) + cur >= max(n // 2, self.COMPACT_MIN):
+                self.dropped += int(ccount[-1]) - self._before(ccount, cut)
+                cols = tuple(c[cur:cut].copy() for c in cols)
+                part = [cols, np.cumsum(cols[4]), np.cumsum(cols[5]), 0]
+            kept.append(part)
+        self.parts = kept
 
     @staticmethod
     def _before(cum: np.ndarray, i: int) -> int:
@@ -800,8 +831,9 @@ class _Level:
         return min((float(p[0][3][p[3]]) for p in self.parts), default=np.inf)
 
     def leaves(self, above: float) -> tuple[int, int]:
-        """(leaves below nodes whose bound is above `above`, leaves below the others)."""
-        pruned = kept = 0
+        """(leaves below nodes whose bound is above `above` — and below those already dropped —,
+        leaves below the others)."""
+        pruned, kept = self.dropped, 0
         for cols, ccount, _, cur in self.parts:
             cut = max(cur, int(np.searchsorted(cols[3], above, side="right")))
             start, total = self._before(ccount, cur), int(ccount[-1])
@@ -840,6 +872,11 @@ class _Level:
         for k, _, _ in heads:  # a part's smallest bounds go first: what it gave is a prefix
             self.parts[k][3] += int(taken[k])
         self.parts = [p for p in self.parts if p[3] < len(p[0][0])]
+        for k, part in enumerate(self.parts):  # the popped heads' memory back, past half a part
+            cols, ccount, cfan, cur = part
+            if cur >= max(len(cols[0]) // 2, self.COMPACT_MIN):
+                cols = tuple(c[cur:].copy() for c in cols)
+                self.parts[k] = [cols, np.cumsum(cols[4]), np.cumsum(cols[5]), 0]
         return pick[0][take], pick[1][take], pick[2][take], pick[3][take]
 
 
@@ -1033,7 +1070,7 @@ class _Search:
         if alive is not None:
             g_idx, rows_s, child, b, gid = (a[alive] for a in (g_idx, rows_s, child, b, gid))
         self.levels[depth + 1].push(g_idx, rows_s, child, b, self.nodes.leaves_below[depth][gid],
-                                    self.nodes.fanout[depth][gid])
+                                    self.nodes.fanout[depth][gid], limit=self.threshold())
 
     def _room_below(self, todo: np.ndarray, bound: np.ndarray, over: np.ndarray, floor_gib: np.ndarray,
                     leaves: np.ndarray) -> np.ndarray:
@@ -1210,8 +1247,13 @@ class _Search:
         levels += [_Level() for _ in self.level_kinds]
         last_report = -np.inf
         out_of_time = False
+        pruned_at = np.inf
         while True:
             limit = self.threshold()
+            if limit < pruned_at:  # a better k-th best: what is pending above it can never be popped
+                for lv in levels:
+                    lv.prune(limit)
+                pruned_at = limit
             live = [i for i, lv in enumerate(levels) if len(lv) and lv.min() <= limit]
             if not live:  # no pending bound can beat the k-th best
                 return True

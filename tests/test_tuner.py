@@ -1260,6 +1260,68 @@ def test_pending_level_pops_the_smallest_bounds_first_as_one_sorted_list_would()
     check()
 
 
+@pytest.mark.parametrize("compact_min", [1, 4096])
+def test_pending_level_drops_what_can_no_longer_win_and_counts_its_leaves(monkeypatch, compact_min):
+    """``_Level.prune(limit)`` / ``push(..., limit=)``: nodes above the k-th best (which only falls)
+    are dropped with their leaves counted as pruned, and popped heads are freed; against a reference
+    list: the same pops, the same live nodes below the limit, the same pruned and kept leaves
+    (with every part compacted at once, ``COMPACT_MIN = 1``, and at the shipped threshold)."""
+    from mofa_framework.tuner import _Level
+
+    monkeypatch.setattr(_Level, "COMPACT_MIN", compact_min)
+
+    def arrays(bounds, fanouts, first_id=0):
+        ids = np.arange(first_id, first_id + len(bounds))
+        return ids % 3, ids, ids * 10, np.array(bounds, float), np.array(fanouts, np.int64) * 2, np.array(fanouts, np.int64)
+
+    lv = _Level()
+    lv.push(*arrays([5.0, 1.0, 3.0, 9.0], [4, 4, 4, 4]), limit=6.0)  # 9.0 can never be popped
+    assert len(lv) == 3 and lv.dropped == 8
+    lv.prune(2.0)
+    assert lv.leaves(2.0) == (8 + 2 * 8, 8) and lv.min() == 1.0
+
+    @settings(max_examples=80, deadline=None)
+    @given(st.lists(st.one_of(
+        st.tuples(st.just("push"), st.lists(st.tuples(st.integers(0, 6), st.integers(1, 5)), min_size=1, max_size=12)),
+        st.tuples(st.just("pop"), st.tuples(st.integers(0, 7), st.integers(1, 20))),
+        st.tuples(st.just("prune"), st.integers(0, 7))), max_size=25))
+    def check(ops):
+        lv, ref, next_id, cap, dropped = _Level(), [], 0, np.inf, 0
+        for kind, arg in ops:
+            if kind == "push":
+                bounds, fans = [float(b) for b, _ in arg], [f for _, f in arg]
+                lv.push(*arrays(bounds, fans, next_id), limit=cap)
+                new = [(b, next_id + i, f) for i, (b, f) in enumerate(zip(bounds, fans))]
+                dropped += sum(2 * n[2] for n in new if n[0] > cap)
+                ref += [n for n in new if n[0] <= cap]
+                next_id += len(arg)
+            elif kind == "prune":
+                cap = min(cap, float(arg))
+                lv.prune(cap)
+                dropped += sum(2 * n[2] for n in ref if n[0] > cap)
+                ref = [n for n in ref if n[0] <= cap]
+            else:
+                limit, budget = min(float(arg[0]), cap), arg[1]
+                live = sorted((n for n in ref if n[0] <= limit), key=lambda n: n[0])  # stable: push order
+                take = 0
+                while take < len(live) and (take == 0 or sum(n[2] for n in live[:take + 1]) <= budget):
+                    take += 1
+                got = lv.pop(limit, budget)
+                if not live:
+                    assert got is None
+                    continue
+                want = live[:take]
+                assert got[1].tolist() == [n[1] for n in want] and got[3].tolist() == [n[0] for n in want]
+                ref = [n for n in ref if n not in want]
+            if ref:  # every reference node is ≤ cap: the level's smallest is the reference's
+                assert lv.min() == min(n[0] for n in ref)
+            above = min(3.0, cap)
+            assert lv.leaves(above) == (dropped + sum(2 * n[2] for n in ref if n[0] > above),
+                                        sum(2 * n[2] for n in ref if n[0] <= above))
+
+    check()
+
+
 def test_present_values_are_np_unique_of_small_ints():
     """`_present` counts instead of sorting: the same sorted distinct values as np.unique."""
     from mofa_framework.tuner import _present
