@@ -104,14 +104,16 @@ def _parse_flags(words: list[str]) -> dict:
         if not w.startswith("--") or "." not in w:
             raise ConfigError(f"torchtitan flags: {w!r} is not a --section.key flag (e.g. "
                               "--parallelism.tensor_parallel_degree 8)")
-        key, _, value = w[2:].partition("=")
-        if not _:
+        key, sep, value = w[2:].partition("=")
+        if not sep:  # --key value, or a bare --key (true)
             nxt = words[i + 1] if i + 1 < len(words) else None
             value, i = ("true", i) if nxt is None or nxt.startswith("--") else (nxt, i + 1)
         node = out
         *path, leaf = key.split(".")
         for p in path:
             node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"torchtitan flags: --{key}: {p!r} was given a value of its own before")
         node[leaf] = _scalar(value)
         i += 1
     return out

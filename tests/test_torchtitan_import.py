@@ -141,6 +141,7 @@ def test_async_tp_and_hsdp_are_named_not_guessed():
     ("--model.flavor 8B --training.seq_len 99999999999", "sequence_length"),
     ("model = [", "not TOML"),
     ("--model.flavor 8B stray", "'stray' is not a --section.key flag"),
+    ("--model.flavor 8B --training.seq_len 4096 --training.seq_len.x 2", "'seq_len' was given a value of its own"),
 ])
 def test_bad_configs_are_one_line_naming_the_key(cli, source, fragment):
     text = source if source.startswith("--") else None
