@@ -201,7 +201,8 @@ class TuneRequest:
     #: packed sequences' mean document length (a job property, not searched; 0 = unpacked)
     document_length: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     #: stop after this many seconds (wall clock) with the best found so far, not proven optimal (if
-    #: nothing that fits was found by then, the search dives to the first configuration that does)
+    #: nothing that fits was found by then, the search dives to the first configuration that does, for
+    #: at most :func:`dive_deadline` seconds in all)
     time_budget_s: float | None = attrs.field(default=None, validator=attrs.validators.optional(
         attrs.validators.gt(0.0)))
     #: GiB of HBM per GPU a configuration must leave free: it fits when its peak ≤ HBM − headroom
@@ -283,6 +284,10 @@ class TuneResult:
         if not self.proven_optimal and not self.evaluated:
             return (f"the time budget ran out after {self.elapsed_s:.1f} s before any candidate was evaluated: "
                     "give a larger --time-budget")
+        if not self.proven_optimal:
+            return (f"the time budget ran out after {self.elapsed_s:.1f} s (the dive for a configuration that fits "
+                    f"included) with none found among {self.evaluated:,} evaluated and {self.unexplored:,} candidates "
+                    "not explored: not proven that none fits; give a larger --time-budget, or none")
         if not self.removed_by:
             return "the search space is empty"
         ranked = sorted(self.removed_by.items(), key=lambda kv: -kv[1])
@@ -880,6 +885,16 @@ class _Level:
         return pick[0][take], pick[1][take], pick[2][take], pick[3][take]
 
 
+#: out of time with nothing that fits, the search dives for the first configuration that does for at
+#: most as long again as the budget, and at least this long; then it stops, having found none
+DIVE_GRACE_S = 10.0
+
+
+def dive_deadline(budget_s: float) -> float:
+    """Seconds after which a search out of time that has found nothing that fits gives up."""
+    return budget_s + max(budget_s, DIVE_GRACE_S)
+
+
 class _Search:
     """The best-first branch and bound (see the module docstring)."""
 
@@ -1259,7 +1274,7 @@ class _Search:
                 return True
             if req.time_budget_s is not None and time.perf_counter() - t0 > req.time_budget_s:
                 out_of_time = True
-                if self.feasible:
+                if self.feasible or time.perf_counter() - t0 > dive_deadline(req.time_budget_s):
                     return False
             # the smallest bound first; on a tie the deepest level (it reaches a leaf sooner). Out of
             # time with nothing that fits yet: dive (deepest level first) to the first that does

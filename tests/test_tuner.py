@@ -1109,7 +1109,9 @@ def test_time_budget_returns_the_best_so_far_labelled(mofa_predictor, monkeypatc
     for budget in cut:
         assert budget.unexplored > 0 and budget.best[0].step_time_s >= exact.best[0].step_time_s
     assert all(r.unexplored == 0 for r in results if r.proven_optimal)
-    # out of time before anything fitted: it dives to the first configuration that fits
+    # out of time before anything fitted: it dives to the first configuration that fits (within its
+    # grace, here longer than the fake clock's readings run: see the next test for a dive that ends)
+    monkeypatch.setattr(tuner_mod, "DIVE_GRACE_S", 1e6)
     dive = tune(mofa_predictor, TuneRequest(**common, time_budget_s=0.5))
     assert dive.best and not dive.proven_optimal and dive.evaluated < exact.evaluated
     monkeypatch.undo()
@@ -1121,6 +1123,29 @@ def test_time_budget_returns_the_best_so_far_labelled(mofa_predictor, monkeypatc
                                    "--format", "json"])
     assert out.exit_code == 0 and "not proven optimal" in out.output
     assert json.loads(out.output[out.output.index("{"):])["proven_optimal"] is False
+
+
+def test_a_dive_that_finds_nothing_that_fits_stops_too(mofa_predictor, monkeypatch):
+    """Out of time with nothing that fits, the search dives for the first configuration that does —
+    for at most ``dive_deadline(budget)`` = budget + max(budget, DIVE_GRACE_S) seconds. Llama 3.1 405B
+    on 32 A100 40GBs fits nowhere (the full search proves it); with a 40 s budget on a fake clock (one
+    second a reading) it stops by 80 s, labelled not proven, and says so in one line."""
+    import mofa_framework.tuner as tuner_mod
+
+    assert tuner_mod.dive_deadline(40.0) == 80.0 and tuner_mod.dive_deadline(1.0) == 1.0 + tuner_mod.DIVE_GRACE_S
+    reg = mofa_predictor.registry
+    model, hw = reg.model("llama3.1-405b"), reg.hardware_profile("a100-sxm4-40gb")
+    space = default_space(reg, model, hw, 32, 4096, features=["recompute", "distributed_optimizer", "tp_overlap"])
+    common = dict(model=model, hardware=hw, num_gpus=32, global_batch_size=64, sequence_length=4096, space=space,
+                  top_k=2, chunk_rows=256)
+    full = tune(mofa_predictor, TuneRequest(**common))
+    assert not full.best and full.proven_optimal and "no feasible configuration" in full.why_empty()
+    clock = itertools.count()
+    monkeypatch.setattr(tuner_mod.time, "perf_counter", lambda: float(next(clock)))
+    cut = tune(mofa_predictor, TuneRequest(**common, time_budget_s=40.0))
+    assert not cut.best and not cut.proven_optimal and cut.unexplored > 0 and 0 < cut.evaluated < full.evaluated
+    assert cut.elapsed_s <= 80.0 + 4  # the last pop, and the readings around it
+    assert "not proven that none fits" in cut.why_empty() and "\n" not in cut.why_empty()
 
 
 def test_progress_line_when_not_on_a_terminal(capsys):

@@ -275,7 +275,8 @@ class _ProgressLine:
               help="Layers fewer on the last pipeline stage than on the first (its output layer, loss and MTP "
                    "modules), e.g. 0,3 (default 0 to 1 + 2 × the model's MTP modules).")
 @click.option("--time-budget", type=click.FloatRange(min=0.0, min_open=True), metavar="SECONDS",
-              help="Stop after SECONDS and print the best found so far (labelled: not proven optimal).")
+              help="Stop after SECONDS and print the best found so far (labelled: not proven optimal); with "
+                   "nothing that fits yet, dive for one for at most as long again (10 s at least).")
 @click.option("--memory-headroom-gib", "memory_headroom", type=click.FloatRange(min=0.0), metavar="GIB",
               help="HBM per GPU every configuration must leave free, for the allocator's fragmentation and the "
                    "memory estimate's error (default: the job's [search] memory_headroom_gib, else 0).")
