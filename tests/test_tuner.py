@@ -1086,17 +1086,22 @@ def test_lowers_memory_declarations_hold(mofa_predictor, model_name, gpus, layou
                 assert (a[:, 1:] >= a[:, :1] * (1 - 1e-12) - 1e-6).all(), (name, comp, base)
 
 
+def _budget_request(predictor, model_name, hw_name, gpus, gbs, top_k):
+    """The time-budget tests' request: recompute, the distributed optimizer and TP overlap, small chunks."""
+    reg = predictor.registry
+    model, hw = reg.model(model_name), reg.hardware_profile(hw_name)
+    space = default_space(reg, model, hw, gpus, 4096, features=["recompute", "distributed_optimizer", "tp_overlap"])
+    return dict(model=model, hardware=hw, num_gpus=gpus, global_batch_size=gbs, sequence_length=4096, space=space,
+                top_k=top_k, chunk_rows=256)
+
+
 def test_time_budget_returns_the_best_so_far_labelled(mofa_predictor, monkeypatch):
     """--time-budget: the search stops when it runs out and returns the best found, labelled as not
     proven optimal; with no time at all it still dives to the first configuration that fits. A fake
     clock makes it deterministic: every reading advances one second."""
     import mofa_framework.tuner as tuner_mod
 
-    reg = mofa_predictor.registry
-    model, hw = reg.model("llama3-70b"), reg.hardware_profile("h100-sxm5-80gb")
-    space = default_space(reg, model, hw, 256, 4096, features=["recompute", "distributed_optimizer", "tp_overlap"])
-    common = dict(model=model, hardware=hw, num_gpus=256, global_batch_size=512, sequence_length=4096, space=space,
-                  top_k=3, chunk_rows=256)
+    common = _budget_request(mofa_predictor, "llama3-70b", "h100-sxm5-80gb", 256, 512, top_k=3)
     exact = tune(mofa_predictor, TuneRequest(**common))
     assert exact.proven_optimal and exact.unexplored == 0
     results = []
@@ -1133,11 +1138,7 @@ def test_a_dive_that_finds_nothing_that_fits_stops_too(mofa_predictor, monkeypat
     import mofa_framework.tuner as tuner_mod
 
     assert tuner_mod.dive_deadline(40.0) == 80.0 and tuner_mod.dive_deadline(1.0) == 1.0 + tuner_mod.DIVE_GRACE_S
-    reg = mofa_predictor.registry
-    model, hw = reg.model("llama3.1-405b"), reg.hardware_profile("a100-sxm4-40gb")
-    space = default_space(reg, model, hw, 32, 4096, features=["recompute", "distributed_optimizer", "tp_overlap"])
-    common = dict(model=model, hardware=hw, num_gpus=32, global_batch_size=64, sequence_length=4096, space=space,
-                  top_k=2, chunk_rows=256)
+    common = _budget_request(mofa_predictor, "llama3.1-405b", "a100-sxm4-40gb", 32, 64, top_k=2)
     full = tune(mofa_predictor, TuneRequest(**common))
     assert not full.best and full.proven_optimal and "no feasible configuration" in full.why_empty()
     clock = itertools.count()
@@ -1229,16 +1230,35 @@ def test_distinct_rows_number_rows_as_np_unique_does():
     check()
 
 
+def _level_arrays(bounds, fanouts, first_id=0):
+    """A pushed batch of nodes: ids from `first_id`, leaves below each = 2 × its fanout."""
+    ids = np.arange(first_id, first_id + len(bounds))
+    return ids % 3, ids, ids * 10, np.array(bounds, float), np.array(fanouts, np.int64) * 2, np.array(fanouts, np.int64)
+
+
+def _pop_as_reference(lv, ref, limit, budget):
+    """Pop `lv` and check it against the reference list `ref` of (bound, id, fanout) sorted stably by
+    bound, the budget read as the largest prefix whose children fit (at least one): the new `ref`."""
+    live = sorted((n for n in ref if n[0] <= limit), key=lambda n: n[0])  # stable: push order
+    take = 0
+    while take < len(live) and (take == 0 or sum(n[2] for n in live[:take + 1]) <= budget):
+        take += 1
+    got = lv.pop(limit, budget)
+    if not live:
+        assert got is None
+        return ref
+    want = live[:take]
+    assert got[1].tolist() == [n[1] for n in want] and got[3].tolist() == [n[0] for n in want]
+    return [n for n in ref if n not in want]
+
+
 def test_pending_level_pops_the_smallest_bounds_first_as_one_sorted_list_would():
     """``_Level`` keeps each pushed batch sorted with a cursor: hand values, then any sequence of
     pushes and pops against the whole pending list sorted stably by bound (equal bounds in push
     order), the budget read as the largest prefix whose children fit (at least one node)."""
     from mofa_framework.tuner import _Level
 
-    def arrays(bounds, fanouts, first_id=0):
-        n = len(bounds)
-        ids = np.arange(first_id, first_id + n)
-        return ids % 3, ids, ids * 10, np.array(bounds, float), np.array(fanouts, np.int64) * 2, np.array(fanouts, np.int64)
+    arrays = _level_arrays
 
     lv = _Level()
     lv.push(*arrays([5.0, 1.0, 3.0], [4, 4, 4]))
@@ -1264,18 +1284,7 @@ def test_pending_level_pops_the_smallest_bounds_first_as_one_sorted_list_would()
                 ref += [(b, next_id + i, f) for i, (b, f) in enumerate(zip(bounds, fans))]
                 next_id += len(arg)
             else:
-                limit, budget = arg
-                live = sorted((n for n in ref if n[0] <= limit), key=lambda n: n[0])  # stable: push order
-                take = 0
-                while take < len(live) and (take == 0 or sum(n[2] for n in live[:take + 1]) <= budget):
-                    take += 1
-                got = lv.pop(float(limit), budget)
-                if not live:
-                    assert got is None
-                    continue
-                want = live[:take]
-                assert got[1].tolist() == [n[1] for n in want] and got[3].tolist() == [n[0] for n in want]
-                ref = [n for n in ref if n not in want]
+                ref = _pop_as_reference(lv, ref, float(arg[0]), arg[1])
             assert len(lv) == len(ref)
             assert lv.min() == min((n[0] for n in ref), default=np.inf)
             above = 3.0
@@ -1295,9 +1304,7 @@ def test_pending_level_drops_what_can_no_longer_win_and_counts_its_leaves(monkey
 
     monkeypatch.setattr(_Level, "COMPACT_MIN", compact_min)
 
-    def arrays(bounds, fanouts, first_id=0):
-        ids = np.arange(first_id, first_id + len(bounds))
-        return ids % 3, ids, ids * 10, np.array(bounds, float), np.array(fanouts, np.int64) * 2, np.array(fanouts, np.int64)
+    arrays = _level_arrays
 
     lv = _Level()
     lv.push(*arrays([5.0, 1.0, 3.0, 9.0], [4, 4, 4, 4]), limit=6.0)  # 9.0 can never be popped
@@ -1326,18 +1333,7 @@ def test_pending_level_drops_what_can_no_longer_win_and_counts_its_leaves(monkey
                 dropped += sum(2 * n[2] for n in ref if n[0] > cap)
                 ref = [n for n in ref if n[0] <= cap]
             else:
-                limit, budget = min(float(arg[0]), cap), arg[1]
-                live = sorted((n for n in ref if n[0] <= limit), key=lambda n: n[0])  # stable: push order
-                take = 0
-                while take < len(live) and (take == 0 or sum(n[2] for n in live[:take + 1]) <= budget):
-                    take += 1
-                got = lv.pop(limit, budget)
-                if not live:
-                    assert got is None
-                    continue
-                want = live[:take]
-                assert got[1].tolist() == [n[1] for n in want] and got[3].tolist() == [n[0] for n in want]
-                ref = [n for n in ref if n not in want]
+                ref = _pop_as_reference(lv, ref, min(float(arg[0]), cap), arg[1])
             if ref:  # every reference node is ≤ cap: the level's smallest is the reference's
                 assert lv.min() == min(n[0] for n in ref)
             above = min(3.0, cap)
