@@ -21,6 +21,10 @@ validated is what is imported:
 | ``model.converters`` with ``float8`` | ``fp8`` as torchao runs it (``quantize.linear.float8.recipe_name``, or ``float8.recipe_name``: tensorwise by default) |
 | attention | PyTorch SDPA's FlashAttention-2 backend (``fa2``) |
 
+A 2024 config (parallel degrees under ``[training]`` and ``[experimental]``, ``[float8]
+enable_float8_linear``, ``pipeline_parallel_microbatches``) is read in the 2025 layout first
+(:func:`modernise`).
+
 **Choices**, each named in the job file's notes when it applies: HSDP (replicate and shard both
 > 1) is priced as FSDP over the whole data-parallel group; ``enable_async_tensor_parallel`` is not
 priced (torchtitan's own tables measure async TP 9–14 % faster than vanilla TP, less than MoFa's
@@ -132,6 +136,41 @@ def _scalar(value: str) -> Any:
     return value.strip("'\"")
 
 
+#: where torchtitan's 2024 configs kept what ``[parallelism]`` holds since 2025
+LEGACY_PARALLELISM = ("training", "experimental")
+PARALLELISM_KEYS = ("data_parallel_replicate_degree", "data_parallel_shard_degree", "tensor_parallel_degree",
+                    "enable_async_tensor_parallel", "pipeline_parallel_degree", "pipeline_parallel_schedule",
+                    "pipeline_parallel_microbatches", "context_parallel_degree", "expert_parallel_degree")
+
+
+def modernise(cfg: Mapping, notes: list[str]) -> dict:
+    """A 2024 config in the 2025 layout: the parallel degrees of ``[training]`` and ``[experimental]``
+    moved to ``[parallelism]``, ``[float8] enable_float8_linear`` to a ``float8`` converter, and its
+    pipeline split into ``pipeline_parallel_microbatches`` micro-batches (default: the PP degree,
+    torchtitan's default until pytorch/torchtitan#1073) as a micro-batch size."""
+    if "parallelism" in cfg:
+        return dict(cfg)
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in cfg.items()}
+    par = out.setdefault("parallelism", {})
+    for section in LEGACY_PARALLELISM:
+        for key in PARALLELISM_KEYS:
+            if key in out.get(section, {}):
+                par[key] = out[section].pop(key)
+    if (out.get("float8") or {}).get("enable_float8_linear"):
+        out.setdefault("model", {}).setdefault("converters", ["float8"])
+    pp = par.get("pipeline_parallel_degree", 1)
+    local = (out.get("training") or {}).get("batch_size")
+    if isinstance(pp, int) and pp > 1 and isinstance(local, int) and local > 0:
+        n = par.pop("pipeline_parallel_microbatches", pp)
+        if isinstance(n, int) and n > 0 and local % n == 0:
+            par["pipeline_parallel_microbatch_size"] = local // n
+    if par:
+        notes.append("a 2024 config: [training] / [experimental] parallel keys read as [parallelism]; its "
+                     "train.py did not compile the loss")
+        out["_legacy"] = True
+    return out
+
+
 class _Config:
     """Typed access to a parsed torchtitan config, remembering what was read."""
 
@@ -236,7 +275,9 @@ def _features(c: _Config, *, tp: int, pp: int, dp: int, shard: int, replicate: i
     components = c.get("compile.components", ["model", "loss"], keep=False) if compiled else []
     if "model" not in components:
         feats["eager_kernels"] = {}
-    feats.update(loss_features(FRAMEWORK, "torch.compile" if "loss" in components else ""))
+    # torchtitan's 2024 train.py left the loss uncompiled (reader_dense: loss_features)
+    loss_compiled = "loss" in components and not c.get("_legacy", False, keep=False)
+    feats.update(loss_features(FRAMEWORK, "torch.compile" if loss_compiled else ""))
     given = c.get("model.converters", [])
     converters = [given] if isinstance(given, str) else [str(x) for x in given]
     recipe = ""
@@ -278,9 +319,9 @@ def from_torchtitan(config: Mapping | str, registry, *, hardware: str, num_gpus:
                     model: str | None = None, name: str = "torchtitan") -> TorchtitanImport:
     """The MoFa job of a torchtitan train config (parsed, or its TOML / flags text) on `hardware`;
     ConfigError naming the key for what MoFa cannot price."""
-    cfg = parse_source(config) if isinstance(config, str) else config
-    c = _Config(cfg)
     notes: list[str] = []
+    cfg = modernise(parse_source(config) if isinstance(config, str) else config, notes)
+    c = _Config(cfg)
     if not hardware:
         raise ConfigError("--hardware: a torchtitan config does not name the GPU; give a profile "
                           "(mofa list-hardware)")

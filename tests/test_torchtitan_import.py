@@ -115,6 +115,50 @@ def test_flags_a_pipeline_and_selective_layer_checkpointing():
     assert ddp["hardware"]["num_gpus"] == 8 and "fsdp" not in ddp["features"] and "dp_overlap" in ddp["features"]
 
 
+#: a 2024 config (torchtitan's layout until early 2025): degrees under [training] / [experimental],
+#: ``batch_size``, ``training.compile``, ``[float8] enable_float8_linear``, micro-batches by count
+LLAMA3_405B_2024 = """
+[model]
+name = "llama3"
+flavor = "405B"
+
+[training]
+batch_size = 8
+seq_len = 8192
+data_parallel_replicate_degree = 1
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 8
+compile = true
+
+[experimental]
+context_parallel_degree = 1
+pipeline_parallel_degree = 4
+pipeline_parallel_microbatches = 4
+
+[activation_checkpoint]
+mode = "full"
+
+[float8]
+enable_float8_linear = true
+"""
+
+
+def test_a_2024_config_is_read_in_the_2025_layout():
+    """The 2024 keys land where the 2025 ones do: TP 8 and PP 4 from [training] / [experimental],
+    a rank's batch of 8 split into 4 micro-batches of 2, float8 on, compiled kernels, and the loss in
+    fp32 left uncompiled (torchtitan's 2024 train.py)."""
+    from mofa_framework import Predictor
+
+    reg = Predictor().registry
+    res = from_torchtitan(LLAMA3_405B_2024, reg, hardware=H100, num_gpus=512)
+    p, f = res.job["parallel"], res.job["features"]
+    assert (p["tp"], p["pp"], p["micro_batch_size"], p["global_batch_size"]) == (8, 4, 2, 8 * 16)
+    assert f["fp8"]["recipe"] == "tensorwise" and "eager_kernels" not in f
+    assert f["fp32_cross_entropy"] == {} and "distributed_optimizer" in f
+    assert any("a 2024 config" in n for n in res.notes)
+    Predictor().job(res.job)  # loads
+
+
 def test_async_tp_and_hsdp_are_named_not_guessed():
     from mofa_framework import Predictor
 
