@@ -53,6 +53,7 @@ from ._frameworks import attention_kernel, loss_features
 from ._megatron import precision as precision_of
 from ._megatron import uneven_pipeline
 from .reader_dense import TORCHTITAN_AC_EVERY, TORCHTITAN_STAGES_PER_RANK
+from .reader_dense import _recompute as reader_recompute
 
 FRAMEWORK = "torchtitan"
 
@@ -143,13 +144,14 @@ PARALLELISM_KEYS = ("data_parallel_replicate_degree", "data_parallel_shard_degre
                     "pipeline_parallel_microbatches", "context_parallel_degree", "expert_parallel_degree")
 
 
-def modernise(cfg: Mapping, notes: list[str]) -> dict:
+def modernise(cfg: Mapping, notes: list[str]) -> tuple[dict, bool]:
     """A 2024 config in the 2025 layout: the parallel degrees of ``[training]`` and ``[experimental]``
     moved to ``[parallelism]``, ``[float8] enable_float8_linear`` to a ``float8`` converter, and its
     pipeline split into ``pipeline_parallel_microbatches`` micro-batches (default: the PP degree,
-    torchtitan's default until pytorch/torchtitan#1073) as a micro-batch size."""
+    torchtitan's default until pytorch/torchtitan#1073) as a micro-batch size. (config, whether it
+    was a 2024 one)."""
     if "parallelism" in cfg:
-        return dict(cfg)
+        return dict(cfg), False
     out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in cfg.items()}
     par = out.setdefault("parallelism", {})
     for section in LEGACY_PARALLELISM:
@@ -167,8 +169,19 @@ def modernise(cfg: Mapping, notes: list[str]) -> dict:
     if par:
         notes.append("a 2024 config: [training] / [experimental] parallel keys read as [parallelism]; its "
                      "train.py did not compile the loss")
-        out["_legacy"] = True
-    return out
+    return out, bool(par)
+
+
+#: the config's tables MoFa reads: each must be a table (``[training]``, not ``training = 3``)
+READ_TABLES = ("model", "training", "parallelism", "experimental", "activation_checkpoint", "compile", "float8",
+               "quantize")
+
+
+def _tables(cfg: Mapping) -> Mapping:
+    for name in READ_TABLES:
+        if name in cfg and not isinstance(cfg[name], Mapping):
+            raise ConfigError(f"{name}: expected a table ([{name}] or --{name}.key value), got {cfg[name]!r}")
+    return cfg
 
 
 class _Config:
@@ -198,7 +211,7 @@ class _Config:
 # ---------------------------------------------------------------------- the mapping
 
 
-def _model(c: _Config, model: str | None, registry) -> str:
+def _model(c: _Config, model: str | None) -> str:
     if model is not None:
         return model
     name, flavor = c.get("model.name", "llama3"), str(c.get("model.flavor", "debugmodel"))
@@ -227,8 +240,7 @@ def _data_parallel(c: _Config, tp: int, pp: int, cp: int, num_gpus: int | None) 
     total = others * shard
     if num_gpus is not None and num_gpus != total:
         raise ConfigError(f"--gpus {num_gpus}: the config's degrees multiply to {total} GPUs (replicate × shard × "
-                          "tp × pp × cp); give --gpus {total} or set data_parallel_shard_degree = -1".replace(
-                              "{total}", str(total)))
+                          f"tp × pp × cp); give --gpus {total} or set data_parallel_shard_degree = -1")
     return replicate, shard, total
 
 
@@ -257,7 +269,7 @@ def _pipeline(c: _Config, pp: int, num_layers: int, notes: list[str]) -> tuple[d
 
 
 def _features(c: _Config, *, tp: int, pp: int, dp: int, shard: int, replicate: int, num_layers: int,
-              notes: list[str]) -> tuple[dict, str]:
+              legacy: bool, notes: list[str]) -> dict:
     feats: dict[str, dict] = {}
     if shard > 1 and pp > 1:
         feats["distributed_optimizer"] = {}  # FSDP2 under a pipeline: gathered stages (reader_dense)
@@ -276,11 +288,10 @@ def _features(c: _Config, *, tp: int, pp: int, dp: int, shard: int, replicate: i
     if "model" not in components:
         feats["eager_kernels"] = {}
     # torchtitan's 2024 train.py left the loss uncompiled (reader_dense: loss_features)
-    loss_compiled = "loss" in components and not c.get("_legacy", False, keep=False)
+    loss_compiled = "loss" in components and not legacy
     feats.update(loss_features(FRAMEWORK, "torch.compile" if loss_compiled else ""))
     given = c.get("model.converters", [])
     converters = [given] if isinstance(given, str) else [str(x) for x in given]
-    recipe = ""
     if any(x in FLOAT8_CONVERTERS for x in converters):
         recipe = str(c.get("quantize.linear.float8.recipe_name") or c.get("float8.recipe_name") or "tensorwise")
         _, lowp, options = precision_of(f"float8 {recipe}")
@@ -290,29 +301,27 @@ def _features(c: _Config, *, tp: int, pp: int, dp: int, shard: int, replicate: i
     if tp > 1 and c.get("parallelism.enable_async_tensor_parallel", False):
         notes.append("async TP not priced (torchtitan measures it 9-14 % faster than vanilla TP, less than "
                      "tp_overlap hides): add --feature tp_overlap:method=chunked to price it")
-    return feats, recipe
+    return feats
 
 
 def _recompute(c: _Config, pp: int, num_layers: int, notes: list[str]) -> dict | None:
+    """``[activation_checkpoint]`` as the dense reader reads a torchtitan row's recompute column."""
     mode = str(c.get("activation_checkpoint.mode", "selective"))
-    if mode == "none":
-        return None
-    if mode == "full":
-        return {"granularity": "full"}
     if mode == "memory_budget":
         notes.append("memory_budget activation checkpointing priced as per-op selective recompute")
-        return {"granularity": "op"}
-    if mode != "selective":
+        mode, text = "selective", "selective op"
+    elif mode == "selective":
+        option = str(c.get("activation_checkpoint.selective_ac_option", str(TORCHTITAN_AC_EVERY)))
+        if option != "op" and not (option.isdigit() and int(option) >= 1):
+            raise ConfigError(f"activation_checkpoint.selective_ac_option: {option!r}; use 'op' or a positive "
+                              "integer n (every n-th block)")
+        text = "selective op" if option == "op" else f"selective layer every {option}"
+    elif mode in ("full", "none"):
+        text = mode
+    else:
         raise ConfigError(f"activation_checkpoint.mode: {mode!r} is not a torchtitan mode; use none, selective, "
                           "full or memory_budget")
-    option = str(c.get("activation_checkpoint.selective_ac_option", str(TORCHTITAN_AC_EVERY)))
-    if option == "op":
-        return {"granularity": "op"}
-    if not option.isdigit() or int(option) < 1:
-        raise ConfigError(f"activation_checkpoint.selective_ac_option: {option!r}; use 'op' or a positive integer n "
-                          "(every n-th block)")
-    # every n-th transformer block wrapped in a full checkpoint: full recompute of a stage's ⌈(L/pp)/n⌉
-    return {"granularity": "full", "num_layers": max(-(-(num_layers // pp) // int(option)), 1)}
+    return reader_recompute(text, FRAMEWORK, num_layers // pp)
 
 
 def from_torchtitan(config: Mapping | str, registry, *, hardware: str, num_gpus: int | None = None,
@@ -320,7 +329,7 @@ def from_torchtitan(config: Mapping | str, registry, *, hardware: str, num_gpus:
     """The MoFa job of a torchtitan train config (parsed, or its TOML / flags text) on `hardware`;
     ConfigError naming the key for what MoFa cannot price."""
     notes: list[str] = []
-    cfg = modernise(parse_source(config) if isinstance(config, str) else config, notes)
+    cfg, legacy = modernise(_tables(parse_source(config) if isinstance(config, str) else config), notes)
     c = _Config(cfg)
     if not hardware:
         raise ConfigError("--hardware: a torchtitan config does not name the GPU; give a profile "
@@ -329,7 +338,7 @@ def from_torchtitan(config: Mapping | str, registry, *, hardware: str, num_gpus:
     if param != "bfloat16":
         raise ConfigError(f"training.mixed_precision_param: {param!r}; MoFa prices bf16 training with its GEMM "
                           "formats (bf16, fp8): use bfloat16")
-    model_name = _model(c, model, registry)
+    model_name = _model(c, model)
     spec = registry.model(model_name)
     tp = c.count("parallelism.tensor_parallel_degree", 1)
     pp = c.count("parallelism.pipeline_parallel_degree", 1)
@@ -338,14 +347,15 @@ def from_torchtitan(config: Mapping | str, registry, *, hardware: str, num_gpus:
     etp = c.count("parallelism.expert_tensor_parallel_degree", 1)
     replicate, shard, gpus = _data_parallel(c, tp, pp, cp, num_gpus)
     dp = replicate * shard
-    local = c.count("training.local_batch_size", c.get("training.batch_size", 8, keep=False))
+    local = c.count("training.local_batch_size" if c.get("training.local_batch_size", keep=False) is not None
+                    else "training.batch_size", 8)
     gbs = c.get("training.global_batch_size", -1)
     gbs = local * dp if gbs in (-1, None) else c.count("training.global_batch_size", 1)
     mbs = c.count("parallelism.pipeline_parallel_microbatch_size", 1) if pp > 1 else local
     seq = c.count("training.seq_len", 2048)
     pipe_par, pipeline = _pipeline(c, pp, spec.num_layers, notes)
-    feats, _ = _features(c, tp=tp, pp=pp, dp=dp, shard=shard, replicate=replicate, num_layers=spec.num_layers,
-                         notes=notes)
+    feats = _features(c, tp=tp, pp=pp, dp=dp, shard=shard, replicate=replicate, num_layers=spec.num_layers,
+                      legacy=legacy, notes=notes)
     par: dict[str, Any] = {"tp": tp, "pp": pp, "cp": cp, "micro_batch_size": mbs, "global_batch_size": gbs,
                            "sequence_length": seq, "precision": "bf16", "attention_kernel": attention_kernel(FRAMEWORK)}
     if ep > 1:

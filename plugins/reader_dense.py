@@ -261,7 +261,7 @@ def _recompute(rec: str, fw: str = "", num_layers: int = 0) -> dict | None:
         return {"granularity": "full"}
     if rec.startswith("selective") and "torchtitan" in fw.lower() and re.search(r"\blayer\b", rec):
         # torchtitan's selective *layer* AC wraps every n-th block in a full checkpoint (n = the
-        # option's integer, default 2): full recompute of L/n of the layers, not Megatron's selective
+        # option's integer, default 2): full recompute of L/n of a stage's L layers, not Megatron's selective
         n = int(m.group(1)) if (m := re.search(r"every\s*(\d+)", rec)) else TORCHTITAN_AC_EVERY
         return {"granularity": "full", "num_layers": max(-(-num_layers // n), 1)} if num_layers else None
     if rec.startswith("selective"):
@@ -413,7 +413,7 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
         # splits the layers, resolved by `validate.resolve_unstated` to the fastest
         variants = vpp_variants(spec.num_layers, pp, 2 if says_interleaved else 1)
         ignore = UNEVEN_STAGES_IGNORED
-    if (rec := _recompute(ctx.text(r, "recompute"), fw, spec.num_layers if pp == 1 else 0)) is not None:
+    if (rec := _recompute(ctx.text(r, "recompute"), fw, spec.num_layers // pp)) is not None:
         job["features"]["recompute"] = rec
     assumed = ""
     megascale = "megascale" in fw.lower() and "baseline" not in fw.lower()

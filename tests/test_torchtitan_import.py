@@ -109,6 +109,10 @@ def test_flags_a_pipeline_and_selective_layer_checkpointing():
     assert flat["features"]["recompute"] == {"granularity": "op"}
     assert flat["features"]["fsdp"] == {"reshard_after_forward": False}
     assert "eager_kernels" in flat["features"]  # not compiled: eager element-wise kernels
+    for mode, want in (("none", None), ("memory_budget", {"granularity": "op"}), ("full", {"granularity": "full"})):
+        got = from_torchtitan(f"--model.flavor 8B --activation_checkpoint.mode {mode}", reg, hardware=H100,
+                              num_gpus=8).job["features"].get("recompute")
+        assert got == want, mode
     assert flat["features"]["fp32_cross_entropy"] == {}  # the loss in fp32, eager
     ddp = from_torchtitan("--model.flavor 8B --parallelism.data_parallel_replicate_degree 8 "
                           "--parallelism.data_parallel_shard_degree 1", reg, hardware=H100).job
@@ -185,6 +189,8 @@ def test_async_tp_and_hsdp_are_named_not_guessed():
     ("--model.flavor 8B --training.seq_len 99999999999", "sequence_length"),
     ("model = [", "not TOML"),
     ("--model.flavor 8B stray", "'stray' is not a --section.key flag"),
+    ("training = 3", "training: expected a table"),
+    ("[model]\nflavor = '8B'\n[training]\nbatch_size = 'x'", "training.batch_size: expected an integer"),
     ("--model.flavor 8B --training.seq_len 4096 --training.seq_len.x 2", "'seq_len' was given a value of its own"),
 ])
 def test_bad_configs_are_one_line_naming_the_key(cli, source, fragment):
