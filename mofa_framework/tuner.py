@@ -1090,18 +1090,23 @@ class _Search:
     def _room_below(self, todo: np.ndarray, bound: np.ndarray, over: np.ndarray, floor_gib: np.ndarray,
                     leaves: np.ndarray) -> np.ndarray:
         """Whether some leaf below each pipeline-level node (children `todo`, their `bound`) may fit
-        in memory; the others' leaves are counted as memory failures, as :meth:`_memory_room` counts
-        them, and as reached (for :meth:`budget`) where the node's bound could still win: the search
-        would have popped it to learn that nothing below fits."""
+        in memory (:meth:`_count_over`); the others' leaves count as reached too (for :meth:`budget`)
+        where the node's bound could still win: the search would have popped it to learn that
+        nothing below fits."""
         if not len(todo):
             return np.ones(0, bool)
+        fits = self._count_over(over, floor_gib, leaves[todo])
+        self.floored += int(leaves[todo[~fits & (bound <= self.threshold())]].sum())
+        return fits
+
+    def _count_over(self, over: np.ndarray, floor_gib: np.ndarray, leaves: np.ndarray) -> np.ndarray:
+        """Nodes with room (``over == 0``, :meth:`_floors`); the `leaves` below each other node are
+        counted as memory failures (over the HBM or the host memory), the smallest floor kept."""
         self.min_floor = min(self.min_floor, float(floor_gib.min()))
         for reason, code in ((OVER_HBM, 1.0), (OVER_HOST, 2.0)):
             hit = over == code
             if hit.any():
-                self.removed[reason] = self.removed.get(reason, 0) + int(leaves[todo[hit]].sum())
-        live = (over > 0.0) & (bound <= self.threshold())
-        self.floored += int(leaves[todo[live]].sum())
+                self.removed[reason] = self.removed.get(reason, 0) + int(leaves[hit].sum())
         return over == 0.0
 
     def evaluate(self, grp: np.ndarray, ps: np.ndarray, pf: np.ndarray) -> None:
@@ -1181,17 +1186,13 @@ class _Search:
         n = len(pl.state.batch)
         if self.lowered is None or len(parent) < 2 * n:  # a floor costs about one leaf per node
             return None
-        gpu, host = engine.memory_floor(pl, self.lowered)
-        over_hbm = gpu > self.req.hardware.hbm_bytes
-        over_host = ~over_hbm & (host > self.req.hardware.host_bytes_per_gpu)
-        if not (over_hbm.any() or over_host.any()):
+        over, floor_gib = self._floors(pl)
+        if not over.any():
             return None
-        self.min_floor = min(self.min_floor, float(gpu.min()) / GIB)
-        for reason, nodes in ((OVER_HBM, over_hbm), (OVER_HOST, over_host)):
-            if nodes.any():
-                self.removed[reason] = self.removed.get(reason, 0) + int(nodes[parent].sum())
-        self.floored += int((over_hbm | over_host)[parent].sum())
-        return np.flatnonzero(~(over_hbm | over_host)[parent])
+        per_node = np.bincount(parent, minlength=n)
+        fits = self._count_over(over, floor_gib, per_node)
+        self.floored += int(per_node[~fits].sum())
+        return np.flatnonzero(fits[parent])
 
     def _finish(self, pl, parent: np.ndarray, batch: CandidateBatch, s_idx: np.ndarray, choice: np.ndarray):
         """Step time, peak memory and fit of leaves (rows of `batch`, sorted by structure) that
