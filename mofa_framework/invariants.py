@@ -44,6 +44,7 @@ from .batch import sequence_shapes
 from .decompose import (ATTENTION_BWD_FACTOR, Geometry, attention_mixer_operators, document_tokens,
                         training_flops_per_sequence)
 from .errors import PluginError, PluginResultError
+from .types import ConstraintResult
 
 #: relative tolerance of the additivity checks (float64 sums of a few dozen terms)
 REL_TOL = 1e-6
@@ -317,6 +318,20 @@ def check_prediction(pred, pm) -> None:
 
 
 # ====================================================================== feasibility callables
+
+
+def schedule_result(registry, feature, batch, rows):
+    """The rows of `feature` (on in ``rows.enabled``) that run a pipeline (pp > 1) under a schedule
+    outside ``feature.schedules`` as infeasible, or None when the feature runs under any schedule."""
+    if not feature.schedules:
+        return None
+    allowed = np.array([name in feature.schedules for name in registry.schedules], bool)
+    ok = ~np.asarray(rows.enabled, bool) | (np.asarray(batch.pp) <= 1) | allowed[np.asarray(batch.schedule)]
+    names = " / ".join(feature.schedules)
+    return ConstraintResult(
+        name=f"{feature.name}_schedules", feasible=ok,
+        reason=f"features.{feature.name} runs a pipeline only under the {names} schedule: set pipeline.schedule "
+               f"= {feature.schedules[0]!r}, or parallel.pp = 1")
 
 
 def feasible_result(registry, kind: str, record, batch, rows, rule: str = "feasible", *args):

@@ -52,7 +52,7 @@ from .batch import (ATTENTION_KERNELS, PRECISIONS, CandidateBatch, FeatureRows, 
 from .config import SearchSection, structure
 from .engine import Prediction
 from .errors import ConfigError
-from .invariants import feasible_result
+from .invariants import feasible_result, schedule_result
 from .limits import short
 from .types import HardwareProfile, MegatronContext, ModelSpec, Phase
 from .units import GIB
@@ -1133,8 +1133,11 @@ class _Search:
         ok = np.ones(len(batch), bool)
         for feat in registry.features.values():
             rows = batch.feature(feat.name)
-            if feat.feasible is not None and rows.enabled.any():
-                r = feasible_result(registry, "features", feat, batch, rows)
+            if not rows.enabled.any():
+                continue
+            rules = [feasible_result(registry, "features", feat, batch, rows)] if feat.feasible is not None else []
+            rules += [r for r in (schedule_result(registry, feat, batch, rows),) if r is not None]
+            for r in rules:
                 bad = ~r.feasible & rows.enabled & ok
                 self.removed[r.reason] = self.removed.get(r.reason, 0) + int(bad.sum())
                 ok &= ~bad
