@@ -357,6 +357,31 @@ def feasible(batch, rows):
                "was asked with pp > 1: use stage = 1, or pp = 1")
 
 
+def framework_constraints(batch, rows):
+    """What DeepSpeed does not run beside its ZeRO: expert parallelism at stage 3 (its engine asserts
+    "MoE not supported with Stage 3" for DeepSpeed-MoE layers; an MoE model whose experts are plain
+    modules runs stage 3 at ep = 1, sharded as dense parameters), and context parallelism other than
+    DeepSpeed-Ulysses' all-to-all (``cp_a2a``): it has no K/V ring."""
+    on = np.asarray(rows.enabled, bool)
+    stage = stage_of(rows)
+    yield ConstraintResult(
+        name="deepspeed_zero_moe_stage3", feasible=~(on & (stage == 3) & (np.asarray(batch.ep) > 1)),
+        reason="features.deepspeed_zero: DeepSpeed runs no expert parallelism under ZeRO stage 3 (\"MoE not "
+               "supported with Stage 3\"): use stage = 1 or 2, or parallel.ep = 1")
+    ulysses = np.asarray(batch.feature("cp_a2a").enabled, bool)
+    yield ConstraintResult(
+        name="deepspeed_zero_cp", feasible=~(on & (np.asarray(batch.cp) > 1) & ~ulysses),
+        reason="features.deepspeed_zero: DeepSpeed's context parallelism is DeepSpeed-Ulysses (all-to-all), "
+               "not the K/V ring: enable features.cp_a2a, or set parallel.cp = 1")
+
+
+@hookimpl
+def mofa_candidate_constraints(batch, model, hardware):
+    rows = batch.feature("deepspeed_zero")
+    if rows.enabled.any():
+        yield from framework_constraints(batch, rows)
+
+
 def applies(batch, model, hardware):
     """Rows with something to partition: a data-parallel group of more than one rank."""
     return (batch.dp * batch.cp > 1) | ((batch.tp * batch.cp * batch.dp > batch.ep * batch.etp)
@@ -405,7 +430,12 @@ FEATURE = MemoryOptimizer(
     megatron_args=megatron_args,
     from_megatron=from_megatron,
     after=("fp8", "kernel_scaling", "memfine", "recompute"),
-    conflicts=("distributed_optimizer", "fsdp", "cpu_optimizer", "dp_overlap"),
+    # other ZeRO implementations, Megatron's gradient-reduction overlap, and what only Megatron-Core /
+    # Transformer Engine run: userbuffers TP overlap, the 1F1B all-to-all overlap, DeepEP / HybridEP,
+    # CUDA graphs of layers, the K/V ring's overlap, overlapped pipeline p2p
+    conflicts=("distributed_optimizer", "fsdp", "cpu_optimizer", "dp_overlap", "tp_overlap", "ep_overlap",
+               "flex_dispatcher", "cuda_graphs", "cp_overlap", "pp_overlap"),
+    schedules=("1f1b",),  # DeepSpeed's pipeline engine runs its own 1F1B (TrainSchedule) only
 )
 
 

@@ -4,6 +4,7 @@ from the ZeRO paper (Rajbhandari et al. 2020, §5 and Table 1) and DeepSpeed's d
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 
@@ -239,27 +240,72 @@ def test_stages_2_and_3_need_pp_1(mofa_predictor):
     assert mofa_predictor.predict(ok)[0].step_time_s > 0
 
 
-def test_conflicts_with_other_zero_implementations(mofa_predictor):
+def test_conflicts_with_other_zero_implementations_and_what_only_megatron_core_runs(mofa_predictor):
     feat = mofa_predictor.registry.features["deepspeed_zero"]
-    assert set(feat.conflicts) == {"distributed_optimizer", "fsdp", "cpu_optimizer", "dp_overlap"}
-    with pytest.raises(ConfigError):
-        mofa_predictor.predict(mofa_predictor.job({**JOB, "features": {"deepspeed_zero": {}, "fsdp": {}}}))
+    assert set(feat.conflicts) == {"distributed_optimizer", "fsdp", "cpu_optimizer", "dp_overlap", "tp_overlap",
+                                   "ep_overlap", "flex_dispatcher", "cuda_graphs", "cp_overlap", "pp_overlap"}
+    for other in ("fsdp", "tp_overlap"):
+        with pytest.raises(ConfigError, match=f"deepspeed_zero cannot be combined with features.{other}"):
+            mofa_predictor.predict(mofa_predictor.job({**JOB, "features": {"deepspeed_zero": {}, other: {}}}))
 
 
-def test_tuner_searches_the_stages_where_there_is_data_parallelism(mofa_predictor):
+def _with(pred, parallel=None, features=None, model=None, schedule=None):
+    job = {**JOB, "parallel": {**JOB["parallel"], **(parallel or {})},
+           "features": {"deepspeed_zero": {}, **(features or {})}}
+    if model:
+        job["model"] = {"name": model}
+    if schedule:
+        job["pipeline"] = {"schedule": schedule}
+    return pred.job(job)
+
+
+def test_a_pipeline_runs_deepspeeds_own_1f1b_only(mofa_predictor):
+    """DeepSpeed's pipeline engine has one schedule (TrainSchedule, 1F1B): it cannot interleave."""
+    assert mofa_predictor.registry.features["deepspeed_zero"].schedules == ("1f1b",)
+    pp2 = {"pp": 2, "vpp": 2}
+    with pytest.raises(ConfigError, match="deepspeed_zero runs a pipeline only under the 1f1b schedule"):
+        mofa_predictor.predict(_with(mofa_predictor, pp2, schedule="interleaved-1f1b"))
+    assert mofa_predictor.predict(_with(mofa_predictor, {"pp": 2}))[0].step_time_s > 0
+    assert mofa_predictor.predict(_with(mofa_predictor, schedule="gpipe"))[0].step_time_s > 0  # pp 1: no pipeline
+
+
+def test_stage_3_runs_no_expert_parallelism(mofa_predictor):
+    """DeepSpeed's engine asserts "MoE not supported with Stage 3" for its MoE layers; experts held as
+    plain modules (ep = 1) shard like dense parameters."""
+    moe = {"micro_batch_size": 1, "global_batch_size": 64, "sequence_length": 1024}
+    with pytest.raises(ConfigError, match="no expert parallelism under ZeRO stage 3"):
+        mofa_predictor.predict(_with(mofa_predictor, {**moe, "ep": 8}, {"deepspeed_zero": {"stage": 3}},
+                                     model="mixtral-8x7b"))
+    for stage, ep in ((3, 1), (2, 8)):
+        job = _with(mofa_predictor, {**moe, "ep": ep}, {"deepspeed_zero": {"stage": stage}}, model="mixtral-8x7b")
+        assert mofa_predictor.predict(job)[0].step_time_s > 0
+
+
+def test_context_parallelism_is_ulysses_only(mofa_predictor):
+    with pytest.raises(ConfigError, match="DeepSpeed-Ulysses .* enable features.cp_a2a"):
+        mofa_predictor.predict(_with(mofa_predictor, {"cp": 2}))
+    assert mofa_predictor.predict(_with(mofa_predictor, {"cp": 2}, {"cp_a2a": {}}))[0].step_time_s > 0
+
+
+def test_the_tuner_never_pairs_it_with_what_deepspeed_does_not_run(mofa_predictor):
+    """Every configuration a search returns that turns ZeRO on keeps the Megatron-Core-only features
+    off, runs 1F1B under a pipeline, never the K/V ring, and no expert parallelism at stage 3."""
+    from mofa_framework import tuner
     reg = mofa_predictor.registry
-    feat = reg.features["deepspeed_zero"]
-    assert feat.tunable
-    assert [c and c["stage"] for c in feature_choices(reg, "deepspeed_zero")] == [None, 1, 2, 3]
-    batch = jobs_to_batch([mofa_predictor.job(JOB), mofa_predictor.job({**JOB, "hardware": {**JOB["hardware"],
-                                                                                          "num_gpus": 1}})], reg)
-    assert list(feat.applies(batch, reg.model("gpt-7.5b"), reg.hardware["a100-sxm4-80gb"])) == [True, False]
-
-
-def test_megatron_lm_has_no_equivalent_so_a_note_gives_the_deepspeed_config(mofa_predictor):
-    feat = mofa_predictor.registry.features["deepspeed_zero"]
-    (note,) = feat.megatron_args(feat.options_type(stage=3))
-    assert note.startswith("#") and '"stage": 3' in note and '"overlap_comm": true' in note
-    assert "--zero-stage 3" in note
-    (old,) = feat.megatron_args(feat.options_type(stage=3, contiguous_gradients=False))
-    assert '"contiguous_gradients": false' in old
+    model, hw = reg.model("mixtral-8x7b"), reg.hardware["h100-sxm5-80gb"]
+    names = ["deepspeed_zero", "tp_overlap", "ep_overlap", "flex_dispatcher", "cp_overlap", "cp_a2a", "pp_overlap",
+             "distributed_optimizer"]
+    space = attrs.evolve(tuner.default_space(reg, model, hw, 64, 2048, features=names), tp=(1, 2), pp=(1, 2),
+                         cp=(1, 2), ep=(1, 8), etp=(1,), micro_batch_size=(1,), vpp=(1, 2), lighter_ends=(0,),
+                         lighter_last=(0,))
+    req = tuner.TuneRequest(model=model, hardware=hw, num_gpus=64, global_batch_size=256, sequence_length=2048,
+                            space=space, top_k=100_000)
+    best = tuner.tune(mofa_predictor, req).best
+    zero = [c for c in best if "deepspeed_zero" in c.features]
+    assert zero and len(zero) < len(best)
+    banned = set(reg.features["deepspeed_zero"].conflicts)
+    for c in zero:
+        assert not banned & set(c.features)
+        assert c.parallel["pp"] == 1 or c.schedule == "1f1b"
+        assert c.parallel["cp"] == 1 or "cp_a2a" in c.features
+        assert c.features["deepspeed_zero"]["stage"] < 3 or c.parallel["ep"] == 1
