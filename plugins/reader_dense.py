@@ -432,9 +432,12 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     _cp_form(job["features"], cp, f"{fw} {notes}")
     if ds_stage:
         # DeepSpeed's own ZeRO (the `deepspeed_zero` plugin: its buckets, its overlap_comm defaults)
-        # replaces Megatron's distributed optimizer and DDP overlap
-        for other in ("distributed_optimizer", "fsdp", "dp_overlap"):
+        # replaces Megatron's distributed optimizer and DDP overlap, and runs none of what the plugin
+        # conflicts with (Megatron-Core's overlaps, DeepEP, CUDA graphs); its CP is DeepSpeed-Ulysses
+        for other in getattr(ctx.registry.features.get("deepspeed_zero"), "conflicts", ()):
             job["features"].pop(other, None)
+        if cp > 1:
+            job["features"]["cp_a2a"] = {}
         job["features"]["deepspeed_zero"] = {"stage": ds_stage, **deepspeed_2021(ds_stage, ctx.text(r, "source"))}
     elif zero2 and "shard_grad_op" in dopt.replace(" ", "_"):
         # PyTorch FSDP's SHARD_GRAD_OP: each unit gathered in forward and kept to its backward (no

@@ -637,6 +637,19 @@ def test_torchtitan_fsdp2_rows_are_fsdp_and_deepspeed_zero3_rows_are_deepspeeds(
                                  derived_iter_time_s="5"), reg, "t").job["features"]["deepspeed_zero"] == {"stage": 1}
 
 
+def test_a_deepspeed_zero_row_runs_only_what_deepspeed_runs(mofa_predictor):
+    """A row naming DeepSpeed's ZeRO beside a Megatron-Core recipe (which turns on its TP, PP and CP
+    overlaps) keeps none of them, and its CP is DeepSpeed-Ulysses: the row is predicted, not refused."""
+    reg = mofa_predictor.registry
+    row = _dense_row(framework="Megatron-Core + DeepSpeed", distributed_optimizer="ZeRO stage 1", tp="8", pp="5",
+                     cp="2", n_gpus="160", global_batch="160", derived_iter_time_s="60")
+    m = _dense_job(row, reg, "t")
+    feats = m.job["features"]
+    assert feats["deepspeed_zero"]["stage"] == 1 and "cp_a2a" in feats
+    assert not set(feats) & set(reg.features["deepspeed_zero"].conflicts)
+    assert mofa_predictor.predict(mofa_predictor.job(m.job))[0].step_time_s > 0
+
+
 def test_gpu_descriptions_resolve_to_profiles(mofa_predictor):
     """Sources describe a GPU in many ways; the family token, then form factor and memory, pick
     the profile. No family token, or an unknown one: not guessed."""
