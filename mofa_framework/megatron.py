@@ -479,7 +479,10 @@ def _parallel(a: MegatronArgs, num_layers: int | None, notes: list[str]) -> dict
     if (emb or loss) and pp > 1 and num_layers is not None and not (first or last):
         per_stage = (num_layers + emb + loss) // pp
         first, last = per_stage - emb, per_stage - loss
-    par = {"tp": tp, "pp": pp, "vpp": vpp or 1, "cp": a.number("--context-parallel-size", 1),
+    # Megatron-DeepSpeed's DeepSpeed-Ulysses degree stands for Megatron's context parallelism (its form:
+    # the cp_a2a feature's `from_megatron`)
+    cp = max(a.number("--context-parallel-size", 1), a.number("--ds-sequence-parallel-size", 1))
+    par = {"tp": tp, "pp": pp, "vpp": vpp or 1, "cp": cp,
            "ep": a.number("--expert-model-parallel-size", 1), "etp": a.number("--expert-tensor-parallel-size", 0)}
     if first:
         par["first_stage_layers"] = first

@@ -48,9 +48,12 @@ def layer(state, rows):
 
 def cp_comm_type(args) -> str | None:
     """The context-parallel communication a Megatron launch uses (``--cp-comm-type``, default p2p:
-    the ring), or None without context parallelism."""
+    the ring; Megatron-DeepSpeed's ``--ds-sequence-parallel-size``, DeepSpeed-Ulysses, is a2a), or
+    None without context parallelism."""
     if args.parallel.get("cp", 1) <= 1:
         return None
+    if args.number("--ds-sequence-parallel-size", 1) > 1:
+        return "a2a"
     return (args.values("--cp-comm-type") or ("p2p",))[0]
 
 

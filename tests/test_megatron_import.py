@@ -288,6 +288,18 @@ def test_megatron_deepspeed_zero_stage(registry):
     assert "deepspeed_zero" not in r.job.get("features", {})
 
 
+def test_megatron_deepspeed_ulysses_is_context_parallelism_by_all_to_all(registry):
+    """``--ds-sequence-parallel-size N`` (Megatron-DeepSpeed's DeepSpeed-Ulysses) is CP N in its
+    all-to-all form, beside DeepSpeed's ZeRO, and the job predicts."""
+    words = ["--deepspeed", "--zero-stage", "1", "--ds-sequence-parallel-size", "4", "--seq-length", "32768",
+             "--global-batch-size", "8", "--bf16"]
+    r = from_args(words, registry, hardware=H100, num_gpus=16, model="llama3-8b")
+    assert r.job["parallel"]["cp"] == 4 and "cp_a2a" in r.job["features"] and "cp_overlap" not in r.job["features"]
+    assert "--ds-sequence-parallel-size" in r.used
+    pred = Predictor()
+    assert pred.predict(pred.job(r.job))[0].step_time_s > 0
+
+
 def test_a_schedule_can_claim_its_flags():
     pr = Predictor(plugins={"claiming_schedule": _ClaimingSchedule()})
     words = ["--pipeline-model-parallel-size", "2", "--seq-length", "1024", "--global-batch-size", "8",
