@@ -1627,7 +1627,7 @@ def megatron_arguments(model: ModelSpec, cand: Candidate, registry) -> tuple[lis
                "--seq-length", str(p["sequence_length"])]
     tokens += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp8": ["--bf16", "--fp8-format", "hybrid"],
                "fp4": ["--bf16", "--fp4-format", "e2m1"]}[p["precision"]]
-    context = MegatronContext(model=model, parallel=p, features=cand.features)
+    context = MegatronContext(model=model, parallel=p, features=cand.features, schedule=cand.schedule)
     for name, opts in sorted(cand.features.items()):
         feat = registry.features[name]
         opt_obj = feat.options_type(**opts) if attrs.has(feat.options_type) else None

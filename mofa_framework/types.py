@@ -951,11 +951,13 @@ def _positional_count(fn: Callable) -> int:
 class MegatronContext:
     """What a feature's two-argument ``megatron_args`` reads besides its options: the model, the
     configuration's parallel settings (``Candidate.parallel``: ``tp``, ``pp``, ``vpp``, layer split,
-    micro-batch, …) and every feature on in it (name → options)."""
+    micro-batch, …), every feature on in it (name → options) and its pipeline schedule."""
 
     model: Any
     parallel: Mapping[str, Any]
     features: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
+    #: the configuration's pipeline schedule (a registry name; "" when not known)
+    schedule: str = ""
 
 
 @attrs.frozen(kw_only=True)

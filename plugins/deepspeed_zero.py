@@ -388,10 +388,13 @@ def applies(batch, model, hardware):
                                         if model.is_moe else False)
 
 
-def megatron_args(options) -> list[str]:
-    """Megatron-LM has no DeepSpeed ZeRO: a note with the DeepSpeed config that runs it."""
+def megatron_args(options, context=None) -> list[str]:
+    """Megatron-LM has no DeepSpeed ZeRO: a note with the DeepSpeed config that runs it (and
+    Megatron-DeepSpeed's ZB-H1 flag when the configuration pipelines under ZB-H1)."""
     o = options
     overlap = {"auto": o.stage == 3, "on": True, "off": False}[o.overlap_comm]
+    zbh1 = (" --enable-zbh1-pipeline" if context is not None and context.schedule == "zb-h1"
+            and int(context.parallel.get("pp", 1)) > 1 else "")
     cfg = (f'"stage": {o.stage}, "overlap_comm": {str(overlap).lower()}, "reduce_bucket_size": {o.reduce_bucket_size:.0e}, '
            f'"allgather_bucket_size": {o.allgather_bucket_size:.0e}, "use_multi_rank_bucket_allreduce": '
            f'{str(o.use_multi_rank_bucket_allreduce).lower()}')
@@ -402,7 +405,7 @@ def megatron_args(options) -> list[str]:
     return [f"# DeepSpeed ZeRO stage {o.stage} (no Megatron-LM equivalent): DeepSpeed config "
             f'"zero_optimization": {{{cfg}}}' + (', "data_types": {"grad_accum_dtype": "fp32"}'
                                                    if o.grad_accum_dtype == "fp32" else "")
-            + f"; Megatron-DeepSpeed: --zero-stage {o.stage}"]
+            + f"; Megatron-DeepSpeed: --zero-stage {o.stage}" + zbh1]
 
 
 def from_megatron(args):
@@ -435,7 +438,9 @@ FEATURE = MemoryOptimizer(
     # CUDA graphs of layers, the K/V ring's overlap, overlapped pipeline p2p
     conflicts=("distributed_optimizer", "fsdp", "cpu_optimizer", "dp_overlap", "tp_overlap", "ep_overlap",
                "flex_dispatcher", "cuda_graphs", "cp_overlap", "pp_overlap"),
-    schedules=("1f1b",),  # DeepSpeed's pipeline engine runs its own 1F1B (TrainSchedule) only
+    # DeepSpeed's pipeline engine runs its own 1F1B (TrainSchedule), and ZB-H1 in Megatron-DeepSpeed
+    # (--enable-zbh1-pipeline, deepspeedai/Megatron-DeepSpeed#396, 2024-06: checked with ZeRO stage 1)
+    schedules=("1f1b", "zb-h1"),
 )
 
 

@@ -259,14 +259,25 @@ def _with(pred, parallel=None, features=None, model=None, schedule=None):
     return pred.job(job)
 
 
-def test_a_pipeline_runs_deepspeeds_own_1f1b_only(mofa_predictor):
-    """DeepSpeed's pipeline engine has one schedule (TrainSchedule, 1F1B): it cannot interleave."""
-    assert mofa_predictor.registry.features["deepspeed_zero"].schedules == ("1f1b",)
-    pp2 = {"pp": 2, "vpp": 2}
-    with pytest.raises(ConfigError, match="deepspeed_zero runs a pipeline only under the 1f1b schedule"):
-        mofa_predictor.predict(_with(mofa_predictor, pp2, schedule="interleaved-1f1b"))
-    assert mofa_predictor.predict(_with(mofa_predictor, {"pp": 2}))[0].step_time_s > 0
+def test_a_pipeline_runs_deepspeeds_1f1b_or_megatron_deepspeeds_zb_h1(mofa_predictor):
+    """DeepSpeed's pipeline engine runs its TrainSchedule (1F1B), and Megatron-DeepSpeed replaces it
+    with ZB-H1 (--enable-zbh1-pipeline): no interleaving, no ZB-V, no DualPipe."""
+    assert mofa_predictor.registry.features["deepspeed_zero"].schedules == ("1f1b", "zb-h1")
+    for sched, pp in (("interleaved-1f1b", {"pp": 2, "vpp": 2}), ("zb-v", {"pp": 2, "vpp": 2}), ("gpipe", {"pp": 2})):
+        with pytest.raises(ConfigError, match="deepspeed_zero runs a pipeline only under the 1f1b / zb-h1 schedule"):
+            mofa_predictor.predict(_with(mofa_predictor, pp, schedule=sched))
+    for sched in ("1f1b", "zb-h1"):
+        assert mofa_predictor.predict(_with(mofa_predictor, {"pp": 2}, schedule=sched))[0].step_time_s > 0
     assert mofa_predictor.predict(_with(mofa_predictor, schedule="gpipe"))[0].step_time_s > 0  # pp 1: no pipeline
+
+
+def test_megatron_deepspeeds_zb_h1_flag_is_in_the_note_under_zb_h1_only():
+    from mofa_framework.types import MegatronContext
+    from mofa_plugins.deepspeed_zero import FEATURE
+    opts = FEATURE.options_type(stage=1)
+    for sched, pp, flag in (("zb-h1", 2, True), ("zb-h1", 1, False), ("1f1b", 2, False)):
+        (note,) = FEATURE.megatron_tokens(opts, MegatronContext(model=None, parallel={"pp": pp}, schedule=sched))
+        assert ("--enable-zbh1-pipeline" in note) is flag and "--zero-stage 1" in note
 
 
 def test_stage_3_runs_no_expert_parallelism(mofa_predictor):
@@ -306,6 +317,6 @@ def test_the_tuner_never_pairs_it_with_what_deepspeed_does_not_run(mofa_predicto
     banned = set(reg.features["deepspeed_zero"].conflicts)
     for c in zero:
         assert not banned & set(c.features)
-        assert c.parallel["pp"] == 1 or c.schedule == "1f1b"
+        assert c.parallel["pp"] == 1 or c.schedule in ("1f1b", "zb-h1")
         assert c.parallel["cp"] == 1 or "cp_a2a" in c.features
         assert c.features["deepspeed_zero"]["stage"] < 3 or c.parallel["ep"] == 1
