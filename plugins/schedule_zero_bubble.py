@@ -258,9 +258,11 @@ def _pending_backward(args) -> float:
 
 
 def from_megatron_h1(args) -> bool:
-    """``--enable-zero-bubble`` with at most pp pending backwards (the fork's README: 1 × pp is ZB1P)."""
-    return (args.has("--enable-zero-bubble") and not args.has("--zero-bubble-v-schedule")
-            and _pending_backward(args) < 2.0)
+    """``--enable-zero-bubble`` with at most pp pending backwards (the fork's README: 1 × pp is ZB1P),
+    or Megatron-DeepSpeed's ``--enable-zbh1-pipeline`` (ZB-H1 in DeepSpeed's pipeline engine)."""
+    deepspeed = args.has("--enable-zbh1-pipeline")
+    return deepspeed or (args.has("--enable-zero-bubble") and not args.has("--zero-bubble-v-schedule")
+                         and _pending_backward(args) < 2.0)
 
 
 def from_megatron_h2(args) -> bool:

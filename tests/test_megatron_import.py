@@ -300,6 +300,17 @@ def test_megatron_deepspeed_ulysses_is_context_parallelism_by_all_to_all(registr
     assert pred.predict(pred.job(r.job))[0].step_time_s > 0
 
 
+def test_megatron_deepspeeds_zb_h1_pipeline(registry):
+    """``--enable-zbh1-pipeline`` (Megatron-DeepSpeed's ZB-H1 in DeepSpeed's pipeline engine) with ZeRO-1."""
+    words = ["--deepspeed", "--zero-stage", "1", "--pipeline-model-parallel-size", "4", "--enable-zbh1-pipeline",
+             "--seq-length", "4096", "--global-batch-size", "64", "--bf16"]
+    r = from_args(words, registry, hardware=H100, num_gpus=16, model="llama3-8b")
+    assert r.job["pipeline"] == {"schedule": "zb-h1"} and "--enable-zbh1-pipeline" in r.used
+    assert r.job["features"]["deepspeed_zero"] == {"stage": 1}
+    pred = Predictor()
+    assert pred.predict(pred.job(r.job))[0].step_time_s > 0
+
+
 def test_a_schedule_can_claim_its_flags():
     pr = Predictor(plugins={"claiming_schedule": _ClaimingSchedule()})
     words = ["--pipeline-model-parallel-size", "2", "--seq-length", "1024", "--global-batch-size", "8",
