@@ -13,7 +13,7 @@ from .batch import PRECISIONS, CandidateBatch
 from .config import TrainingJob, job_from_dict, jobs_to_batch, load_job as _load_job, own_network
 from .engine import STAGES, Prediction, evaluate
 from .errors import ConfigError, PluginError
-from .invariants import feasible_result, schedule_result
+from .invariants import feasible_result, feature_rules
 from .manager import MofaPluginManager, get_plugin_manager
 from .types import ConstraintResult, HardwareProfile, ModelSpec
 from .units import GIB
@@ -142,14 +142,8 @@ class Predictor:
                 out.append(attrs.evolve(r, feasible=r.feasible | ~rows))
         for feat in self.registry.features.values():
             rows = batch.feature(feat.name)
-            if not rows.enabled.any():
-                continue
-            if feat.feasible is not None:
-                r = feasible_result(self.registry, "features", feat, batch, rows)
-                out.append(attrs.evolve(r, feasible=r.feasible | ~rows.enabled))
-            sched = schedule_result(self.registry, feat, batch, rows)
-            if sched is not None:
-                out.append(sched)
+            if rows.enabled.any():
+                out += feature_rules(self.registry, feat, batch, rows)
         return out
 
     def evaluate(self, batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile,

@@ -334,6 +334,17 @@ def schedule_result(registry, feature, batch, rows):
                f"= {feature.schedules[0]!r}, or parallel.pp = 1")
 
 
+def feature_rules(registry, feature, batch, rows) -> list[ConstraintResult]:
+    """A feature's feasibility rules — its ``feasible`` callable and its ``schedules`` — over a batch
+    where `rows` say where it is on (rows where it is off pass every rule)."""
+    out = []
+    if feature.feasible is not None:
+        r = feasible_result(registry, "features", feature, batch, rows)
+        out.append(attrs.evolve(r, feasible=r.feasible | ~np.asarray(rows.enabled, bool)))
+    sched = schedule_result(registry, feature, batch, rows)
+    return out if sched is None else [*out, sched]
+
+
 def feasible_result(registry, kind: str, record, batch, rows, rule: str = "feasible", *args):
     """``record.feasible(batch, rows)`` of a feature or schedule (`kind`: "features" | "schedules"),
     or its other `rule` called with `args` after them (a schedule's ``end_stages``), with a raising

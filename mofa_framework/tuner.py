@@ -52,7 +52,7 @@ from .batch import (ATTENTION_KERNELS, PRECISIONS, CandidateBatch, FeatureRows, 
 from .config import SearchSection, structure
 from .engine import Prediction
 from .errors import ConfigError
-from .invariants import feasible_result, schedule_result
+from .invariants import feature_rules
 from .limits import short
 from .types import HardwareProfile, MegatronContext, ModelSpec, Phase
 from .units import GIB
@@ -1135,10 +1135,8 @@ class _Search:
             rows = batch.feature(feat.name)
             if not rows.enabled.any():
                 continue
-            rules = [feasible_result(registry, "features", feat, batch, rows)] if feat.feasible is not None else []
-            rules += [r for r in (schedule_result(registry, feat, batch, rows),) if r is not None]
-            for r in rules:
-                bad = ~r.feasible & rows.enabled & ok
+            for r in feature_rules(registry, feat, batch, rows):
+                bad = ~r.feasible & ok
                 self.removed[r.reason] = self.removed.get(r.reason, 0) + int(bad.sum())
                 ok &= ~bad
         # the plugins' rules again, now with the features on (host memory of the offloads, cp_a2a's

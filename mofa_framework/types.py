@@ -877,9 +877,10 @@ class Feature:
     before: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
     conflicts: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
     #: the pipeline schedules its rows can run under a pipeline (pp > 1), when the framework the
-    #: feature belongs to has only those (DeepSpeed's pipeline engine: its own 1F1B); empty: any
-    #: installed schedule. A row with the feature on, pp > 1 and another schedule is infeasible
-    #: (``invariants.schedule_result``), in a prediction and in a search alike
+    #: feature belongs to has only those (DeepSpeed's pipeline engine: its own 1F1B, and ZB-H1 in
+    #: Megatron-DeepSpeed); empty: any installed schedule. A row with the feature on, pp > 1 and
+    #: another schedule is infeasible (``invariants.schedule_result``), in a prediction and in a
+    #: search alike
     schedules: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
     #: optional ``(batch, rows) -> ConstraintResult`` for rows where the feature cannot apply
     feasible: Callable | None = None
