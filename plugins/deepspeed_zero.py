@@ -393,7 +393,8 @@ def megatron_args(options, context=None) -> list[str]:
     Megatron-DeepSpeed's ZB-H1 flag when the configuration pipelines under ZB-H1)."""
     o = options
     overlap = {"auto": o.stage == 3, "on": True, "off": False}[o.overlap_comm]
-    zbh1 = (" --enable-zbh1-pipeline" if context is not None and context.schedule == "zb-h1"
+    zbh1 = (" --enable-zbh1-pipeline (its ZB-H1, in place of the ZeroBubble fork's flags)"
+            if context is not None and context.schedule == "zb-h1"
             and int(context.parallel.get("pp", 1)) > 1 else "")
     cfg = (f'"stage": {o.stage}, "overlap_comm": {str(overlap).lower()}, "reduce_bucket_size": {o.reduce_bucket_size:.0e}, '
            f'"allgather_bucket_size": {o.allgather_bucket_size:.0e}, "use_multi_rank_bucket_allreduce": '
