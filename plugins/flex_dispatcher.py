@@ -27,10 +27,22 @@ its best 4 of 8 groups) whose groups tile the domains caps the domains a token r
 chosen groups fall in a given domain with hypergeometric probability, and the k experts are drawn
 among the chosen groups' experts only.
 
+Inside one scale-up domain both backends send what the alltoall dispatcher sends, so the flex
+dispatcher changes nothing there — except DeepEP across more than 8 ranks of one NVLink domain.
+DeepEP's NVLink kernels address at most ``NUM_MAX_NVL_PEERS = 8`` peers; on a GB200 NVL72 at EP 32
+NVIDIA ran it through a community patch that reached about 400 GB/s (dispatch) and 190 GB/s
+(combine) of algorithm bandwidth with 24 SMs, against the links' 900 GB/s per direction
+(Megatron-LM ``docs/discussions/deepseek-v3-gb200-optimization``, §2.2.1; HybridEP, built for
+NVL72, removed the gap, §2.5). Those rows price the scale-up leg as the k copies over those
+measured fractions of the profile's link rate — a dispatch and a combine per pass, each counted
+as their mean, ``S/B_up · (900/400 + 900/190)/2 = 3.49·S/B_up`` — with no NCCL efficiency or
+latency term (**choice**: the fractions scale with another domain's link rate; a token's experts
+on one rank still count once each, as for the alltoall dispatcher).
+
 It changes the EP dispatch/combine all-to-alls (both passes) and nothing else: the expert-TP
 gathers, compute and memory are unchanged (its communication buffers, ≈ 1–2 GiB, are not
-counted). An EP group inside one scale-up domain is a no-op. Runs before the overlap, recompute
-and kernel-speed features so they see the new all-to-all time.
+counted). Runs before the overlap, recompute and kernel-speed features so they see the new
+all-to-all time.
 """
 
 from __future__ import annotations
@@ -46,6 +58,11 @@ from mofa_framework.engine import nodes_spanned, price_collectives
 from mofa_framework.types import CostTransform, option
 
 BACKENDS = ("hybridep", "deepep")
+#: DeepEP's NVLink peers per rank (``NUM_MAX_NVL_PEERS`` in its ``buffer.py`` and ``config.hpp``)
+DEEPEP_NVL_PEERS = 8
+#: DeepEP over more NVLink peers (GB200 NVL72, EP 32, 24 SMs): dispatch and combine algorithm
+#: bandwidth as fractions of the links' 900 GB/s per direction (the DeepSeek-V3 GB200 guide, §2.2.1)
+DEEPEP_WIDE_NVL_FRACTIONS = (400.0 / 900.0, 190.0 / 900.0)
 
 
 @attrs.frozen(kw_only=True)
@@ -89,8 +106,9 @@ def remote_domains(num_experts: int, k: int, domains, groups: int = 0, group_top
     return vals[inv].reshape(d.shape)
 
 
-def _a2a_seconds(ctx, moe_model, g) -> tuple[np.ndarray, np.ndarray]:
-    """One dispatch (or combine) all-to-all: (alltoall dispatcher, flex dispatcher) seconds."""
+def _a2a_seconds(ctx, moe_model, g) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One dispatch (or combine) all-to-all: (alltoall dispatcher, flex dispatcher, DeepEP) seconds;
+    the last differs from the flex one where more than 8 EP ranks share a scale-up domain."""
     h, k = moe_model.expert_width, moe_model.experts_per_token  # LatentMoE dispatches ℓ-wide tokens
     tok = g.tokens / g.sp_div
     load = moe_load(moe_model, g)  # the busiest EP rank receives `load` times the mean
@@ -110,7 +128,15 @@ def _a2a_seconds(ctx, moe_model, g) -> tuple[np.ndarray, np.ndarray]:
     plain = price_collectives(ctx, colls[:1])[0]
     intra, inter = price_collectives(_line_rate(ctx), colls[1:])
     flex = np.where(d > 1.0, np.maximum(intra, inter), plain)
-    return plain, flex
+    wide = copies / ctx.hardware.scaleup_bandwidth_bytes_per_s * wide_nvl_factor()
+    deepep = np.where(local > DEEPEP_NVL_PEERS, np.where(d > 1.0, np.maximum(wide, inter), wide), flex)
+    return plain, flex, deepep
+
+
+def wide_nvl_factor() -> float:
+    """DeepEP's time per dispatch or combine over more than 8 NVLink peers, in units of the copies'
+    time at the links' rate: the mean of 1/fraction over its dispatch and its combine."""
+    return 0.5 * sum(1.0 / f for f in DEEPEP_WIDE_NVL_FRACTIONS)
 
 
 def _line_rate(ctx):
@@ -130,7 +156,8 @@ def layer(state, rows):
     if not kinds:
         return state
     g = ctx.geometry
-    plain, flex = ctx.per_structure(lambda c: _a2a_seconds(c, c.model, c.geometry))
+    plain, flex, deepep = ctx.per_structure(lambda c: _a2a_seconds(c, c.model, c.geometry))
+    flex = np.where(rows.choice("backend", "deepep"), deepep, flex)
     on = g.e > 1
     delta = np.where(on, 2.0 * (flex - plain), 0.0)  # dispatch + combine, per pass
     out = dict(state.layers)
@@ -143,6 +170,8 @@ def layer(state, rows):
 
 
 def _applies(batch, model, hardware):
+    """Rows where it can help: EP groups spanning scale-up domains. Inside one domain HybridEP
+    changes nothing and DeepEP only slows (beyond 8 peers), so the tuner does not try it there."""
     if not model.is_moe:
         return np.zeros(len(batch), bool)
     return (batch.ep > 1) & (nodes_spanned(batch.ep, batch.etp, hardware.scaleup_domain_gpus) > 1)

@@ -96,9 +96,30 @@ def test_cross_node_all_to_all_is_priced_once_per_remote_node(mofa_predictor):
 
 
 def test_ep_inside_one_domain_is_a_no_op(mofa_predictor):
+    """HybridEP inside one NVL72, and DeepEP within its 8 NVLink peers, send what the alltoall
+    dispatcher sends at its speed."""
     off, _ = _evaluate(mofa_predictor, INSIDE)
-    on, _ = _evaluate(mofa_predictor, INSIDE, {"flex_dispatcher": {"backend": "deepep"}})
+    on, _ = _evaluate(mofa_predictor, INSIDE, {"flex_dispatcher": {"backend": "hybridep"}})
     assert_same_row(on, 0, off, 0)
+    eight = {**INSIDE, "parallel": {**INSIDE["parallel"], "ep": 8}}
+    off, _ = _evaluate(mofa_predictor, eight)
+    on, _ = _evaluate(mofa_predictor, eight, {"flex_dispatcher": {"backend": "deepep"}})
+    assert_same_row(on, 0, off, 0)
+
+
+def test_deepep_beyond_eight_nvlink_peers_runs_at_its_measured_bandwidth(mofa_predictor):
+    """DeepEP at EP 32 inside a GB200 NVL72: NVIDIA's DeepSeek-V3 guide measured about 400 GB/s for
+    the dispatch and 190 GB/s for the combine, of the links' 900 GB/s per direction. Per pass one
+    dispatch and one combine of the k copies S = 4096 tokens · 8 · 7168 · 2 bytes."""
+    off, job = _evaluate(mofa_predictor, INSIDE)
+    on, _ = _evaluate(mofa_predictor, INSIDE, {"flex_dispatcher": {"backend": "deepep"}})
+    s = 4096 * 8 * 7168 * 2.0
+    per_pass = s / 400e9 + s / 190e9  # = 3.647 ms
+    lc_off, lc_on = off.state.layers["moe"], on.state.layers["moe"]
+    assert f0(lc_on.ep_fwd_s) == pytest.approx(per_pass, rel=1e-9)
+    assert f0(lc_on.ep_bwd_s) - f0(lc_off.ep_bwd_s) == pytest.approx(per_pass - f0(lc_off.ep_fwd_s), rel=1e-9)
+    assert f0(on.step_time_s) > f0(off.step_time_s)  # slower than NCCL's all-to-all over the same links
+    assert np.array_equal(on.peak_memory_bytes, off.peak_memory_bytes)
 
 
 def test_runs_before_ep_overlap(mofa_predictor):
