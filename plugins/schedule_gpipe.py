@@ -5,7 +5,10 @@ stage: busy ``m(F+B+W)``; fill and drain cost the other stages' work,
 ``Σ_j(F_j+B_j+W_j) − (F+B+W)`` — ``(p−1)(F+B+W)`` for equal stages, the same bubble as 1F1B;
 one p2p is exposed after each forward and each backward (``2mτ``; no steady phase for PP
 overlap to hide). The price is memory: every stage holds all ``m`` micro-batches'
-activations at the turn from forwards to backwards.
+activations at the turn from forwards to backwards. With one stage (pp = 1) there is no
+pipeline to fill: frameworks accumulate gradients one micro-batch at a time (Megatron's
+``forward_backward_no_pipelining``; torchtitan and DeepSpeed build no schedule), so one
+micro-batch is held, as under 1F1B.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ def time(x) -> PipelineTimes:
 
 
 def inflight(x) -> Inflight:
-    return Inflight(first=x.m * 1.0, mid=x.m * 1.0, last=x.m * 1.0)
+    held = np.where(x.p > 1, x.m * 1.0, 1.0)
+    return Inflight(first=held, mid=held, last=held)
 
 
 def op_order(p: int, v: int, m: int) -> list[list[tuple[str, int, int]]]:

@@ -79,6 +79,18 @@ def test_p2p_within_stated_tolerance(p, m, tau):
 
 
 # ------------------------------------------------------------------ in-flight activations
+def test_gpipe_holds_every_micro_batch_only_in_a_pipeline():
+    """GPipe's stages hold all m micro-batches at the turn (the simulated order says so); with one
+    stage there is no pipeline and frameworks accumulate one micro-batch at a time, as 1F1B."""
+    for p, m in ((4, 8), (2, 3)):
+        r = simulate(schedule_gpipe.op_order(p, 1, m), p=p, m=m, F=1, B=2, W=0)
+        assert list(peak_inflight(r.timeline, p)) == [m] * p
+        fl = schedule_gpipe.inflight(inputs(p, 1, m, 1, 2, 0))
+        assert fl.first[0] == fl.mid[0] == fl.last[0] == m
+    one = schedule_gpipe.inflight(inputs(1, 1, 8, 1, 2, 0))
+    assert one.first[0] == one.last[0] == 1 == schedule_1f1b.inflight(inputs(1, 1, 8, 1, 2, 0)).first[0]
+
+
 @pytest.mark.parametrize("p,m", GRID)
 def test_inflight_exact_1f1b_interleaved(p, m):
     r = simulate(order_1f1b(p, 1, m), p=p, m=m, F=1, B=2, W=0)
