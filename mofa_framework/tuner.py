@@ -919,6 +919,9 @@ class _Search:
         self.layout_of = distinct_rows(layout)[1]
         self.top = _TopK(req.top_k)
         self.pareto: list[tuple] = []
+        #: the (step time, memory) staircase of the front points kept so far: what a chunk's rows
+        #: must not be strictly dominated by to be worth its Pareto sort
+        self.staircase = (np.zeros(0), np.zeros(0))
         self.removed: dict[str, int] = {}
         self.evaluated = self.feasible = self.bounded_rows = 0
         #: leaves counted as memory failures by their node's floor, not evaluated
@@ -1172,12 +1175,16 @@ class _Search:
             self.top.offer(float(val[t]), same, tie, (int(g_idx[t]), int(s_idx[t]), int(c_idx[t])))
         if req.pareto:
             ok_rows = np.flatnonzero(fits)
+            ok_rows = ok_rows[~_dominated(self.staircase, out.step_time_s[ok_rows], out.peak_memory_bytes[ok_rows])]
             c_ok = c_idx[ok_rows]
             tie = np.stack([self.nodes.n_on[leaf[ok_rows]], s_idx[ok_rows], c_ok])
-            for t in _pareto(out.step_time_s[ok_rows], out.peak_memory_bytes[ok_rows], tie):
+            front = _pareto(out.step_time_s[ok_rows], out.peak_memory_bytes[ok_rows], tie)
+            for t in front:
                 r = int(ok_rows[t])
                 self.pareto.append((float(out.step_time_s[r]), float(out.peak_memory_bytes[r]), float(val[r]),
                                     (int(g_idx[r]), int(s_idx[r]), int(c_idx[r])), tuple(int(x) for x in tie[:, t])))
+            rows = ok_rows[front]
+            self.staircase = _staircase(*self.staircase, out.step_time_s[rows], out.peak_memory_bytes[rows])
 
     def _memory_room(self, pl, parent: np.ndarray) -> np.ndarray | None:
         """The leaves (positions) whose pipeline-level node leaves them room in memory, or None when all
@@ -1490,6 +1497,28 @@ def _lower_bounds(predictor, req: TuneRequest, structs: CandidateBatch, names: l
                    + np.minimum(bd["schedule_adjust"], 0))
         lb = np.minimum(lb, np.maximum(compute, 0.0))
     return _objective(req, lb, structs)
+
+
+def _staircase(t0: np.ndarray, m0: np.ndarray, t1: np.ndarray, m1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The front of two point sets (step time, memory), as a staircase: times rising, memories
+    strictly falling (of equal points one is kept: the staircase only tests dominance)."""
+    t, m = np.r_[t0, t1], np.r_[m0, m1]
+    order = np.lexsort((m, t))
+    t, m = t[order], m[order]
+    keep = m < np.minimum.accumulate(np.r_[np.inf, m[:-1]]) if len(m) else np.zeros(0, bool)
+    return t[keep], m[keep]
+
+
+def _dominated(staircase: tuple[np.ndarray, np.ndarray], time_s: np.ndarray, mem: np.ndarray) -> np.ndarray:
+    """Rows strictly dominated by a staircase point (no slower and no larger, and not equal in both):
+    never on the front, whatever comes later. The last point no slower than a row has the least
+    memory of those; an equal one leaves the row to the tie rule of :func:`_pareto`."""
+    st, sm = staircase
+    if not len(st):
+        return np.zeros(len(time_s), bool)
+    i = np.searchsorted(st, time_s, side="right") - 1
+    j = np.maximum(i, 0)
+    return (i >= 0) & (sm[j] <= mem) & ((st[j] < time_s) | (sm[j] < mem))
 
 
 def _pareto(time_s: np.ndarray, mem: np.ndarray, tie: np.ndarray | None = None) -> list[int]:

@@ -1230,6 +1230,46 @@ def test_distinct_rows_number_rows_as_np_unique_does():
     check()
 
 
+def test_distinct_rows_of_a_table_in_runs():
+    """A leaf batch sorted by structure holds runs of equal rows: only the runs' heads are sorted, and
+    the answer is still np.unique's — first occurrences and ids in the rows' order — including a row
+    whose runs come back later (hand values, then any run-length table of 65+ rows)."""
+    import numpy as np
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from mofa_framework.batch import distinct_rows
+
+    table = np.repeat(np.array([[4, 1], [2, 7], [4, 1]]), [30, 40, 30], axis=0)  # 100 rows, 3 runs
+    first, ids = distinct_rows(table)
+    assert first.tolist() == [30, 0] and ids.tolist() == [1] * 30 + [0] * 40 + [1] * 30
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.integers(1, 40)), min_size=1, max_size=12),
+           st.booleans())
+    def check(runs, as_bool):
+        rows = np.repeat(np.array([[a, b] for a, b, _ in runs]), [n for *_, n in runs], axis=0)
+        table = rows.astype(bool) if as_bool else rows
+        _, want_first, want_ids = np.unique(table, axis=0, return_index=True, return_inverse=True)
+        got_first, got_ids = distinct_rows(table)
+        assert got_first.tolist() == want_first.tolist() and got_ids.tolist() == want_ids.reshape(-1).tolist()
+
+    check()
+
+
+def test_pareto_staircase_drops_only_strictly_dominated_rows():
+    """A chunk's rows strictly dominated by the front kept so far (no slower, no larger, better in one)
+    never reach the front; a row equal to a front point is kept for the tie rule."""
+    from mofa_framework.tuner import _dominated, _staircase
+
+    st_t, st_m = _staircase(np.array([2.0, 1.0, 3.0, 2.0]), np.array([5.0, 9.0, 1.0, 7.0]), np.zeros(0), np.zeros(0))
+    assert st_t.tolist() == [1.0, 2.0, 3.0] and st_m.tolist() == [9.0, 5.0, 1.0]  # (2, 7) is dominated by (2, 5)
+    t = np.array([0.5, 1.0, 1.5, 2.0, 2.0, 2.5, 3.0, 4.0, 2.5])
+    m = np.array([99., 9.0, 9.5, 5.0, 4.0, 5.0, 1.0, 2.0, 4.5])
+    assert _dominated((st_t, st_m), t, m).tolist() == [False, False, True, False, False, True, False, True, False]
+    assert not _dominated((np.zeros(0), np.zeros(0)), t, m).any()
+
+
 def _level_arrays(bounds, fanouts, first_id=0):
     """A pushed batch of nodes: ids from `first_id`, leaves below each = 2 × its fanout."""
     ids = np.arange(first_id, first_id + len(bounds))
