@@ -109,6 +109,18 @@ def host_bytes_per_gpu(batch, model) -> np.ndarray:
     return per_rank.max(axis=0) * (STATE_BYTES + _grad_bytes_per_param(batch))
 
 
+def where_on(batch, rows, fn) -> np.ndarray:
+    """``fn(batch)`` (one number per row) computed on the rows where the feature is on only, 0
+    elsewhere: a tuner's leaves carry every feature choice, and the rows without it need nothing."""
+    on = np.flatnonzero(rows.enabled)
+    if len(on) == len(batch):
+        return fn(batch)
+    out = np.zeros(len(batch))
+    if len(on):
+        out[on] = fn(batch.take(on))
+    return out
+
+
 def host_memory_check(feature: str, rows, need, hardware, what: str, fix: str) -> ConstraintResult:
     """Rows where `feature` is on must fit `need` host bytes per GPU in the node's memory per GPU."""
     have = hardware.host.cpu_memory_gib * GIB / hardware.gpus_per_node
@@ -123,7 +135,8 @@ def host_memory_check(feature: str, rows, need, hardware, what: str, fix: str) -
 def mofa_candidate_constraints(batch, model, hardware):
     rows = batch.feature("cpu_optimizer")
     if rows.enabled.any():
-        yield host_memory_check("cpu_optimizer", rows, host_bytes_per_gpu(batch, model), hardware,
+        yield host_memory_check("cpu_optimizer", rows, where_on(batch, rows, lambda b: host_bytes_per_gpu(b, model)),
+                                hardware,
                                 "fp32 master weights, Adam states and gradients",
                                 "use more GPUs, shard = true, or the distributed optimizer")
 

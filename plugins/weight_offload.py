@@ -65,7 +65,7 @@ from mofa_framework.limits import MAX_LAYERS, between
 from mofa_framework.types import MemoryOptimizer, option
 from mofa_plugins._overlap import ContentionOptions, contention, opt
 from mofa_plugins.activation_offload import offloaded_share
-from mofa_plugins.cpu_optimizer import host_memory_check, params_per_rank
+from mofa_plugins.cpu_optimizer import host_memory_check, params_per_rank, where_on
 from mofa_plugins.deepspeed_zero import busiest_stage
 from mofa_plugins.distributed_optimizer import STATE_BYTES, dp_sizes, local_params, shard_fraction, sharded_dp_comm_s
 from mofa_plugins.fsdp import PARAM_BYTES, _rest_params, layer_shards
@@ -183,7 +183,8 @@ def host_bytes_per_gpu(batch, model) -> np.ndarray:
 def mofa_candidate_constraints(batch, model, hardware):
     rows = batch.feature("weight_offload")
     if rows.enabled.any():
-        yield host_memory_check("weight_offload", rows, host_bytes_per_gpu(batch, model), hardware,
+        yield host_memory_check("weight_offload", rows, where_on(batch, rows, lambda b: host_bytes_per_gpu(b, model)),
+                                hardware,
                                 "weights, gradients and the 1/D share of the fp32 master weights and Adam states",
                                 "use more GPUs or more data parallelism")
 

@@ -121,6 +121,21 @@ def test_cpu_optimizer_memory_and_time(mofa_predictor):
     close(both.step_time_s[0], step_on)
 
 
+def test_host_memory_need_is_computed_where_the_feature_is_on(mofa_predictor):
+    """A host-memory check prices only the rows with its feature on (a tuner's leaves carry every
+    choice): the same need there as over the whole batch, 0 elsewhere."""
+    from mofa_plugins.cpu_optimizer import host_bytes_per_gpu, where_on
+
+    jobs = [job(mofa_predictor, {"cpu_optimizer": {}}), job(mofa_predictor, None),
+            job(mofa_predictor, {"cpu_optimizer": {"shard": False}}, tp=4)]
+    batch = jobs_to_batch(jobs, mofa_predictor.registry)
+    model = jobs[0].model
+    rows = batch.feature("cpu_optimizer")
+    got = where_on(batch, rows, lambda b: host_bytes_per_gpu(b, model))
+    full = host_bytes_per_gpu(batch, model)
+    assert got[1] == 0.0 and got[0] == full[0] and got[2] == full[2] > full[0] > 0
+
+
 def test_cpu_optimizer_overlap_hides_d2h(mofa_predictor):
     pred = evaluate(mofa_predictor, [job(mofa_predictor, {"cpu_optimizer": {"overlap": True}}),
                                      job(mofa_predictor, {"cpu_optimizer": {}})])
