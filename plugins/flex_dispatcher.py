@@ -36,8 +36,8 @@ NVIDIA ran it through a community patch that reached about 400 GB/s (dispatch) a
 NVL72, removed the gap, §2.5). Those rows price the scale-up leg as the k copies over those
 measured fractions of the profile's link rate — a dispatch and a combine per pass, each counted
 as their mean, ``S/B_up · (900/400 + 900/190)/2 = 3.49·S/B_up`` — with no NCCL efficiency or
-latency term (**choice**: the fractions scale with another domain's link rate; a token's experts
-on one rank still count once each, as for the alltoall dispatcher).
+latency term (**choice**: the fractions scale with another domain's link rate; two of a token's
+experts on one rank still count as two copies, as the alltoall dispatcher sends them).
 
 It changes the EP dispatch/combine all-to-alls (both passes) and nothing else: the expert-TP
 gathers, compute and memory are unchanged (its communication buffers, ≈ 1–2 GiB, are not
