@@ -803,8 +803,7 @@ class _Level:
             order = order[:cut]
         if not len(order):
             return
-        cols = tuple(np.asarray(a)[order] for a in arrays)
-        self.parts.append([cols, np.cumsum(cols[4]), np.cumsum(cols[5]), 0])
+        self.parts.append(self._part(tuple(np.asarray(a)[order] for a in arrays)))
 
     def prune(self, limit: float) -> None:
         """Drop the nodes whose bound is above `limit` (the k-th best, which only falls) and the
@@ -819,10 +818,14 @@ class _Level:
                 continue
             if (n - cut) + cur >= max(n // 2, self.COMPACT_MIN):
                 self.dropped += int(ccount[-1]) - self._before(ccount, cut)
-                cols = tuple(c[cur:cut].copy() for c in cols)
-                part = [cols, np.cumsum(cols[4]), np.cumsum(cols[5]), 0]
+                part = self._part(tuple(c[cur:cut].copy() for c in cols))
             kept.append(part)
         self.parts = kept
+
+    @staticmethod
+    def _part(cols: tuple) -> list:
+        """A part of nodes sorted by bound: [columns, cumulative count, cumulative fanout, cursor]."""
+        return [cols, np.cumsum(cols[4]), np.cumsum(cols[5]), 0]
 
     @staticmethod
     def _before(cum: np.ndarray, i: int) -> int:
@@ -880,8 +883,7 @@ class _Level:
         for k, part in enumerate(self.parts):  # the popped heads' memory back, past half a part
             cols, ccount, cfan, cur = part
             if cur >= max(len(cols[0]) // 2, self.COMPACT_MIN):
-                cols = tuple(c[cur:].copy() for c in cols)
-                self.parts[k] = [cols, np.cumsum(cols[4]), np.cumsum(cols[5]), 0]
+                self.parts[k] = self._part(tuple(c[cur:].copy() for c in cols))
         return pick[0][take], pick[1][take], pick[2][take], pick[3][take]
 
 
@@ -1503,10 +1505,8 @@ def _staircase(t0: np.ndarray, m0: np.ndarray, t1: np.ndarray, m1: np.ndarray) -
     """The front of two point sets (step time, memory), as a staircase: times rising, memories
     strictly falling (of equal points one is kept: the staircase only tests dominance)."""
     t, m = np.r_[t0, t1], np.r_[m0, m1]
-    order = np.lexsort((m, t))
-    t, m = t[order], m[order]
-    keep = m < np.minimum.accumulate(np.r_[np.inf, m[:-1]]) if len(m) else np.zeros(0, bool)
-    return t[keep], m[keep]
+    front = _pareto(t, m)  # in rising time
+    return t[front], m[front]
 
 
 def _dominated(staircase: tuple[np.ndarray, np.ndarray], time_s: np.ndarray, mem: np.ndarray) -> np.ndarray:

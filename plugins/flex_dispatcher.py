@@ -63,6 +63,9 @@ DEEPEP_NVL_PEERS = 8
 #: DeepEP over more NVLink peers (GB200 NVL72, EP 32, 24 SMs): dispatch and combine algorithm
 #: bandwidth as fractions of the links' 900 GB/s per direction (the DeepSeek-V3 GB200 guide, §2.2.1)
 DEEPEP_WIDE_NVL_FRACTIONS = (400.0 / 900.0, 190.0 / 900.0)
+#: its time per dispatch or combine there, in units of the copies' time at the links' rate: the mean
+#: of 1/fraction over its dispatch and its combine (3.49)
+DEEPEP_WIDE_NVL_SLOWDOWN = 0.5 * sum(1.0 / f for f in DEEPEP_WIDE_NVL_FRACTIONS)
 
 
 @attrs.frozen(kw_only=True)
@@ -128,15 +131,9 @@ def _a2a_seconds(ctx, moe_model, g) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     plain = price_collectives(ctx, colls[:1])[0]
     intra, inter = price_collectives(_line_rate(ctx), colls[1:])
     flex = np.where(d > 1.0, np.maximum(intra, inter), plain)
-    wide = copies / ctx.hardware.scaleup_bandwidth_bytes_per_s * wide_nvl_factor()
+    wide = copies / ctx.hardware.scaleup_bandwidth_bytes_per_s * DEEPEP_WIDE_NVL_SLOWDOWN
     deepep = np.where(local > DEEPEP_NVL_PEERS, np.where(d > 1.0, np.maximum(wide, inter), wide), flex)
     return plain, flex, deepep
-
-
-def wide_nvl_factor() -> float:
-    """DeepEP's time per dispatch or combine over more than 8 NVLink peers, in units of the copies'
-    time at the links' rate: the mean of 1/fraction over its dispatch and its combine."""
-    return 0.5 * sum(1.0 / f for f in DEEPEP_WIDE_NVL_FRACTIONS)
 
 
 def _line_rate(ctx):
