@@ -149,9 +149,10 @@ class PipelineInputs:
     sum_F: FloatArray
     sum_B: FloatArray
     sum_W: FloatArray
-    #: τ: one p2p transfer between stages (one micro-batch, one direction)
+    #: τ: one p2p transfer between stages (one micro-batch, one direction), the mean over the hops
     p2p_s: FloatArray
-    #: exposed p2p per steady-state forward+backward pair (2τ unless PP overlap hides it)
+    #: exposed p2p per steady-state forward+backward pair: the slowest stage's two sends (2τ when
+    #: no hop leaves a scale-up domain; :func:`pipeline_p2p_s`) unless PP overlap hides them
     steady_p2p_s: FloatArray
 
 
@@ -840,7 +841,7 @@ def _priced(ctx: Context, batch: CandidateBatch, layers_only: bool = False) -> d
     if layers_only:
         return out
     out.update(by_geometry.per_structure(_end_costs))
-    out["tau"] = np.where(batch.pp > 1, out["tau"], 0.0)
+    out["tau"], out["tau_steady"] = pipeline_p2p_s(out["tau"], out.pop("tau_cross"), batch.pp, ctx)
     out["opt"] = _optimizer_costs(ctx, batch, out["layout"])
     return out
 
@@ -865,7 +866,32 @@ def _end_costs(ctx: Context) -> dict[str, np.ndarray]:
     pp_coll = Coll(name="pp_p2p", parallel="pp", kind=4, bytes=g.tokens * model.hidden_size * g.dt / g.t,
                    group_size=np.full(len(z), 2.0), stride=g.t * g.c * g.dp)
     out["tau"] = price_collectives(ctx, [pp_coll])[0]
+    cross = attrs.evolve(pp_coll, stride=np.maximum(pp_coll.stride, ctx.hardware.scaleup_domain_gpus))
+    out["tau_cross"] = price_collectives(ctx, [cross])[0]
     return out
+
+
+def pipeline_p2p_s(near: FloatArray, cross: FloatArray, pp, ctx: Context) -> tuple[FloatArray, FloatArray]:
+    """(τ, the steady pair's p2p): one warmup or cooldown hop on average, and a steady 1F1B pair's two.
+
+    `near` prices a hop between neighbouring stages (their ranks ``s = t·c·dp`` apart), `cross` the
+    same hop between two scale-up domains. A pipeline whose p stages span ``N`` domains crosses
+    one at ``N − 1`` of its ``p − 1`` hops (every hop when a domain holds one stage): the warmup
+    and cooldown chains pass each hop once, so τ is their mean. In the steady phase each stage
+    sends one activation forward and one gradient back per pair and the stages run in lock-step,
+    so the pair costs what the slowest stage sends: a stage beside a crossing sends across it one
+    way and inside its domain the other (``near + cross``), both ways across when its domain holds
+    it alone (``2·cross``). With blocking sends this matches the simulator
+    (``tests/test_pipeline_p2p.py``).
+    """
+    g = ctx.geometry
+    p = np.asarray(pp, dtype=np.float64)
+    stride, domain = g.t * g.c * g.dp, ctx.hardware.scaleup_domain_gpus
+    hops = np.maximum(p - 1.0, 1.0)
+    crossings = np.minimum(nodes_spanned(p, stride, domain) - 1.0, hops)
+    mean = near + (cross - near) * crossings / hops
+    pair = np.where(crossings == 0, 2.0 * near, np.where(2.0 * stride > domain, 2.0 * cross, near + cross))
+    return np.where(p > 1, mean, 0.0), np.where(p > 1, pair, 0.0)
 
 
 def price_structures(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile, pm) -> dict:
@@ -1097,7 +1123,7 @@ def _staged(state: CostState, priced: Mapping) -> tuple[dict, dict, dict, Pipeli
 
     tau = priced["tau"]
     pipe = PipelineInputs(p=p, v=v, m=m, F=pick(F) / v, B=pick(B) / v, W=pick(W) / v, sum_F=total_of(F),
-                          sum_B=total_of(B), sum_W=total_of(W), p2p_s=tau, steady_p2p_s=2.0 * tau)
+                          sum_B=total_of(B), sum_W=total_of(W), p2p_s=tau, steady_p2p_s=priced["tau_steady"])
     return comp, hidden, stage_parts, pipe, crit
 
 

@@ -70,13 +70,15 @@ def _durations(x, p: int, v: int) -> np.ndarray:
     return arr
 
 
-def simulate(order: Sequence[Sequence[Op]], *, p: int, v: int = 1, m: int, F, B, W=0.0, tau: float = 0.0,
+def simulate(order: Sequence[Sequence[Op]], *, p: int, v: int = 1, m: int, F, B, W=0.0, tau=0.0,
              p2p: str = "async", route: Callable[[int], Sequence[tuple[int, int]]] | None = None) -> SimResult:
     """Simulate the op lists `order` (one per stage) of a step with `m` micro-batches.
 
     `F`, `B`, `W` are per-chunk durations: scalars or arrays broadcastable to ``(p, v)``
-    (stage, chunk). `route(mb)` lists the (stage, chunk) hops of a micro-batch's forward
-    pass (default: Megatron's interleaved placement). Raises ``ValueError`` if the order
+    (stage, chunk). `tau` is the p2p time of a transfer between stages: a scalar, or a
+    ``(p, p)`` array whose ``[s, d]`` is the transfer from stage s to stage d (stages in
+    different scale-up domains). `route(mb)` lists the (stage, chunk) hops of a micro-batch's
+    forward pass (default: Megatron's interleaved placement). Raises ``ValueError`` if the order
     deadlocks, misses an op or repeats one.
     """
     if p2p not in ("async", "blocking"):
@@ -86,6 +88,7 @@ def simulate(order: Sequence[Sequence[Op]], *, p: int, v: int = 1, m: int, F, B,
     route = route or megatron_route(p, v)
     dur = {"F": _durations(F, p, v), "B": _durations(B, p, v), "W": _durations(W, p, v)}
     dur["BW"] = dur["B"] + dur["W"]
+    hop_s = np.broadcast_to(np.asarray(tau, dtype=np.float64), (p, p))
     hops = {mb: list(route(mb)) for mb in range(m)}
     where = {mb: {sc: k for k, sc in enumerate(h)} for mb, h in hops.items()}
     # every (stage, chunk) a micro-batch visits must run F and a backward exactly once
@@ -154,9 +157,9 @@ def simulate(order: Sequence[Sequence[Op]], *, p: int, v: int = 1, m: int, F, B,
                 cross = nxt is not None and nxt != s
                 avail = end
                 if cross and p2p == "async":
-                    avail = end + tau
+                    avail = end + float(hop_s[s, nxt])
                 elif cross:  # blocking: the sender is occupied by the transfer
-                    end = end + tau
+                    end = end + float(hop_s[s, nxt])
                     avail = end
                 kinds = ("B", "W") if kind == "BW" else (kind,)
                 for kd in kinds:

@@ -5,7 +5,7 @@ gradient) runs while the stage computes the next forward or backward chunk (Mega
 ``--overlap-p2p-communication``). Per steady pair of one forward + one backward chunk, the
 time becomes::
 
-    T_pair = max(β·τ_pair, α·T_chunk),   τ_pair = 2τ,   T_chunk = F + B + W
+    T_pair = max(β·τ_pair, α·T_chunk),   τ_pair = the pair's two sends (2τ inside one domain),   T_chunk = F + B + W
 
 (F, B, W: the critical stage's per-chunk forward, backward-input and backward-weight times
 from the pipeline inputs) — the paper's form, in which the contention α slows the *whole*
@@ -14,8 +14,8 @@ chunk even when the transfer lasts a sliver of it. Contention is a sharing of re
 with ``_overlap.contended_total(T_chunk, τ_pair, α, β)``: each stream is slowed while the
 other runs and the survivor finishes at full speed (equal to eq. [23] at α = β = 1). The
 chunk's work is already counted, so the exposed p2p per steady pair
-(``PipelineInputs.steady_p2p_s``, 2τ without overlap) becomes ``T_pair − (F+B+W)``, which
-lies in ``[0, 2τ]``: PP overlap never makes a step slower than no overlap (a property test
+(``PipelineInputs.steady_p2p_s`` without overlap) becomes ``T_pair − (F+B+W)``, which
+lies in ``[0, τ_pair]``: PP overlap never makes a step slower than no overlap (a property test
 over random jobs checks it). Schedules multiply it by the number of steady pairs and report
 it under ``pp_comm`` (it includes the contention slowdown of the chunk). Warmup and cooldown
 transfers stay exposed. Rows with ``pp == 1`` are left unchanged (no-op). Memory is unchanged.
@@ -40,7 +40,7 @@ def pipeline(state, rows):
     alpha, beta = contention(state, rows)
     p = state.pipe
     work = p.F + p.B + p.W
-    pair = p.steady_p2p_s  # 2τ unless another feature changed it
+    pair = p.steady_p2p_s  # the pair's two sends unless another feature changed them
     # Never more than the serial transfer: T − work can exceed it by one rounding when T = work + pair.
     exposed = np.minimum(contended_total(work, pair, alpha, beta) - work, pair)
     applies = (p.p > 1) & (pair > 0)
