@@ -98,3 +98,14 @@ def test_nemo2_tables_are_predicted_as_nvidia_rows_within_the_ratchet():
     mape = sum(errors) / len(errors)
     assert mape <= NEMO2_MAPE_BOUND, f"NeMo 2.0 external MAPE {mape:.3f} > {NEMO2_MAPE_BOUND}"
     assert max(errors) <= NEMO2_MAX_BOUND, f"NeMo 2.0 external max error {max(errors):.3f} > {NEMO2_MAX_BOUND}"
+
+
+def test_the_documented_external_tables_are_current():
+    """docs/validation.md's external tables are what benchmarks/external_runs_report.py prints with the
+    shipped profiles (regenerate with --write after a refit)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import external_runs_report
+
+    assert external_runs_report.main(["--check"]) == 0
