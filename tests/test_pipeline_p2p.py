@@ -25,18 +25,19 @@ def _ctx(t, c, dp, domain=8):
 
 def test_hops_by_hand():
     # near hop 1 s, cross-domain hop 10 s, 8 GPUs per domain:
-    # p=16, stride 1: 2 domains, 1 of 15 hops crosses → τ = 1 + 9/15 = 1.6, steady pair 2·10 = 20
+    # p=16, stride 1: 2 domains, 1 of 15 hops crosses → τ = 1 + 9/15 = 1.6; the stages beside it send
+    #   across one way and inside the other: steady pair 1 + 10 = 11
     # p=8, stride 1: one domain → τ = 1, pair 2
-    # p=16, stride 2 (dp 2): 32 ranks, 4 domains, 3 of 15 hops cross → τ = 1 + 27/15 = 2.8; a stage
-    #   beside a crossing sends across one way, inside the other: pair 1 + 10 = 11 (p=16, stride 1 too)
+    # p=16, stride 2 (dp 2): 32 ranks, 4 domains, 3 of 15 hops cross → τ = 1 + 27/15 = 2.8, pair 11
     # p=4, stride 8 (tp 8): every hop crosses → τ = 10 (the caller's near price is the cross one then), pair 20
-    # p=4, stride 6 (dp 6): a domain cannot hold two stages → a stage may cross both ways, pair 20
+    # p=4, stride 6 (dp 6): 24 ranks, 3 domains, 2 of 3 hops cross → τ = 1 + 18/3 = 7; a domain cannot
+    #   hold two stages, so a stage may cross both ways: pair 20
     # p=1: no pipeline, no p2p
     t, dp = [1, 1, 1, 8, 1, 1], [1, 1, 2, 1, 6, 1]
     pp = np.array([16, 8, 16, 4, 4, 1])
     near, cross = np.ones(6), np.full(6, 10.0)
     tau, steady = pipeline_p2p_s(near, cross, pp, _ctx(t, 1, dp))
-    assert tau == pytest.approx([1.6, 1.0, 2.8, 10.0, 1.0 + 9.0 * 2 / 3, 0.0])
+    assert tau == pytest.approx([1.6, 1.0, 2.8, 10.0, 7.0, 0.0])
     assert steady == pytest.approx([11.0, 2.0, 11.0, 20.0, 20.0, 0.0])
 
 
