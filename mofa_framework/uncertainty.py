@@ -14,7 +14,8 @@ for a new source: the expected error is the mean bias + a new source's bias (the
 biases about their mean, widened by √(1 + 1/k); with fewer than :data:`MIN_SOURCES` of them, every
 source's of the table) + the scatter within a source (each chosen row's deviation from its source's
 bias, every source weighted alike; with fewer than :data:`MIN_SOURCES` sources the band is at least
-as wide as every source's scatter makes it) — :func:`_quantiles`. Within the calibrated regimes each row
+as wide as every source's scatter makes it, and the mean bias of the k chosen sources is pooled with
+the table's, ``(k·mean + (MIN_SOURCES − k)·table mean) / MIN_SOURCES``) — :func:`_quantiles`. Within the calibrated regimes each row
 gives its held-out error of every kind of :data:`POOLED_KINDS`.
 
 The nearest rows (:func:`band`): the rows on the job's GPU — or, for a GPU with none, on the
@@ -285,6 +286,8 @@ class EverySource(NamedTuple):
     spread: np.ndarray
     lo: float
     hi: float
+    #: the mean bias of every source, each once
+    mean: float = 0.0
 
 
 @functools.lru_cache(maxsize=64)
@@ -294,11 +297,11 @@ def _every_source(table: ResidualTable, kinds: frozenset[str]) -> EverySource:
     errors, groups = _errors(table, kinds), _groups(table)
     if not np.isfinite(errors).any():
         return EverySource(np.zeros(0), math.nan, math.nan)
-    spread, dev, _ = _bias_spread(errors, groups, np.ones(len(groups), bool))
+    spread, dev, mean = _bias_spread(errors, groups, np.ones(len(groups), bool))
     spread = spread * math.sqrt(1.0 + 1.0 / len(spread))
     spread.setflags(write=False)
     lo, hi = _sum_quantiles(spread, dev, np.broadcast_to(groups[:, None], errors.shape)[np.isfinite(errors)])
-    return EverySource(spread, lo, hi)
+    return EverySource(spread, lo, hi, mean)
 
 
 def weighted_quantile(x: np.ndarray, w: np.ndarray, q: Sequence[float]) -> np.ndarray:
@@ -350,8 +353,10 @@ def _quantiles(errors: np.ndarray, groups: np.ndarray, sel: np.ndarray,
     source's bias is drawn from the selected groups' biases about their mean, widened by √(1 + 1/k)
     (a new group, and a mean estimated from k groups). With fewer than :data:`MIN_SOURCES` groups
     selected neither is known from them: the biases are drawn from every group of the table likewise,
-    and the band is at least as wide as `every` (:func:`_every_source` of the table, about the
-    selected mean bias): one or two sources say little about how widely a new one scatters."""
+    the band is at least as wide as `every` (:func:`_every_source` of the table), and its centre, the
+    mean bias, is pooled with the table's as if the :data:`MIN_SOURCES` − k missing sources had the
+    table's mean bias: one or two sources say little about how widely a new one scatters, nor where
+    it lies."""
     if not np.isfinite(errors[sel]).any():
         return math.nan, math.nan, 0
     spread, dev, mean = _bias_spread(errors, groups, sel)
@@ -362,6 +367,7 @@ def _quantiles(errors: np.ndarray, groups: np.ndarray, sel: np.ndarray,
     lo_q, hi_q = _sum_quantiles(spread, dev, np.broadcast_to(groups[:, None], errors.shape)[finite])
     if few:
         lo_q, hi_q = min(lo_q, every.lo), max(hi_q, every.hi)
+        mean = (k * mean + (MIN_SOURCES - k) * every.mean) / MIN_SOURCES
     return mean + lo_q, mean + hi_q, k
 
 
