@@ -88,7 +88,11 @@ def simulate(order: Sequence[Sequence[Op]], *, p: int, v: int = 1, m: int, F, B,
     route = route or megatron_route(p, v)
     dur = {"F": _durations(F, p, v), "B": _durations(B, p, v), "W": _durations(W, p, v)}
     dur["BW"] = dur["B"] + dur["W"]
-    hop_s = np.broadcast_to(np.asarray(tau, dtype=np.float64), (p, p))
+    hop_s = np.asarray(tau, dtype=np.float64)
+    if hop_s.shape not in ((), (p, p)) or not np.all(np.isfinite(hop_s) & (hop_s >= 0)):
+        raise ValueError(f"tau must be a number or a ({p}, {p}) array of per-hop seconds, finite and ≥ 0; "
+                         f"got shape {hop_s.shape}")
+    hop_s = np.broadcast_to(hop_s, (p, p))
     hops = {mb: list(route(mb)) for mb in range(m)}
     where = {mb: {sc: k for k, sc in enumerate(h)} for mb, h in hops.items()}
     # every (stage, chunk) a micro-batch visits must run F and a backward exactly once

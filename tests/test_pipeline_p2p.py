@@ -76,3 +76,11 @@ def test_pipeline_over_two_nodes_pays_the_network(mofa_predictor):
     # every steady pair waits for; 8 stages in one node never touch the network
     assert _pp_comm(mofa_predictor, 16, 12.5) > 1.5 * _pp_comm(mofa_predictor, 16, 25.0)
     assert _pp_comm(mofa_predictor, 8, 12.5) == _pp_comm(mofa_predictor, 8, 25.0)
+
+
+def test_simulator_rejects_a_hop_table_of_the_wrong_shape():
+    order = schedule_1f1b.op_order(4, 1, 4)
+    with pytest.raises(ValueError, match=r"tau must be a number or a \(4, 4\) array"):
+        simulate(order, p=4, v=1, m=4, F=1.0, B=1.0, tau=np.ones((3, 3)))
+    with pytest.raises(ValueError, match="tau must be"):
+        simulate(order, p=4, v=1, m=4, F=1.0, B=1.0, tau=-0.1)
