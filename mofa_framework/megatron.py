@@ -30,6 +30,7 @@ IGNORED_FLAGS = frozenset("""
 --rampup-batch-size --step-batch-size-schedule --manual-gc --manual-gc-interval --empty-unused-memory-level
 --cross-entropy-loss-fusion --cross-entropy-fusion-impl --calculate-per-token-loss --num-workers --apply-layernorm-1p
 --norm-epsilon --qk-layernorm --max-position-embeddings --make-vocab-size-divisible-by --rotary-base
+--softmax-type --glu-linear-offset --activation-func-clamp-value --hf-model-id
 --rotary-percent --rotary-scaling-factor --rotary-seq-len-interpolation-factor --use-rope-scaling --mscale
 --mscale-all-dim --no-rope-fusion --no-position-embedding --use-rotary-position-embeddings --weight-decay
 --adam-beta1 --adam-beta2 --adam-eps --sgd-momentum --optimizer --transformer-impl --spec --enable-experimental
@@ -136,6 +137,7 @@ _CONFIG_ALIASES = {
     "use_flash_attention": "--use-flash-attn", "layernorm_epsilon": "--norm-epsilon",
     "fp8": "--fp8-format", "padded_vocab_size": "--vocab-size",
     "bucket_size": "--ddp-bucket-size",  # DistributedDataParallelConfig.bucket_size (ddp.bucket_size)
+    "sequence_length": "--seq-length",  # Megatron-Bridge's dataset.sequence_length
 }
 
 
@@ -266,6 +268,8 @@ _DTYPE_NAMES = {"float32": "fp32", "float": "fp32", "fp32": "fp32", "bfloat16": 
 def _config_flag(key: str, value) -> list[tuple[str, tuple[str, ...]]]:
     """The Megatron-LM flags one config key stands for."""
     if value is None or value is False:
+        if key == "grad_reduce_in_fp32" and value is False:  # Bridge's DDP / mixed-precision config: bf16 reduction
+            return [("--grad-reduce-in-bf16", ())]
         if key == "overlap_p2p_comm" and value is False:
             return [("--no-overlap-p2p-communication", ())]
         if key == "share_embeddings_and_output_weights" and value is False:
@@ -277,8 +281,8 @@ def _config_flag(key: str, value) -> list[tuple[str, tuple[str, ...]]]:
         return [("--swiglu", ())] if value is True else []
     if key in ("activation", "activation_func"):  # NeMo 1: "fast-swiglu"; Bridge: silu with gated_linear_unit
         return [("--swiglu", ())] if "glu" in str(value).lower() else []
-    if key == "share_embeddings_and_output_weights" or key == "add_bias_linear" or key == "overlap_p2p_comm":
-        return []
+    if key in ("share_embeddings_and_output_weights", "add_bias_linear", "overlap_p2p_comm", "grad_reduce_in_fp32"):
+        return []  # true: Megatron's default (fp32 gradient reduction)
     if key in ("precision", "mixed_precision"):
         return _precision_flags(str(value))
     if key == "num_query_groups":
@@ -436,7 +440,44 @@ def _model_fields(a: MegatronArgs, notes: list[str]) -> dict:
     latent = a.number("--moe-latent-size", 0)
     if latent and "num_experts" in fields:
         fields["moe_latent_size"] = latent
+    fields.update(_window_fields(a, L))
     return fields
+
+
+def _window_fields(a: MegatronArgs, num_layers: int) -> dict:
+    """``sliding_window`` (keys per query) and ``sliding_window_layer_fraction`` of
+    ``--window-size LEFT RIGHT`` (a query attends keys ``i − LEFT .. i + RIGHT``; causal models give
+    RIGHT = 0) and ``--window-attn-skip-freq`` (an integer N: layer n, counted from 1, attends fully
+    when N divides n, else in the window; a list such as ``[1,0]*18``: 1 windowed, 0 full, per layer).
+    Empty when no window is given (every layer attends fully)."""
+    text = " ".join(a.values("--window-size"))
+    skip = a.value("--window-attn-skip-freq")
+    if not text.strip() or text.strip().lower() in ("none", "null"):
+        return {}
+    sizes = [int(x) for x in re.findall(r"-?[0-9]+", text)]
+    if len(sizes) != 2 or sizes[0] < 0 or sizes[1] < 0:
+        raise ConfigError(f"--window-size {text}: expected two non-negative integers LEFT RIGHT (a causal "
+                          "model's 4095 0 attends 4,096 keys)")
+    if sizes[1]:
+        raise ConfigError(f"--window-size {text}: a window reaching {sizes[1]} keys ahead is not causal; MoFa prices "
+                          "causal windows: give RIGHT = 0")
+    windowed = num_layers
+    if skip is not None and re.fullmatch(r"[0-9]+", skip.strip()):
+        every = int(skip)
+        if every < 1:
+            raise ConfigError(f"--window-attn-skip-freq {skip}: expected a positive integer or a list like [1,0]*18")
+        windowed = num_layers - num_layers // every
+    elif skip is not None:
+        if re.search(r"[^\s,\d\[\]()+*]", skip):
+            raise ConfigError(f"--window-attn-skip-freq {skip}: expected an integer or a list like [1,0]*18")
+        try:
+            layers = _list_expr(ast.parse(skip.strip(), mode="eval").body)
+        except (SyntaxError, ValueError):
+            raise ConfigError(f"--window-attn-skip-freq {skip}: not a list expression like [1,0]*18") from None
+        if len(layers) != num_layers:
+            raise ConfigError(f"--window-attn-skip-freq {skip}: {len(layers)} entries for --num-layers {num_layers}")
+        windowed = sum(1 for x in layers if x)
+    return {"sliding_window": sizes[0] + 1, "sliding_window_layer_fraction": windowed / num_layers} if windowed else {}
 
 
 #: ModelSpec fields compared to find a zoo model with the same shape (absent fields count as 0)
@@ -453,11 +494,24 @@ def match_model(fields: Mapping[str, Any], models: Mapping[str, Any]) -> list[st
     for name, m in sorted(models.items()):
         same = all(getattr(m, k, 0) == (fields.get(k) or 0) for k in _SHAPE)
         same = same and (m.is_mla or m.kv_channels == head)
+        if same and fields.get("sliding_window"):  # a stated window must be the zoo model's (±1 key: the
+            # configs count the window with or without the query itself, HF's 128 is Bridge's (127, 0))
+            same = abs(m.sliding_window - fields["sliding_window"]) <= 1 and abs(
+                _windowed_share(m) - fields["sliding_window_layer_fraction"]) < 1e-9
         if same and fields.get("vocab_size") is not None:
             same = m.vocab_size in (fields["vocab_size"], fields.get("padded_vocab_size"))
         if same:
             out.append(name)
     return out
+
+
+def _windowed_share(m) -> float:
+    """The share of a zoo model's layers that attend in its sliding window."""
+    if not m.sliding_window:
+        return 0.0
+    share = {"sliding": 1.0, "model": m.sliding_window_layer_fraction}
+    kinds = [m.block(k).attention for k in m.layer_kinds]
+    return sum(share.get(k, 0.0) for k in kinds) / len(kinds)
 
 
 def _parallel(a: MegatronArgs, num_layers: int | None, notes: list[str]) -> dict:
@@ -543,6 +597,13 @@ def from_args(words_or_flags, registry, *, hardware: str | None, num_gpus: int |
             model_table = {"name": match}
             if len(matches) > 1:
                 notes.append(f"the shape matches {', '.join(matches)}; using {match}")
+            zoo = registry.model(match)
+            if zoo.sliding_window and not fields.get("sliding_window"):
+                fix = ("give sliding_window = 0 under [model]" if not zoo.layer_pattern else
+                       "give the model inline, its [model] table without layer_pattern")
+                notes.append(f"no --window-size, but the zoo's {match} attends in a window of {zoo.sliding_window} "
+                             f"keys on {_windowed_share(zoo):.0%} of its layers: priced with that window (if the "
+                             f"run attended fully, {fix})")
         else:
             if fields.get("vocab_size") is None:
                 raise ConfigError("the model matches no zoo model and the arguments give no --vocab-size (or a "

@@ -567,3 +567,82 @@ def test_the_zero_bubble_forks_flags_select_its_schedules(registry):
         words = note.split(": ", 1)[1].replace("2·pp", "8").replace(" pp", " 4").split()
         job = from_args(base[:-1] + words, registry, hardware=H100, num_gpus=8, model="llama3-8b").job
         assert job["pipeline"] == {"schedule": name}, note
+
+
+# ---------------------------------------------------------------------- sliding-window attention
+
+#: a 12-layer shape no zoo model has (hidden 1536, 12 heads, vocabulary 32,000)
+SMALL = ["--num-layers", "12", "--hidden-size", "1536", "--num-attention-heads", "12", "--vocab-size", "32000",
+         "--seq-length", "8192", "--global-batch-size", "8"]
+
+
+@pytest.mark.parametrize("window, skip, keys, share", [
+    # (4095, 0): a query sees itself and the 4,095 keys before it; no skip frequency: every layer windowed
+    (["4095", "0"], None, 4096, 1.0),
+    # Megatron's tuple spelling; every 2nd layer (2, 4, …, 12) full: 6 of 12 windowed
+    (["(127,0)"], "2", 128, 0.5),
+    # every 6th layer full (Gemma 3's five local, one global): layers 6 and 12 of 12 full, 10 windowed
+    (["1023", "0"], "6", 1024, 10 / 12),
+    # a per-layer list, 1 windowed: three of twelve
+    (["511", "0"], "[1,0,0,0]*3", 512, 3 / 12),
+])
+def test_window_flags_make_the_inline_models_window(registry, predictor, window, skip, keys, share):
+    words = SMALL + ["--window-size", *window] + (["--window-attn-skip-freq", skip] if skip else [])
+    r = from_args(words, registry, hardware=H100, num_gpus=8)
+    m = r.job["model"]
+    assert r.model_match is None
+    assert m["sliding_window"] == keys and m["sliding_window_layer_fraction"] == pytest.approx(share)
+    full = predictor.predict(predictor.job(from_args(SMALL, registry, hardware=H100, num_gpus=8).job))[0]
+    windowed = predictor.predict(predictor.job(r.job))[0]
+    assert windowed.step_time_s < full.step_time_s  # at 8K tokens a window of ≤ 4K keys is less attention
+
+
+def test_a_stated_window_must_be_the_zoo_models(registry):
+    """GPT-OSS 120B is windowed (128 keys) on every other layer: Megatron-Bridge's (127, 0) with skip
+    frequency 2 is that model; the same shape windowed on every layer is not."""
+    oss = registry.model("gpt-oss-120b")
+    words = ["--num-layers", "36", "--hidden-size", "2880", "--num-attention-heads", "64", "--group-query-attention",
+             "--num-query-groups", "8", "--kv-channels", "64", "--ffn-hidden-size", "2880", "--swiglu",
+             "--num-experts", "128", "--moe-router-topk", "4", "--moe-ffn-hidden-size", "2880",
+             "--vocab-size", str(oss.vocab_size), "--seq-length", "4096", "--global-batch-size", "64",
+             "--untie-embeddings-and-output-weights", "--normalization", "RMSNorm", "--window-size", "127", "0"]
+    assert from_args(words + ["--window-attn-skip-freq", "2"], registry, hardware=H100, num_gpus=64).model_match == \
+        "gpt-oss-120b"
+    r = from_args(words, registry, hardware=H100, num_gpus=64)
+    assert r.model_match is None and r.job["model"]["sliding_window_layer_fraction"] == 1.0
+
+
+def test_a_zoo_window_the_arguments_do_not_state_is_noted(registry):
+    mistral = ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32", "--group-query-attention",
+               "--num-query-groups", "8", "--ffn-hidden-size", "14336", "--swiglu", "--vocab-size", "32000",
+               "--seq-length", "8192", "--global-batch-size", "8", "--untie-embeddings-and-output-weights"]
+    r = from_args(mistral, registry, hardware=H100, num_gpus=8)
+    assert r.model_match == "mistral-7b"
+    assert any("no --window-size" in n and "sliding_window = 0" in n for n in r.notes)
+    assert not any("window" in n for n in from_args(mistral + ["--window-size", "4095", "0"], registry,
+                                                      hardware=H100, num_gpus=8).notes)
+
+
+@pytest.mark.parametrize("words, match", [
+    (["--window-size", "127", "5"], "not causal"),
+    (["--window-size", "abc"], "two non-negative integers"),
+    (["--window-size", "127", "0", "--window-attn-skip-freq", "0"], "positive integer"),
+    (["--window-size", "127", "0", "--window-attn-skip-freq", "[1,0]*5"], "10 entries for --num-layers 12"),
+    (["--window-size", "127", "0", "--window-attn-skip-freq", "x"], "integer or a list"),
+])
+def test_bad_window_flags_name_the_flag(registry, words, match):
+    with pytest.raises(ConfigError, match=match) as e:
+        from_args(SMALL + words, registry, hardware=H100, num_gpus=8)
+    assert "\n" not in str(e.value)
+
+
+def test_bridge_dump_gradient_reduction_dtype_and_dataset_sequence(registry):
+    """A dumped ConfigContainer states ``ddp.grad_reduce_in_fp32``: false is a bf16 reduction
+    (Megatron-LM's --grad-reduce-in-bf16), true Megatron's fp32 default; its sequence length may
+    be only ``dataset.sequence_length``."""
+    base = BRIDGE_YAML.replace("  seq_length: 8192\n", "")
+    for fp32, dtype in (("false", "bf16"), ("true", "fp32")):
+        text = base.replace("ddp:\n", f"dataset:\n  sequence_length: 2048\nddp:\n  grad_reduce_in_fp32: {fp32}\n")
+        r = read_source(text, registry, kind="nemo", hardware=H100, num_gpus=64)
+        assert r.job["features"]["distributed_optimizer"]["grad_reduce_dtype"] == dtype
+        assert r.job["parallel"]["sequence_length"] == 2048
