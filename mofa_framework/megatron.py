@@ -199,10 +199,14 @@ def flags_from_config(text: str) -> tuple[dict[str, tuple[str, ...]], int | None
     except Exception:  # noqa: BLE001 - not YAML: a printed config or overrides
         data = None
     if isinstance(data, Mapping) and any(isinstance(v, Mapping) for v in data.values()):
+        precision: list[tuple[str, Any]] = []
         for path, v in _config_leaves(data):
             key = _peft_key(path, v) if path else ""
             if key == "lora" or (path and not path[-1].startswith("_")):
-                pairs.append((key, True if key == "lora" else v))
+                # Megatron-Bridge's MixedPrecisionConfig.setup() writes its fields over the model
+                # config's (a dump keeps the model's defaults, fp8_recipe: delayed): it is read last
+                (precision if path[0] == "mixed_precision" else pairs).append((key, True if key == "lora" else v))
+        pairs += precision
         top = dict(data)
         if isinstance(top.get("mixed_precision"), str):
             pairs.append(("mixed_precision", top["mixed_precision"]))

@@ -646,3 +646,17 @@ def test_bridge_dump_gradient_reduction_dtype_and_dataset_sequence(registry):
         r = read_source(text, registry, kind="nemo", hardware=H100, num_gpus=64)
         assert r.job["features"]["distributed_optimizer"]["grad_reduce_dtype"] == dtype
         assert r.job["parallel"]["sequence_length"] == 2048
+
+
+def test_bridge_dump_mixed_precision_overrides_the_models_defaults(registry):
+    """A dumped ConfigContainer keeps the model config's precision defaults (``fp8_recipe: delayed``)
+    beside the ``mixed_precision`` section that Megatron-Bridge writes over them at setup: the
+    section decides, wherever it sits in the file."""
+    mp = ("mixed_precision:\n  _target_: megatron.bridge.training.mixed_precision.MixedPrecisionConfig\n  bf16: true\n"
+          "  fp8: hybrid\n  fp8_recipe: mxfp8\n")
+    body = BRIDGE_YAML.replace("mixed_precision: bf16_with_fp8_current_scaling_mixed\n", "")
+    model_defaults = "  fp8: null\n  fp8_recipe: delayed\n"
+    for text in (mp + body.replace("  overlap_p2p_comm: false\n", "  overlap_p2p_comm: false\n" + model_defaults),
+                 body.replace("  overlap_p2p_comm: false\n", "  overlap_p2p_comm: false\n" + model_defaults) + mp):
+        r = read_source(text, registry, kind="nemo", hardware="b200-sxm-180gb", num_gpus=64)
+        assert r.job["features"]["fp8"] == {"recipe": "mxfp8"}
