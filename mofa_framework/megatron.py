@@ -30,7 +30,8 @@ IGNORED_FLAGS = frozenset("""
 --rampup-batch-size --step-batch-size-schedule --manual-gc --manual-gc-interval --empty-unused-memory-level
 --cross-entropy-loss-fusion --cross-entropy-fusion-impl --calculate-per-token-loss --num-workers --apply-layernorm-1p
 --norm-epsilon --qk-layernorm --max-position-embeddings --make-vocab-size-divisible-by --rotary-base
---softmax-type --glu-linear-offset --activation-func-clamp-value --hf-model-id
+--softmax-type --glu-linear-offset --activation-func-clamp-value --hf-model-id --params-dtype --pipeline-dtype
+--autocast-dtype
 --rotary-percent --rotary-scaling-factor --rotary-seq-len-interpolation-factor --use-rope-scaling --mscale
 --mscale-all-dim --no-rope-fusion --no-position-embedding --use-rotary-position-embeddings --weight-decay
 --adam-beta1 --adam-beta2 --adam-eps --sgd-momentum --optimizer --transformer-impl --spec --enable-experimental
@@ -138,11 +139,16 @@ _CONFIG_ALIASES = {
     "fp8": "--fp8-format", "padded_vocab_size": "--vocab-size",
     "bucket_size": "--ddp-bucket-size",  # DistributedDataParallelConfig.bucket_size (ddp.bucket_size)
     "sequence_length": "--seq-length",  # Megatron-Bridge's dataset.sequence_length
+    "fp4": "--fp4-format",  # Megatron-Bridge's mixed_precision.fp4: e2m1
 }
 
 
 def _config_leaves(obj, path: tuple[str, ...] = ()) -> Iterable[tuple[tuple[str, ...], Any]]:
-    if isinstance(obj, Mapping):
+    if isinstance(obj, Mapping) and obj.get("_call_") is False and "_target_" in obj:
+        # a dumped config's reference to an object, not a config: ``{_call_: false, _target_:
+        # torch.bfloat16}`` is the dtype torch.bfloat16 (Megatron-Bridge's optimizer dtypes)
+        yield path, obj["_target_"]
+    elif isinstance(obj, Mapping):
         for k, v in obj.items():
             yield from _config_leaves(v, (*path, str(k)))
     else:
@@ -232,6 +238,12 @@ def flags_from_config(text: str) -> tuple[dict[str, tuple[str, ...]], int | None
             if value and PACKED_NOTE not in notes:
                 notes.append(PACKED_NOTE)
             continue
+        if key == "grad_reduce_in_fp32" and isinstance(value, bool):  # the DDP and mixed-precision configs
+            if value:  # Megatron's default; the mixed-precision section, read last, overrides the DDP one
+                flags.pop("--grad-reduce-in-bf16", None)
+            else:
+                flags["--grad-reduce-in-bf16"] = ()
+            continue
         for flag, vals in _config_flag(key, value):
             flags[flag] = vals
     gpus = nodes * devices if nodes and devices else None
@@ -272,8 +284,6 @@ _DTYPE_NAMES = {"float32": "fp32", "float": "fp32", "fp32": "fp32", "bfloat16": 
 def _config_flag(key: str, value) -> list[tuple[str, tuple[str, ...]]]:
     """The Megatron-LM flags one config key stands for."""
     if value is None or value is False:
-        if key == "grad_reduce_in_fp32" and value is False:  # Bridge's DDP / mixed-precision config: bf16 reduction
-            return [("--grad-reduce-in-bf16", ())]
         if key == "overlap_p2p_comm" and value is False:
             return [("--no-overlap-p2p-communication", ())]
         if key == "share_embeddings_and_output_weights" and value is False:
@@ -285,8 +295,8 @@ def _config_flag(key: str, value) -> list[tuple[str, tuple[str, ...]]]:
         return [("--swiglu", ())] if value is True else []
     if key in ("activation", "activation_func"):  # NeMo 1: "fast-swiglu"; Bridge: silu with gated_linear_unit
         return [("--swiglu", ())] if "glu" in str(value).lower() else []
-    if key in ("share_embeddings_and_output_weights", "add_bias_linear", "overlap_p2p_comm", "grad_reduce_in_fp32"):
-        return []  # true: Megatron's default (fp32 gradient reduction)
+    if key == "share_embeddings_and_output_weights" or key == "add_bias_linear" or key == "overlap_p2p_comm":
+        return []
     if key in ("precision", "mixed_precision"):
         return _precision_flags(str(value))
     if key == "num_query_groups":
@@ -298,10 +308,34 @@ def _config_flag(key: str, value) -> list[tuple[str, tuple[str, ...]]]:
         value = _DTYPE_NAMES.get(str(value).lower().removeprefix("torch."), str(value))
     if value is True:
         return [(flag, ())]
+    if key == "pipeline_model_parallel_layout" and isinstance(value, (list, tuple)):
+        return [(flag, (_layout_string(value),))]
     if isinstance(value, (list, tuple)):
         return [(flag, tuple(str(x) for x in value))] if key != "moe_layer_freq" else [
             (flag, ("[" + ",".join(str(x) for x in value) + "]",))]
     return [(flag, (str(value),))]
+
+
+#: Megatron-Core's layer names in a pipeline layout given as lists (``PipelineParallelLayerLayout``)
+#: and their characters in its string form (``mofa_framework.pipeline_layout``)
+_LAYOUT_NAMES = {"embedding": "E", "decoder": "t", "mtp": "m", "loss": "L"}
+
+
+def _layout_string(stages) -> str:
+    """A layout as a dumped config holds it — a list of stages, each a list of layer names
+    (``[[embedding, decoder], …, [decoder, mtp, loss]]``) — in Megatron's string form
+    (``Et|…|tmL``); a stage given as a string is kept as it is."""
+    out = []
+    for stage in stages:
+        if isinstance(stage, str):
+            out.append(stage)
+            continue
+        try:
+            out.append("".join(_LAYOUT_NAMES[str(x).lower()] for x in stage))
+        except (KeyError, TypeError):
+            raise ConfigError(f"pipeline_model_parallel_layout: stage {stage!r} holds a layer name other than "
+                              f"{', '.join(_LAYOUT_NAMES)}") from None
+    return "|".join(out)
 
 
 def _precision_flags(text: str) -> list[tuple[str, tuple[str, ...]]]:

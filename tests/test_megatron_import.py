@@ -646,6 +646,13 @@ def test_bridge_dump_gradient_reduction_dtype_and_dataset_sequence(registry):
         r = read_source(text, registry, kind="nemo", hardware=H100, num_gpus=64)
         assert r.job["features"]["distributed_optimizer"]["grad_reduce_dtype"] == dtype
         assert r.job["parallel"]["sequence_length"] == 2048
+    # the mixed-precision section's value is written over the DDP config's (MixedPrecisionConfig.setup)
+    text = base.replace("ddp:\n", "ddp:\n  grad_reduce_in_fp32: false\n").replace(
+        "mixed_precision: bf16_with_fp8_current_scaling_mixed\n",
+        "mixed_precision:\n  bf16: true\n  fp8: hybrid\n  fp8_recipe: tensorwise\n  grad_reduce_in_fp32: true\n"
+        "dataset:\n  sequence_length: 2048\n")
+    r = read_source(text, registry, kind="nemo", hardware=H100, num_gpus=64)
+    assert r.job["features"]["distributed_optimizer"]["grad_reduce_dtype"] == "fp32"
 
 
 def test_bridge_dump_mixed_precision_overrides_the_models_defaults(registry):
@@ -660,3 +667,113 @@ def test_bridge_dump_mixed_precision_overrides_the_models_defaults(registry):
                  body.replace("  overlap_p2p_comm: false\n", "  overlap_p2p_comm: false\n" + model_defaults) + mp):
         r = read_source(text, registry, kind="nemo", hardware="b200-sxm-180gb", num_gpus=64)
         assert r.job["features"]["fp8"] == {"recipe": "mxfp8"}
+
+
+#: the parts of Megatron-Bridge's dumped DeepSeek-V3 NVFP4 recipe for B300 that reach a job
+#: (``scripts/performance/dryrun_configs/deepseek/deepseek_v3_pretrain_b300_nvfp4_v1.yaml``): its
+#: pipeline layout and MoE layer pattern are YAML lists, its precision a mixed-precision section
+DSV3_DUMP = """
+_target_: megatron.bridge.training.config.ConfigContainer
+dataset:
+  sequence_length: 4096
+ddp:
+  grad_reduce_in_fp32: false
+  overlap_grad_reduce: true
+  overlap_param_gather: true
+  use_distributed_optimizer: true
+mixed_precision:
+  _target_: megatron.bridge.training.mixed_precision.MixedPrecisionConfig
+  bf16: true
+  fp4: e2m1
+  fp4_recipe: nvfp4
+  fp8: null
+  fp8_recipe: null
+  grad_reduce_in_fp32: true
+model:
+  _target_: megatron.bridge.models.mla_provider.MLAModelProvider
+  activation_func:
+    _call_: false
+    _target_: torch.nn.functional.silu
+  context_parallel_size: 1
+  expert_model_parallel_size: 8
+  expert_tensor_parallel_size: 1
+  ffn_hidden_size: 18432
+  fp4: null
+  fp8: null
+  fp8_recipe: delayed
+  gated_linear_unit: true
+  hidden_size: 7168
+  kv_channels: 64
+  kv_lora_rank: 512
+  moe_ffn_hidden_size: 2048
+  moe_flex_dispatcher_backend: hybridep
+  moe_layer_freq: [0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                   1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+  moe_router_topk: 8
+  moe_shared_expert_intermediate_size: 2048
+  moe_token_dispatcher_type: flex
+  mtp_num_layers: 1
+  multi_latent_attention: true
+  normalization: RMSNorm
+  num_attention_heads: 128
+  num_layers: 61
+  num_moe_experts: 256
+  num_query_groups: 128
+  pipeline_model_parallel_layout:
+  - [embedding, decoder, decoder, decoder, decoder]
+""" + "".join("  - [decoder, decoder, decoder, decoder]\n" for _ in range(14)) + """  - [decoder, mtp, loss]
+  pipeline_model_parallel_size: 16
+  q_lora_rank: 1536
+  qk_head_dim: 128
+  qk_pos_emb_head_dim: 64
+  recompute_granularity: selective
+  recompute_modules: [mla_up_proj]
+  seq_length: 4096
+  share_embeddings_and_output_weights: false
+  tensor_model_parallel_size: 1
+  v_head_dim: 128
+  vocab_size: 129280
+  window_size: null
+optimizer:
+  exp_avg_dtype:
+    _call_: false
+    _target_: torch.bfloat16
+  exp_avg_sq_dtype:
+    _call_: false
+    _target_: torch.bfloat16
+  main_grads_dtype:
+    _call_: false
+    _target_: torch.bfloat16
+  use_distributed_optimizer: true
+  use_precision_aware_optimizer: true
+train:
+  global_batch_size: 2048
+  micro_batch_size: 1
+"""
+
+
+def test_a_dumped_deepseek_v3_recipe(registry, predictor):
+    """The layout's 16 stages (embedding + 4 layers, fourteen of 4, one layer + MTP + loss) are the
+    end stages MoFa places; NVFP4 comes from the mixed-precision section; the precision-aware
+    optimizer's bf16 main gradients make the reduction bf16 although the section says fp32."""
+    r = read_source(DSV3_DUMP, registry, kind="nemo", hardware="b300-sxm", num_gpus=256)
+    par, feats = r.job["parallel"], r.job["features"]
+    assert r.model_match == "deepseek-v3" and not r.unknown
+    assert par["pipeline_layout"] == "Etttt|" + "tttt|" * 14 + "tmL"
+    job = predictor.job(r.job)
+    assert (job.parallel.pp, job.parallel.vpp, job.parallel.first_stage_layers, job.parallel.last_stage_layers) == (
+        16, 1, 4, 1)
+    assert (par["ep"], par["sequence_length"], par["global_batch_size"]) == (8, 4096, 2048)
+    assert "nvfp4" in feats and "fp8" not in feats
+    # the optimizer's dtypes are {_call_: false, _target_: torch.bfloat16} references in a dump
+    assert feats["distributed_optimizer"] == {"grad_reduce_dtype": "bf16", "exp_avg_dtype": "bf16",
+                                              "exp_avg_sq_dtype": "bf16"}
+    assert feats["flex_dispatcher"]["backend"] == "hybridep"
+    assert predictor.predict(job)[0].step_time_s > 0
+
+
+def test_a_layout_list_with_an_unknown_layer_name_is_one_line(registry):
+    text = DSV3_DUMP.replace("[decoder, mtp, loss]", "[decoder, vision, loss]")
+    with pytest.raises(ConfigError, match="vision") as e:
+        read_source(text, registry, kind="nemo", hardware="b300-sxm", num_gpus=256)
+    assert "\n" not in str(e.value)
