@@ -96,6 +96,18 @@ PUBLISHED = [
     ("qwen3-8b", "non-embedding", 6.95 * B, 0.01 * B, "Qwen3 report, Table 1: 6.95B non-embedding"),
     ("qwen3-32b", "total", 32.8 * B, 0.1 * B, "Qwen3 report, Table 1: 32.8B"),
     ("qwen3-32b", "non-embedding", 31.2 * B, 0.1 * B, "Qwen3 report, Table 1: 31.2B non-embedding"),
+    ("qwen3-14b", "total", 14.8 * B, 0.1 * B, "Qwen/Qwen3-14B model card: 14.8B"),
+    ("qwen3-14b", "non-embedding", 13.2 * B, 0.1 * B, "Qwen/Qwen3-14B model card: 13.2B non-embedding"),
+    ("qwen3-1.7b", "total", 1.7 * B, 0.1 * B, "Qwen/Qwen3-1.7B model card: 1.7B"),
+    ("qwen3-1.7b", "non-embedding", 1.4 * B, 0.1 * B, "Qwen/Qwen3-1.7B model card: 1.4B non-embedding"),
+    ("qwen3-0.6b", "total", 0.6 * B, 0.1 * B, "Qwen/Qwen3-0.6B model card: 0.6B"),
+    ("qwen3-0.6b", "non-embedding", 0.44 * B, 0.01 * B, "Qwen/Qwen3-0.6B model card: 0.44B non-embedding"),
+    ("qwen2.5-0.5b", "total", 0.49 * B, 0.01 * B, "Qwen/Qwen2.5-0.5B model card: 0.49B"),
+    ("qwen2.5-0.5b", "non-embedding", 0.36 * B, 0.01 * B, "Qwen/Qwen2.5-0.5B model card: 0.36B non-embedding"),
+    ("olmo-2-13b", "total", 13_716_198_400, 1, "safetensors index of allenai/OLMo-2-1124-13B (54,864,793,600 "
+     "bytes of fp32); MoFa counts two of its four norm vectors per layer"),
+    ("mistral-small-24b", "total", 23_572_403_200, 1, "the text stack of Mistral Small 3.1/3.2 (the 2501 base's "
+     "shape); Mistral AI: 24B"),
     ("gpt-oss-120b", "total", 116.8 * B, 0.1 * B, "OpenAI gpt-oss model card: 116.8B total"),
     ("gpt-oss-120b", "active-no-lookup", 5.1 * B, 0.1 * B, "the same card: 5.1B active (embedding lookup not counted)"),
     ("gpt-oss-20b", "total", 20.9 * B, 0.1 * B, "OpenAI gpt-oss model card: 20.9B total"),
@@ -135,5 +147,10 @@ def test_benchmark_spellings_resolve():
                         ("LLAMA31_405B", "llama3.1-405b"), ("llama31_8b", "llama3.1-8b"), ("GPT_OSS_20B", "gpt-oss-20b"),
                         # NeMo recipe spellings of models of the same shape, and NeMo's other pretraining recipes
                         ("QWEN2_72B", "qwen2.5-72b"), ("Qwen2-7B", "qwen2.5-7b"), ("GEMMA_7B", "gemma-7b"),
-                        ("Mistral NeMo 12B", "mistral-nemo-12b")):
+                        ("Mistral NeMo 12B", "mistral-nemo-12b"),
+                        # Megatron-Bridge's Qwen recipes (qwen3_600m, qwen3_1p7b, qwen25_14b), Hub ids, DeepSeek-V3.1
+                        ("qwen3_600m", "qwen3-0.6b"), ("qwen3_1p7b", "qwen3-1.7b"), ("Qwen3 14B", "qwen3-14b"),
+                        ("Qwen/Qwen2.5-32B", "qwen2.5-32b"), ("Qwen2.5 1.5B", "qwen2.5-1.5b"), ("OLMo 2 7B", "olmo-2-7b"),
+                        ("Mistral Small 3.1", "mistral-small-24b"), ("Gemma 3 12B", "gemma-3-12b"),
+                        ("DeepSeek-V3.1-Base", "deepseek-v3")):
         assert REG.model(alias).name == name
