@@ -1229,15 +1229,16 @@ def finish(pl: Pipelined, trail: dict | None = None, lean: bool = False, check: 
     step = times.total_s + opt.dp_exposed_s + opt.update_s + opt.host_s + overhead
     gpu = mem.gpu_bytes + hardware.reserved_memory_bytes
     gpu = np.where(exists, gpu, -np.inf)
-    worst = np.argmax(gpu, axis=0)
-    wpick = lambda arr: np.take_along_axis(arr, worst[None, :], axis=0)[0]  # noqa: E731
-    mem_bd = memory_breakdown(mem, wpick, np.full(n, hardware.reserved_memory_bytes))
-    peak = sum(mem_bd.values(), z)
+    # the peak stage's memory: its components (memory_breakdown) sum to it
+    peak = gpu.max(axis=0)
     # host memory: what the offload features put there, on the stage that puts the most
     host = np.where(exists, mem.host_bytes, 0.0).max(axis=0)
     fits = (peak <= hardware.hbm_bytes) & (host <= hardware.host_bytes_per_gpu)
     if lean:
         return Outcome(batch=batch, step_time_s=step, peak_memory_bytes=peak, fits_in_memory=fits)
+    worst = np.argmax(gpu, axis=0)
+    wpick = lambda arr: np.take_along_axis(arr, worst[None, :], axis=0)[0]  # noqa: E731
+    mem_bd = memory_breakdown(mem, wpick, np.full(n, hardware.reserved_memory_bytes))
     stage_memory = np.where(exists, mem.gpu_bytes + hardware.reserved_memory_bytes, np.nan)
     mem_bd["host"] = wpick(mem.host_bytes)
 
