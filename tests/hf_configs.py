@@ -18,6 +18,34 @@ DEEPSEEK_V4_FLASH = {
     "num_nextn_predict_layers": 1, "max_position_embeddings": 1048576, "hidden_act": "silu",
     "rms_norm_eps": 1e-06, "tie_word_embeddings": False}
 
+
+def _gemma3_multimodal(hidden, ffn, layers, heads, kv, head_dim):
+    """A Gemma 3 image-text config.json: the text model's fields under text_config (window 1,024, five
+    local layers to a global one, vocabulary 262,208), the SigLIP tower under vision_config."""
+    return {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+            "text_config": {"model_type": "gemma3_text", "hidden_size": hidden, "intermediate_size": ffn,
+                            "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv,
+                            "head_dim": head_dim, "sliding_window": 1024, "sliding_window_pattern": 6,
+                            "vocab_size": 262208, "max_position_embeddings": 131072},
+            "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152}}
+
+
+def _qwen3(hidden, ffn, layers, heads, tied, **more):
+    """A dense Qwen3 config.json (8 KV heads of 128, vocabulary 151,936, 40,960 positions)."""
+    return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": hidden, "head_dim": 128,
+            "intermediate_size": ffn, "num_hidden_layers": layers, "num_attention_heads": heads,
+            "num_key_value_heads": 8, "vocab_size": 151936, "max_position_embeddings": 40960,
+            "hidden_act": "silu", "rms_norm_eps": 1e-06, "tie_word_embeddings": tied, **more}
+
+
+def _qwen25(hidden, ffn, layers, heads, kv, vocab, positions, tied, eps):
+    """A Qwen2.5 config.json: its sliding_window equals the context and is off (use_sliding_window)."""
+    return {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": hidden,
+            "intermediate_size": ffn, "num_hidden_layers": layers, "num_attention_heads": heads,
+            "num_key_value_heads": kv, "vocab_size": vocab, "max_position_embeddings": positions,
+            "sliding_window": positions, "use_sliding_window": False, "max_window_layers": layers,
+            "hidden_act": "silu", "rms_norm_eps": eps, "tie_word_embeddings": tied}
+
 ZOO = {
     "nemotron-h-8b": {
         "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "hidden_size": 4096,
@@ -63,12 +91,7 @@ ZOO = {
                    "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 262144, "sliding_window": 512,
                    "sliding_window_pattern": 6, "max_position_embeddings": 32768,
                    "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-06},
-    "gemma-3-27b": {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
-                    "text_config": {"model_type": "gemma3_text", "hidden_size": 5376, "intermediate_size": 21504,
-                                    "num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 16,
-                                    "head_dim": 128, "sliding_window": 1024, "sliding_window_pattern": 6,
-                                    "vocab_size": 262208, "max_position_embeddings": 131072},
-                    "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152}},
+    "gemma-3-27b": _gemma3_multimodal(5376, 21504, 62, 32, 16, 128),
     "grok-1": {"architectures": ["Grok1ModelForCausalLM"], "model_type": "grok-1", "hidden_size": 6144,
                "intermediate_size": 32768, "num_hidden_layers": 64, "num_attention_heads": 48,
                "num_key_value_heads": 8, "num_experts": 8, "num_experts_per_tok": 2, "vocab_size": 131072,
@@ -194,49 +217,16 @@ ZOO = {
                   "intermediate_size": 25600, "num_hidden_layers": 64, "num_attention_heads": 64,
                   "num_key_value_heads": 8, "vocab_size": 151936, "max_position_embeddings": 40960,
                   "hidden_act": "silu", "rms_norm_eps": 1e-06, "tie_word_embeddings": False},
-    "qwen3-0.6b": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024, "head_dim": 128,
-                   "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
-                   "num_key_value_heads": 8, "vocab_size": 151936, "max_position_embeddings": 40960,
-                   "hidden_act": "silu", "rms_norm_eps": 1e-06, "tie_word_embeddings": True},
-    "qwen3-1.7b": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 2048, "head_dim": 128,
-                   "intermediate_size": 6144, "num_hidden_layers": 28, "num_attention_heads": 16,
-                   "num_key_value_heads": 8, "vocab_size": 151936, "max_position_embeddings": 40960,
-                   "hidden_act": "silu", "rms_norm_eps": 1e-06, "tie_word_embeddings": True},
-    "qwen3-4b": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 2560, "head_dim": 128,
-                 "intermediate_size": 9728, "num_hidden_layers": 36, "num_attention_heads": 32,
-                 "num_key_value_heads": 8, "vocab_size": 151936, "max_position_embeddings": 40960,
-                 "hidden_act": "silu", "rms_norm_eps": 1e-06, "tie_word_embeddings": True,
-                 "sliding_window": None, "use_sliding_window": False},
-    "qwen3-14b": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 5120, "head_dim": 128,
-                  "intermediate_size": 17408, "num_hidden_layers": 40, "num_attention_heads": 40,
-                  "num_key_value_heads": 8, "vocab_size": 151936, "max_position_embeddings": 40960,
-                  "hidden_act": "silu", "rms_norm_eps": 1e-06, "tie_word_embeddings": False,
-                  "attention_bias": False, "sliding_window": None, "use_sliding_window": False},
-    "qwen2.5-0.5b": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
-                     "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
-                     "num_key_value_heads": 2, "vocab_size": 151936, "max_position_embeddings": 32768,
-                     "sliding_window": 32768, "use_sliding_window": False, "max_window_layers": 24,
-                     "hidden_act": "silu", "rms_norm_eps": 1e-06, "tie_word_embeddings": True},
-    "qwen2.5-1.5b": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 1536,
-                     "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
-                     "num_key_value_heads": 2, "vocab_size": 151936, "max_position_embeddings": 131072,
-                     "sliding_window": 131072, "use_sliding_window": False, "max_window_layers": 28,
-                     "hidden_act": "silu", "rms_norm_eps": 1e-06, "tie_word_embeddings": True},
-    "qwen2.5-3b": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 2048,
-                   "intermediate_size": 11008, "num_hidden_layers": 36, "num_attention_heads": 16,
-                   "num_key_value_heads": 2, "vocab_size": 151936, "max_position_embeddings": 32768,
-                   "sliding_window": 32768, "use_sliding_window": False, "max_window_layers": 36,
-                   "hidden_act": "silu", "rms_norm_eps": 1e-06, "tie_word_embeddings": True},
-    "qwen2.5-14b": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 5120,
-                    "intermediate_size": 13824, "num_hidden_layers": 48, "num_attention_heads": 40,
-                    "num_key_value_heads": 8, "vocab_size": 152064, "max_position_embeddings": 131072,
-                    "sliding_window": 131072, "use_sliding_window": False, "max_window_layers": 48,
-                    "hidden_act": "silu", "rms_norm_eps": 1e-05, "tie_word_embeddings": False},
-    "qwen2.5-32b": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 5120,
-                    "intermediate_size": 27648, "num_hidden_layers": 64, "num_attention_heads": 40,
-                    "num_key_value_heads": 8, "vocab_size": 152064, "max_position_embeddings": 131072,
-                    "sliding_window": 131072, "use_sliding_window": False, "max_window_layers": 64,
-                    "hidden_act": "silu", "rms_norm_eps": 1e-05, "tie_word_embeddings": False},
+    "qwen3-0.6b": _qwen3(1024, 3072, 28, 16, tied=True),
+    "qwen3-1.7b": _qwen3(2048, 6144, 28, 16, tied=True),
+    "qwen3-4b": _qwen3(2560, 9728, 36, 32, tied=True, sliding_window=None, use_sliding_window=False),
+    "qwen3-14b": _qwen3(5120, 17408, 40, 40, tied=False, attention_bias=False, sliding_window=None,
+                        use_sliding_window=False),
+    "qwen2.5-0.5b": _qwen25(896, 4864, 24, 14, 2, 151936, 32768, tied=True, eps=1e-06),
+    "qwen2.5-1.5b": _qwen25(1536, 8960, 28, 12, 2, 151936, 131072, tied=True, eps=1e-06),
+    "qwen2.5-3b": _qwen25(2048, 11008, 36, 16, 2, 151936, 32768, tied=True, eps=1e-06),
+    "qwen2.5-14b": _qwen25(5120, 13824, 48, 40, 8, 152064, 131072, tied=False, eps=1e-05),
+    "qwen2.5-32b": _qwen25(5120, 27648, 64, 40, 8, 152064, 131072, tied=False, eps=1e-05),
     "olmo-2-7b": {"architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "hidden_size": 4096,
                   "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
                   "num_key_value_heads": 32, "vocab_size": 100352, "max_position_embeddings": 4096,
@@ -252,18 +242,8 @@ ZOO = {
                           "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 131072,
                           "sliding_window": None, "max_position_embeddings": 32768, "rope_theta": 100000000.0,
                           "hidden_act": "silu", "rms_norm_eps": 1e-05, "tie_word_embeddings": False},
-    "gemma-3-4b": {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
-                   "text_config": {"model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240,
-                                   "num_hidden_layers": 34, "num_attention_heads": 8, "num_key_value_heads": 4,
-                                   "head_dim": 256, "sliding_window": 1024, "sliding_window_pattern": 6,
-                                   "vocab_size": 262208, "max_position_embeddings": 131072},
-                   "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152}},
-    "gemma-3-12b": {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
-                    "text_config": {"model_type": "gemma3_text", "hidden_size": 3840, "intermediate_size": 15360,
-                                    "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 8,
-                                    "head_dim": 256, "sliding_window": 1024, "sliding_window_pattern": 6,
-                                    "vocab_size": 262208, "max_position_embeddings": 131072},
-                    "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152}},
+    "gemma-3-4b": _gemma3_multimodal(2560, 10240, 34, 8, 4, 256),
+    "gemma-3-12b": _gemma3_multimodal(3840, 15360, 48, 16, 8, 256),
 }
 
 #: families without a zoo entry: (config, the fields they must give)
