@@ -48,6 +48,23 @@ class MofaGroup(click.Group):
             self.add_command(self.lazy[name](name), name)
         return super().get_command(ctx, name)
 
+    def add_subcommand(self, group: str, command: click.Command) -> None:
+        """Add `command` to the sub-group `group` (a plugin's ``mofa import torchtitan``, from its
+        ``mofa_register_commands``): now if the group is loaded, else when it is first asked for,
+        so other commands do not import the group's module."""
+        if group in self.commands:
+            self.commands[group].add_command(command)
+            return
+        if group in self.lazy:
+            load = self.lazy[group]
+
+            def load_with(name):
+                loaded = load(name)
+                loaded.add_command(command)
+                return loaded
+
+            self.lazy[group] = load_with
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)

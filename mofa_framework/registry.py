@@ -42,8 +42,9 @@ def _check_options(rec) -> str:
     return ""
 
 
-#: an organisation prefix as HuggingFace writes it ("meta-llama/", "nvidia/"): no spaces before the "/"
-_ORG_PREFIX = re.compile(r"^[\w.-]+/(?=[^/]+$)")
+#: an organisation prefix as HuggingFace writes it ("meta-llama/", "nvidia/"), its separators as a
+#: name's may be respelled ("zai org/"): no space next to the "/" (a "530B / GPT" alias is no prefix)
+_ORG_PREFIX = re.compile(r"^[\w.\- ]*[\w.\-]/(?=[^\s/][^/]*$)")
 #: the tokens of a name: runs of letters, and numbers (a dot only inside a number: "3.1")
 _TOKEN = re.compile(r"[a-z]+|\d+(?:\.\d+)*")
 #: trailing words a published name may add to a registered one without changing what it names

@@ -393,7 +393,7 @@ def torchtitan_cmd(ctx, source, hardware, gpus, model, name, output, fmt):
     model.converters; what the reading assumed is printed on stderr and kept in the file's header.
     """
     from mofa_framework.cli import State, source_text
-    from mofa_framework.commands.importer import write_imported_job
+    from mofa_framework.commands.importer import write_plugin_import
 
     state = ctx.find_object(State)
     predictor = state.predictor() if state is not None else _predictor()
@@ -401,13 +401,8 @@ def torchtitan_cmd(ctx, source, hardware, gpus, model, name, output, fmt):
     stem = Path(where).stem if where not in ("standard input", "the command line") else "torchtitan"
     res = from_torchtitan(text, predictor.registry, hardware=hardware, num_gpus=gpus, model=model,
                           name=name or stem)
-    predictor.job(res.job, name=f"{where} (as imported)")  # the job must load, or nothing is written
-    click.echo(f"torchtitan: the zoo model {res.job['model']['name']}; {len(res.used)} settings read", err=True)
-    for n in res.notes:
-        click.echo(f"  note: {n}", err=True)
-    origin = Path(where).name if where not in ("standard input", "the command line") else where
-    header = [f"imported by `mofa import torchtitan` from {origin}", *(f"note: {n}" for n in res.notes)]
-    write_imported_job(res.job, header, output, fmt)
+    write_plugin_import(predictor, res.job, res.notes, kind="torchtitan", where=where, output=output, fmt=fmt,
+                        summary=f"the zoo model {res.job['model']['name']}; {len(res.used)} settings read")
 
 
 def _predictor():
@@ -418,18 +413,8 @@ def _predictor():
 
 @hookimpl
 def mofa_register_commands(cli):
-    """``mofa import torchtitan``: added to the ``import`` group — when that group is loaded, if the
-    command line loads it lazily (``MofaGroup.lazy``), so other commands do not import it."""
-    if "import" in cli.commands:
+    """``mofa import torchtitan``: added to the ``import`` group (lazily, as the command line loads it)."""
+    if hasattr(cli, "add_subcommand"):
+        cli.add_subcommand("import", torchtitan_cmd)
+    elif "import" in cli.commands:  # a plain click group
         cli.commands["import"].add_command(torchtitan_cmd)
-        return
-    lazy = getattr(cli, "lazy", {})
-    if "import" in lazy:
-        load = lazy["import"]
-
-        def load_with_torchtitan(name):
-            group = load(name)
-            group.add_command(torchtitan_cmd)
-            return group
-
-        lazy["import"] = load_with_torchtitan

@@ -215,7 +215,7 @@ def _model_section(r: dict, ctx: ReadContext, name: str) -> tuple[dict, ModelSpe
                "num_kv_heads": ctx.count(r, "n_kv_heads", a), "ffn_hidden_size": ffn,
                "vocab_size": ctx.count(r, "vocab", 51200), "activation": "gelu" if ffn == 4 * h else "swiglu"}
     if ffn == 4 * h:  # the GPT block (GPT-2/3, Megatron's GPT, MPT): LayerNorm, learned positions
-        section.update(normalization="layernorm", position_embedding="learned")
+        section.update(normalization="layernorm", position_embedding="learned", tied_embeddings=True)
     try:
         return section, ModelSpec(**section)
     except ValueError as exc:

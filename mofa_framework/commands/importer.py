@@ -45,6 +45,19 @@ def write_imported_job(job: dict, header: list[str], output: Path | None, fmt: s
     click.echo(f"wrote {output}", err=True)
 
 
+def write_plugin_import(predictor, job: dict, notes, *, kind: str, summary: str, where: str,
+                        output: Path | None, fmt: str) -> None:
+    """What a plugin's ``mofa import KIND`` does with the job it read: load it (or write nothing),
+    say on stderr what it read (`summary`) and assumed (`notes`), write it with those as its header."""
+    predictor.job(job, name=f"{where} (as imported)")
+    click.echo(f"{kind}: {summary}", err=True)
+    for n in notes:
+        click.echo(f"  note: {n}", err=True)
+    origin = Path(where).name if where not in ("standard input", "the command line") else where
+    write_imported_job(job, [f"imported by `mofa import {kind}` from {origin}", *(f"note: {n}" for n in notes)],
+                       output, fmt)
+
+
 def _common(f):
     for opt in reversed([
         click.argument("source"),
@@ -62,8 +75,8 @@ def _common(f):
 
 @click.group("import")
 def import_cmd():
-    """Write a MoFa job from a Megatron-LM launch, a NeMo / Megatron-Bridge config or (a plugin) a
-    torchtitan train config."""
+    """Write a MoFa job from a Megatron-LM launch, a NeMo / Megatron-Bridge config or (plugins) a
+    torchtitan train config or an llm-foundry YAML."""
 
 
 #: SOURCE may be the arguments themselves in quotes ("--tensor-model-parallel-size 8 ..."): a token
