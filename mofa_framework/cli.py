@@ -31,6 +31,15 @@ PIPE_WIDTH = 10_000
 MEMORY_ERROR_SHARE = 0.1
 
 
+def add_subcommand(cli: click.Group, group: str, command: click.Command) -> None:
+    """Add a plugin's `command` to the sub-group `group` of `cli` (from ``mofa_register_commands``):
+    :meth:`MofaGroup.add_subcommand`, or the loaded group of a plain click group."""
+    if isinstance(cli, MofaGroup):
+        cli.add_subcommand(group, command)
+    elif group in cli.commands:
+        cli.commands[group].add_command(command)
+
+
 class MofaGroup(click.Group):
     """Turns MoFa errors into one line and exit status 2, everywhere. Commands named in `lazy`
     (name → a function loading it) are imported when first asked for; an added command of the same

@@ -258,7 +258,7 @@ class MofaSpecs:
         Called once when the CLI is assembled, after plugins are loaded. Receives the
         top-level :class:`click.Group`; add commands with ``cli.add_command``. The core's
         own groups (``import``, …) are loaded when first used: to add a sub-command to one,
-        call ``cli.add_subcommand(group, command)``, which wraps the group's loader
+        call ``mofa_framework.cli.add_subcommand(cli, group, command)``, which wraps the group's loader
         (``plugins/import_torchtitan.py`` and ``plugins/import_llm_foundry.py`` add
         ``mofa import torchtitan`` and ``mofa import llm-foundry`` so). Returns nothing.
         """

@@ -296,30 +296,20 @@ def llm_foundry_cmd(ctx, source, hardware, gpus, model, micro_batch_size, name, 
     global_train_batch_size and device_train_microbatch_size, sharding and recompute from
     fsdp_config; what the reading assumed is printed on stderr and kept in the file's header.
     """
-    from mofa_framework.cli import State, source_text
-    from mofa_framework.commands.importer import write_plugin_import
+    from mofa_framework.commands.importer import run_plugin_import
 
-    state = ctx.find_object(State)
-    predictor = state.predictor() if state is not None else _predictor()
-    text, where = source_text(source)
-    stem = Path(where).stem if where not in ("standard input", "the command line") else "llm-foundry"
-    res = from_llm_foundry(text, predictor.registry, hardware=hardware, num_gpus=gpus, model=model,
-                           micro_batch_size=micro_batch_size, name=name or stem)
-    what = f"the zoo model {res.model_match}" if res.model_match else f"an inline model {res.job['model']['name']}"
-    write_plugin_import(predictor, res.job, res.notes, kind="llm-foundry", summary=what, where=where, output=output,
-                        fmt=fmt)
+    def read(text, registry, stem):
+        res = from_llm_foundry(text, registry, hardware=hardware, num_gpus=gpus, model=model,
+                               micro_batch_size=micro_batch_size, name=name or stem)
+        what = f"the zoo model {res.model_match}" if res.model_match else f"an inline model {res.job['model']['name']}"
+        return res.job, res.notes, what
 
-
-def _predictor():
-    from mofa_framework import Predictor
-
-    return Predictor()
+    run_plugin_import(ctx, source, "llm-foundry", read, output, fmt)
 
 
 @hookimpl
 def mofa_register_commands(cli):
     """``mofa import llm-foundry``: added to the ``import`` group (lazily, as the command line loads it)."""
-    if hasattr(cli, "add_subcommand"):
-        cli.add_subcommand("import", llm_foundry_cmd)
-    elif "import" in cli.commands:  # a plain click group
-        cli.commands["import"].add_command(llm_foundry_cmd)
+    from mofa_framework.cli import add_subcommand
+
+    add_subcommand(cli, "import", llm_foundry_cmd)

@@ -392,29 +392,18 @@ def torchtitan_cmd(ctx, source, hardware, gpus, model, name, output, fmt):
     from [training], recompute from [activation_checkpoint], kernels from [compile], float8 from
     model.converters; what the reading assumed is printed on stderr and kept in the file's header.
     """
-    from mofa_framework.cli import State, source_text
-    from mofa_framework.commands.importer import write_plugin_import
+    from mofa_framework.commands.importer import run_plugin_import
 
-    state = ctx.find_object(State)
-    predictor = state.predictor() if state is not None else _predictor()
-    text, where = source_text(source)
-    stem = Path(where).stem if where not in ("standard input", "the command line") else "torchtitan"
-    res = from_torchtitan(text, predictor.registry, hardware=hardware, num_gpus=gpus, model=model,
-                          name=name or stem)
-    write_plugin_import(predictor, res.job, res.notes, kind="torchtitan", where=where, output=output, fmt=fmt,
-                        summary=f"the zoo model {res.job['model']['name']}; {len(res.used)} settings read")
+    def read(text, registry, stem):
+        res = from_torchtitan(text, registry, hardware=hardware, num_gpus=gpus, model=model, name=name or stem)
+        return res.job, res.notes, f"the zoo model {res.job['model']['name']}; {len(res.used)} settings read"
 
-
-def _predictor():
-    from mofa_framework import Predictor
-
-    return Predictor()
+    run_plugin_import(ctx, source, "torchtitan", read, output, fmt)
 
 
 @hookimpl
 def mofa_register_commands(cli):
     """``mofa import torchtitan``: added to the ``import`` group (lazily, as the command line loads it)."""
-    if hasattr(cli, "add_subcommand"):
-        cli.add_subcommand("import", torchtitan_cmd)
-    elif "import" in cli.commands:  # a plain click group
-        cli.commands["import"].add_command(torchtitan_cmd)
+    from mofa_framework.cli import add_subcommand
+
+    add_subcommand(cli, "import", torchtitan_cmd)

@@ -45,10 +45,19 @@ def write_imported_job(job: dict, header: list[str], output: Path | None, fmt: s
     click.echo(f"wrote {output}", err=True)
 
 
-def write_plugin_import(predictor, job: dict, notes, *, kind: str, summary: str, where: str,
-                        output: Path | None, fmt: str) -> None:
-    """What a plugin's ``mofa import KIND`` does with the job it read: load it (or write nothing),
-    say on stderr what it read (`summary`) and assumed (`notes`), write it with those as its header."""
+def run_plugin_import(ctx: click.Context, source: str, kind: str, read, output: Path | None, fmt: str) -> None:
+    """What a plugin's ``mofa import KIND SOURCE`` does: read SOURCE (a file, '-' or the text
+    itself), call ``read(text, registry, stem) -> (job, notes, summary)`` (stem: the file's, the
+    default job name), load the job (or write nothing), say on stderr what was read (`summary`) and
+    assumed (`notes`), and write it with those as its header."""
+    from ..api import Predictor
+    from ..cli import State
+
+    state = ctx.find_object(State)
+    predictor = state.predictor() if state is not None else Predictor()
+    text, where = source_text(source)
+    stem = Path(where).stem if where not in ("standard input", "the command line") else kind
+    job, notes, summary = read(text, predictor.registry, stem)
     predictor.job(job, name=f"{where} (as imported)")
     click.echo(f"{kind}: {summary}", err=True)
     for n in notes:
