@@ -142,12 +142,15 @@ from mofa_framework.uncertainty import TABLE
 #: ranking group*), torchtitan 12.15 → 12.25 %
 #: Ratcheted after B200's fit took its prior from H100's (`--prior-from h100-sxm5-80gb`; B200, GB200, B300,
 #: GB300 refitted, in-sample unmoved): Megatron-Bridge 12.00 → 11.17 %, overall 7.49 → 7.39 %
+#: Reset on 2026-11-29 (later) after llm-foundry's MPT rows were read with tied embeddings (MPTConfig's
+#: default; LF-001's published parameter count is the tied one): llm-foundry 7.44 → 7.50 % (met, never
+#: fitted), overall 7.389 → 7.395 %, in-sample 6.343 → 6.349 %
 NOT_YET_MET: dict[str, float] = {
     "source:nvidia_megatron_bridge": 0.1117,
     "source:megatron_core_moe": 0.1380,
     "source:torchtitan_benchmarks": 0.1225,
-    "overall": 0.0739,
-    "in-sample": 0.0634,
+    "overall": 0.0740,
+    "in-sample": 0.0635,
     "ranking:megatron_core_moe": 0.1026,
     "ranking:torchtitan_benchmarks": 0.5000,
 }
