@@ -11,7 +11,7 @@ validated is what is imported:
 |---|---|
 | ``model.name: mpt_causal_lm`` with ``d_model``, ``n_heads``, ``n_layers``, ``expansion_ratio``, ``vocab_size`` | an inline model: GELU MLP (``ffn_config.ffn_type: mptglu`` gated), LayerNorm, learned positions (``attn_config.rope``: RoPE; ``alibi``: none), tied embeddings (``tie_word_embeddings``, default true), ``kv_n_heads`` with grouped-query attention; named after the zoo model of that shape if there is one |
 | ``model.name: hf_causal_lm`` with ``pretrained_model_name_or_path`` | the zoo model of that name (``--model`` for others) |
-| ``model.attn_config.attn_impl`` (``use_flash_attention_2`` for Hugging Face models) | ``triton`` → the Triton FlashAttention (``attention_kernel = "triton"``), ``flash`` → FlashAttention-2, ``torch`` → unfused |
+| ``model.attn_config.attn_impl`` | ``triton`` → the Triton FlashAttention (``attention_kernel = "triton"``), ``flash`` (MPT's default) → FlashAttention-2, ``torch`` → unfused; a Hugging Face model: FlashAttention-2 (``use_flash_attention_2``, or PyTorch SDPA's flash backend) |
 | ``global_train_batch_size``, ``device_train_microbatch_size`` (``auto``: give ``--micro-batch-size``), ``max_seq_len`` | the batch; data parallel over every GPU |
 | ``precision`` | ``amp_bf16`` → bf16, ``amp_fp16`` → fp16, ``amp_fp8`` → bf16 with ``fp8`` (Transformer Engine's layers) |
 | ``fsdp_config.sharding_strategy`` | ``FULL_SHARD`` (default) → ``fsdp``; ``SHARD_GRAD_OP`` → ``fsdp`` keeping each unit gathered to its backward; ``HYBRID_SHARD`` priced as ``FULL_SHARD`` over every GPU (noted); ``NO_SHARD`` → DDP |
@@ -204,8 +204,8 @@ def _sequence(cfg: Mapping) -> int:
 
 
 def _attention(m: Mapping) -> dict:
-    if str(m.get("name")) == "hf_causal_lm":
-        return ATTENTION["flash"] if m.get("use_flash_attention_2") else {}
+    if str(m.get("name")) == "hf_causal_lm":  # FlashAttention-2, or PyTorch SDPA's flash backend (FA2 too)
+        return dict(ATTENTION["flash"])
     impl = str((m.get("attn_config") or {}).get("attn_impl", "flash"))  # MPTConfig's default
     if impl not in ATTENTION:
         raise ConfigError(f"llm-foundry model.attn_config.attn_impl {impl!r}: expected one of {', '.join(ATTENTION)}")
