@@ -41,6 +41,7 @@ from mofa_framework import hookimpl
 from mofa_framework.errors import ConfigError, UnknownRecordError
 
 from ._frameworks import attention_kernel
+from ._imports import data_parallel_job, output_options
 
 FRAMEWORK = "llm-foundry (Composer, PyTorch FSDP)"
 #: ``precision`` → (MoFa precision, low-precision feature)
@@ -267,10 +268,9 @@ def from_llm_foundry(source: str | Mapping, registry, *, hardware: str | None, n
     model_table, match = _model(cfg, registry, model, name, notes)
     mbs, gbs = _batch(cfg, num_gpus, micro_batch_size)
     feats, precision = _features(cfg, num_gpus, notes)
-    par = {"tp": 1, "pp": 1, "cp": 1, "micro_batch_size": mbs, "global_batch_size": gbs,
-           "sequence_length": _sequence(cfg), "precision": precision, **_attention(cfg["model"])}
-    job = {"name": name, "model": model_table, "hardware": {"name": hardware, "num_gpus": num_gpus},
-           "parallel": par, "features": feats}
+    job = data_parallel_job(name, model_table, hardware, num_gpus, micro_batch_size=mbs, global_batch_size=gbs,
+                            sequence_length=_sequence(cfg), precision=precision, features=feats,
+                            **_attention(cfg["model"]))
     return LlmFoundryImport(job=job, model_match=match, notes=tuple(notes))
 
 
@@ -284,10 +284,7 @@ def from_llm_foundry(source: str | Mapping, registry, *, hardware: str | None, n
 @click.option("--model", help="Zoo model or HuggingFace config.json, instead of the config's model section.")
 @click.option("--micro-batch-size", type=click.IntRange(min=1),
               help="Sequences per GPU and micro-batch (needed when device_train_microbatch_size is auto).")
-@click.option("--name", help="The job's name (default: the file's stem).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), metavar="JOB.toml",
-              help="Write the job file here (default: standard output).")
-@click.option("--format", "fmt", type=click.Choice(["toml", "json"]), default="toml", show_default=True)
+@output_options
 @click.pass_context
 def llm_foundry_cmd(ctx, source, hardware, gpus, model, micro_batch_size, name, output, fmt):
     """A job from an llm-foundry training YAML (SOURCE: a file or '-').
@@ -304,7 +301,7 @@ def llm_foundry_cmd(ctx, source, hardware, gpus, model, micro_batch_size, name, 
         what = f"the zoo model {res.model_match}" if res.model_match else f"an inline model {res.job['model']['name']}"
         return res.job, res.notes, what
 
-    run_plugin_import(ctx, source, "llm-foundry", read, output, fmt)
+    run_plugin_import(ctx, source, "llm-foundry", read, Path(output) if output else None, fmt)
 
 
 @hookimpl

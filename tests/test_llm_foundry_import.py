@@ -13,7 +13,6 @@ import pytest
 from click.testing import CliRunner
 
 from mofa_framework.api import Predictor
-from mofa_framework.cli import _builtin_commands, assemble
 from mofa_framework.errors import ConfigError
 from mofa_framework.measurements import builtin_files, map_files
 
@@ -171,13 +170,8 @@ def test_what_cannot_be_priced_is_one_line(predictor, change, match):
         parse_source("model: [unclosed")
 
 
-@pytest.fixture(scope="module")
-def cli():
-    _builtin_commands()
-    return assemble()
-
-
-def test_the_command_writes_a_job_that_predicts(cli, tmp_path):
+def test_the_command_writes_a_job_that_predicts(mofa_cli, tmp_path):
+    cli = mofa_cli
     src = tmp_path / "mpt-7b.yaml"
     src.write_text(MPT_7B.replace("device_train_microbatch_size: 8", "device_train_microbatch_size: auto"))
     runner = CliRunner()

@@ -28,6 +28,16 @@ def mofa_predictor(mofa_pm):
     return Predictor(pm=mofa_pm)
 
 
+@pytest.fixture(scope="module")
+def mofa_cli():
+    """The ``mofa`` command line as ``mofa`` assembles it — every built-in command and the plugins'
+    (``mofa import torchtitan`` …) — for ``click.testing.CliRunner().invoke(mofa_cli, [...])``."""
+    from mofa_framework.cli import _builtin_commands, assemble
+
+    _builtin_commands()
+    return assemble()
+
+
 @pytest.fixture
 def mofa_fake_distribution(tmp_path, monkeypatch):
     """Write ``NAME-VERSION.dist-info`` with entry points plus modules into a directory on
