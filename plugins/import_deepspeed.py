@@ -10,7 +10,7 @@ the command line (``--model`` a zoo name or a HuggingFace ``config.json``, ``--h
 |---|---|
 | ``zero_optimization.stage`` 1–3 | ``deepspeed_zero`` (its ``overlap_comm``, ``contiguous_gradients``, ``reduce_bucket_size``, ``allgather_bucket_size``, ``use_multi_rank_bucket_allreduce``, ``stage3_prefetch_bucket_size``, ``stage3_max_live_parameters``, ``stage3_max_reuse_distance``); stage 0: plain data parallelism, gradients all-reduced after the backward |
 | ``offload_param.device: cpu`` (stage 3) | ``weight_offload`` (ZeRO-Infinity), the update on the CPU with ``offload_optimizer`` and on the GPU without |
-| ``offload_optimizer.device: cpu`` alone | ``cpu_optimizer`` (ZeRO-Offload), sharded from stage 1 |
+| ``offload_optimizer.device: cpu`` alone (stage 1–3) | ``cpu_optimizer`` (ZeRO-Offload, each rank updating its shard) |
 | ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``, ``train_batch_size`` | the batch (any two give the third; data parallel over every GPU) |
 | ``bf16.enabled`` / ``fp16.enabled`` | the precision; ``data_types.grad_accum_dtype: fp32`` at stage 1 |
 
@@ -198,6 +198,9 @@ def from_deepspeed(source: str | Mapping, registry, *, model: str | None, hardwa
     if params and stage != 3:
         raise ConfigError(f"DeepSpeed zero_optimization.offload_param at stage {stage}: DeepSpeed offloads parameters "
                           "at stage 3 only")
+    if optim and not stage:
+        raise ConfigError("DeepSpeed zero_optimization.offload_optimizer at stage 0: ZeRO-Offload needs stage 1, 2 "
+                          "or 3")
     mbs, gbs = _batch(cfg, num_gpus, micro_batch_size, global_batch_size)
     feats: dict[str, dict] = {}
     if params:
@@ -205,7 +208,7 @@ def from_deepspeed(source: str | Mapping, registry, *, model: str | None, hardwa
         notes.append("offload_param: priced as ZeRO-Infinity's weight offload (weight_offload); the stage-3 bucket "
                      "settings are not read")
     elif optim:
-        feats["cpu_optimizer"] = {"shard": stage >= 1}
+        feats["cpu_optimizer"] = {"shard": True}
         if num_gpus > 1:
             feats["dp_overlap"] = {}
         notes.append("offload_optimizer: priced as ZeRO-Offload (cpu_optimizer) with the gradients reduced as they "

@@ -94,6 +94,8 @@ def test_offload(predictor):
       "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}, {}, "host-memory offload only"),
     ({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True},
       "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}, {}, "at stage 3 only"),
+    ({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True},
+      "zero_optimization": {"offload_optimizer": {"device": "cpu"}}}, {}, "needs stage 1, 2 or 3"),
     ({"train_batch_size": 100, "train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True}}, {},
      "multiple of 32"),
     ({"train_batch_size": 128, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
