@@ -107,9 +107,15 @@ class MofaPluginManager(pluggy.PluginManager):
         if unknown:
             from .config import listing
 
+            import difflib
+
             where = self.requested_disabled[unknown[0]]
-            raise ConfigError(f"{where}: no plugin named {listing(unknown)}; known plugins: "
-                              f"{listing(sorted(known), 60)} (see `mofa list-plugins`)")
+            close = [c for n in unknown for c in difflib.get_close_matches(n, sorted(known), n=3, cutoff=0.6)]
+            names = (f"closest: {listing(list(dict.fromkeys(close)))}" if close
+                     else f"known: {listing(sorted(known), 60)}")
+            # the pointer first: the listing may be cut to the error line's length
+            raise ConfigError(f"{where}: no plugin named {listing(unknown)} (`mofa list-plugins` lists the {len(known)} "
+                              f"installed); {names}")
 
     def disable(self, name: str) -> None:
         """Block plugin `name` (entry-point name): it is listed as disabled and never loaded."""

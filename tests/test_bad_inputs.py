@@ -284,7 +284,8 @@ case("flag:missing-job", ["predict", "--model", "llama3-8b"], "job file")
 case("flag:file-and-flags", ["predict", "{dir}/job.toml", "--model", "llama3-8b"], "not both",
      files=[("job.toml", toml_text(BASE))])
 case("flag:--disable-plugin-bogus", ["--disable-plugin", "bogus", "list-models"], "--disable-plugin", "bogus",
-     "roofline")
+     "mofa list-plugins", "known: activation_offload")
+case("flag:--disable-plugin-typo", ["--disable-plugin", "rooflin", "list-models"], "rooflin", "closest: roofline")
 case("flag:--disable-plugin-empty", ["--disable-plugin", "", "list-models"], "--disable-plugin")
 E2E = ["e2e", "{dir}/job.toml"]
 _E2E_FILES = [("job.toml", toml_text(with_value(BASE, "training.tokens", 1e12)))]
