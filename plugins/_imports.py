@@ -3,7 +3,34 @@ they write and the command-line options every importer takes."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import attrs
 import click
+
+from mofa_framework.errors import ConfigError
+
+
+@attrs.frozen(kw_only=True)
+class ImportedJob:
+    """A job an importer read, and what the reading assumed (the importers' results extend it)."""
+
+    #: the job as a dict shaped like the TOML job file
+    job: dict
+    notes: tuple[str, ...]
+
+
+def load_yaml(text: str, what: str, hint: str) -> Any:
+    """`text` parsed as YAML, or one ConfigError line naming `what` and the `hint`."""
+    try:
+        import yaml
+
+        return yaml.safe_load(text)
+    except ImportError:
+        raise ConfigError(f"reading {what} needs PyYAML: pip install pyyaml") from None
+    except Exception as exc:  # noqa: BLE001 - yaml's errors span several lines: keep the first
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"{what}: not YAML ({first}); {hint}") from None
 
 
 def data_parallel_job(name: str, model_table: dict, hardware: str, num_gpus: int, *, micro_batch_size: int,
@@ -27,3 +54,60 @@ def output_options(f):
     ]):
         f = opt(f)
     return f
+
+
+def named_model(registry, model: str | None, what: str):
+    """([model] table, ModelSpec) of ``--model``: a zoo name or a HuggingFace ``config.json``; `what`
+    (the config that does not name its model) is in the error when it is missing."""
+    if not model:
+        raise ConfigError(f"{what} does not name the model: give --model NAME (see mofa list-models) or a "
+                          "HuggingFace config.json")
+    if model.endswith(".json"):
+        from mofa_framework.config import model_from_hf_config
+
+        return {"config": model}, model_from_hf_config(model)
+    spec = registry.model(model, field="--model")
+    return {"name": spec.name}, spec
+
+
+def hugging_face_features(compiled: bool) -> dict:
+    """What a Hugging Face ``transformers`` model runs (the Trainer, Accelerate, DeepSpeed scripts):
+    eager element-wise kernels unless ``torch.compile`` fuses them, and its loss on logits upcast to
+    fp32 (``ForCausalLMLoss``: ``logits.float()`` then ``cross_entropy``; compiled with the model)."""
+    return {"fp32_cross_entropy": {"compiled": True} if compiled else {}, **({} if compiled else {"eager_kernels": {}})}
+
+
+#: the attention kernels a script's model may run (``[parallel] attention_kernel``)
+ATTENTION_KERNELS = ("fa2", "fa3", "cudnn", "triton", "auto")
+
+
+def hugging_face_job(name: str, model_table: dict, hardware: str, num_gpus: int, *, features: dict,
+                     gradient_checkpointing: bool, torch_compile: bool, attention_kernel: str, **batch) -> dict:
+    """:func:`data_parallel_job` of a Hugging Face training script: its full recompute
+    (``gradient_checkpointing``), the model's kernels and loss (:func:`hugging_face_features`)."""
+    if gradient_checkpointing:
+        features["recompute"] = {"granularity": "full"}
+    features.update(hugging_face_features(torch_compile))
+    return data_parallel_job(name, model_table, hardware, num_gpus, features=features,
+                             attention_kernel=attention_kernel, **batch)
+
+
+def script_options(model_help: str):
+    """The options of an importer whose config leaves the training script's settings out: ``--model``,
+    ``--hardware``, ``--seq-length``, ``--gradient-checkpointing``, ``--attention-kernel``,
+    ``--torch-compile``."""
+    def decorate(f):
+        for opt in reversed([
+            click.option("--model", help=model_help),
+            click.option("--hardware", help="Hardware profile (see mofa list-hardware)."),
+            click.option("--seq-length", type=click.IntRange(min=1), help="Tokens per sequence."),
+            click.option("--gradient-checkpointing", is_flag=True,
+                         help="The model recomputes each layer's forward (full recompute)."),
+            click.option("--attention-kernel", type=click.Choice(ATTENTION_KERNELS), default="fa2", show_default=True,
+                         help="The attention kernel the model runs (PyTorch SDPA's flash backend: fa2)."),
+            click.option("--torch-compile", is_flag=True, help="The script compiles the model (fused element-wise "
+                                                               "kernels)."),
+        ]):
+            f = opt(f)
+        return f
+    return decorate

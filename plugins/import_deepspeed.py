@@ -20,7 +20,9 @@ bucket sizes from the model as ``transformers.integrations.deepspeed`` sets them
 = h², ``stage3_prefetch_bucket_size`` = 0.9·h²). A stage-3 layer is gathered module by module: 7
 modules for a gated-MLP model with separate Q, K, V (Hugging Face's Llama family), 4 otherwise. Whether
 the model checkpoints its activations is the training script's (``--gradient-checkpointing``: full
-recompute); its attention is PyTorch SDPA's FlashAttention-2 unless ``--attention-kernel`` says. NVMe
+recompute); its attention is PyTorch SDPA's FlashAttention-2 unless ``--attention-kernel`` says, and
+a Hugging Face model's element-wise kernels run eager and its loss on fp32 logits (``eager_kernels``,
+``fp32_cross_entropy``) unless ``--torch-compile``. NVMe
 offload, fp32 training and a value DeepSpeed does not have are one line naming the key and the fix.
 
 Python API: :func:`from_deepspeed` (a parsed config or its JSON text) → :class:`DeepSpeedImport`.
@@ -38,7 +40,7 @@ import click
 from mofa_framework import hookimpl
 from mofa_framework.errors import ConfigError
 
-from ._imports import data_parallel_job, output_options
+from ._imports import ATTENTION_KERNELS, ImportedJob, hugging_face_job, named_model, output_options, script_options
 
 #: DeepSpeed's keys → the ``deepspeed_zero`` options they set (stage 3's under their own names)
 ZERO_OPTIONS = {"overlap_comm": "overlap_comm", "contiguous_gradients": "contiguous_gradients",
@@ -50,18 +52,14 @@ ZERO_OPTIONS = {"overlap_comm": "overlap_comm", "contiguous_gradients": "contigu
 #: Hugging Face's fill-in of an "auto" bucket size, as a multiple of hidden² (transformers'
 #: ``HfTrainerDeepSpeedConfig.trainer_config_finalize``)
 AUTO_BUCKETS = {"reduce_bucket_size": 1.0, "stage3_prefetch_bucket_size": 0.9}
-ATTENTION_KERNELS = ("fa2", "fa3", "cudnn", "triton", "auto")
 
 
 @attrs.frozen(kw_only=True)
-class DeepSpeedImport:
+class DeepSpeedImport(ImportedJob):
     """A job read from a DeepSpeed config, and what the reading assumed."""
 
-    #: the job as a dict shaped like the TOML job file
-    job: dict
     #: ``zero_optimization.stage`` (0: none)
     stage: int
-    notes: tuple[str, ...]
 
 
 def parse_source(text: str) -> dict:
@@ -160,26 +158,14 @@ def _zero_options(zero: Mapping, stage: int, hidden: int, gated: bool, notes: li
     return out
 
 
-def _model(registry, model: str | None):
-    if not model:
-        raise ConfigError("a DeepSpeed config does not name the model: give --model NAME (see mofa list-models) or a "
-                          "HuggingFace config.json")
-    if model.endswith(".json"):
-        from mofa_framework.config import model_from_hf_config
-
-        return {"config": model}, model_from_hf_config(model)
-    spec = registry.model(model, field="--model")
-    return {"name": spec.name}, spec
-
-
 def from_deepspeed(source: str | Mapping, registry, *, model: str | None, hardware: str | None, num_gpus: int | None,
                    sequence_length: int | None, micro_batch_size: int | None = None,
                    global_batch_size: int | None = None, precision: str | None = None,
-                   gradient_checkpointing: bool = False, attention_kernel: str = "fa2",
+                   gradient_checkpointing: bool = False, attention_kernel: str = "fa2", torch_compile: bool = False,
                    name: str = "deepspeed") -> DeepSpeedImport:
     """A job from a DeepSpeed config (its JSON text, or the parsed dict) and what it does not say."""
     cfg = parse_source(source) if isinstance(source, str) else dict(source)
-    model_table, spec = _model(registry, model)
+    model_table, spec = named_model(registry, model, "a DeepSpeed config")
     if not hardware:
         raise ConfigError("a DeepSpeed config does not name the hardware: give --hardware NAME (see mofa list-hardware)")
     registry.hardware_profile(hardware, field="--hardware")
@@ -220,11 +206,10 @@ def from_deepspeed(source: str | Mapping, registry, *, model: str | None, hardwa
         if accum == "fp32" and stage == 1:
             zopts["grad_accum_dtype"] = "fp32"
         feats["deepspeed_zero"] = zopts
-    if gradient_checkpointing:
-        feats["recompute"] = {"granularity": "full"}
-    job = data_parallel_job(name, model_table, hardware, num_gpus, micro_batch_size=mbs, global_batch_size=gbs,
-                            sequence_length=sequence_length, precision=_precision(cfg, precision), features=feats,
-                            attention_kernel=attention_kernel)
+    job = hugging_face_job(name, model_table, hardware, num_gpus, features=feats,
+                           gradient_checkpointing=gradient_checkpointing, torch_compile=torch_compile,
+                           attention_kernel=attention_kernel, micro_batch_size=mbs, global_batch_size=gbs,
+                           sequence_length=sequence_length, precision=_precision(cfg, precision))
     return DeepSpeedImport(job=job, stage=stage, notes=tuple(notes))
 
 
@@ -233,21 +218,16 @@ def from_deepspeed(source: str | Mapping, registry, *, model: str | None, hardwa
 
 @click.command("deepspeed")
 @click.argument("source")
-@click.option("--model", help="Zoo model or HuggingFace config.json (a DeepSpeed config does not name it).")
-@click.option("--hardware", help="Hardware profile (see mofa list-hardware).")
+@script_options("Zoo model or HuggingFace config.json (a DeepSpeed config does not name it).")
 @click.option("--gpus", type=click.IntRange(min=1), help="GPUs (the launcher's world size).")
-@click.option("--seq-length", type=click.IntRange(min=1), help="Tokens per sequence.")
 @click.option("--micro-batch-size", type=click.IntRange(min=1),
               help="Sequences per GPU and micro-batch, for train_micro_batch_size_per_gpu auto.")
 @click.option("--global-batch-size", type=click.IntRange(min=1), help="Sequences per step, for train_batch_size auto.")
 @click.option("--precision", type=click.Choice(["bf16", "fp16"]), help="For bf16/fp16 enabled: auto.")
-@click.option("--gradient-checkpointing", is_flag=True, help="The model recomputes each layer's forward (full recompute).")
-@click.option("--attention-kernel", type=click.Choice(ATTENTION_KERNELS), default="fa2", show_default=True,
-              help="The attention kernel the model runs (PyTorch SDPA's flash backend: fa2).")
 @output_options
 @click.pass_context
 def deepspeed_cmd(ctx, source, model, hardware, gpus, seq_length, micro_batch_size, global_batch_size, precision,
-                  gradient_checkpointing, attention_kernel, name, output, fmt):
+                  gradient_checkpointing, attention_kernel, torch_compile, name, output, fmt):
     """A job from a DeepSpeed config (SOURCE: a ds_config.json file or '-') and the model, GPUs and
     sequence length it does not give.
 
@@ -262,7 +242,7 @@ def deepspeed_cmd(ctx, source, model, hardware, gpus, seq_length, micro_batch_si
         res = from_deepspeed(text, registry, model=model, hardware=hardware, num_gpus=gpus, sequence_length=seq_length,
                              micro_batch_size=micro_batch_size, global_batch_size=global_batch_size,
                              precision=precision, gradient_checkpointing=gradient_checkpointing,
-                             attention_kernel=attention_kernel, name=name or stem)
+                             attention_kernel=attention_kernel, torch_compile=torch_compile, name=name or stem)
         return res.job, res.notes, f"ZeRO stage {res.stage}, the model {res.job['model'].get('name') or model}"
 
     run_plugin_import(ctx, source, "deepspeed", read, Path(output) if output else None, fmt)

@@ -41,7 +41,7 @@ from mofa_framework import hookimpl
 from mofa_framework.errors import ConfigError, UnknownRecordError
 
 from ._frameworks import attention_kernel
-from ._imports import data_parallel_job, output_options
+from ._imports import ImportedJob, data_parallel_job, load_yaml, output_options
 
 FRAMEWORK = "llm-foundry (Composer, PyTorch FSDP)"
 #: ``precision`` → (MoFa precision, low-precision feature)
@@ -56,14 +56,11 @@ MAX_INTERPOLATION_DEPTH = 16
 
 
 @attrs.frozen(kw_only=True)
-class LlmFoundryImport:
+class LlmFoundryImport(ImportedJob):
     """A job read from an llm-foundry YAML, and what the reading assumed."""
 
-    #: the job as a dict shaped like the TOML job file
-    job: dict
     #: the zoo model whose shape or name the config gives (None: an inline model)
     model_match: str | None
-    notes: tuple[str, ...]
 
 
 # ---------------------------------------------------------------------- reading the source
@@ -71,15 +68,7 @@ class LlmFoundryImport:
 
 def parse_source(text: str) -> dict:
     """An llm-foundry YAML as a dict, its ``${...}`` interpolations resolved."""
-    try:
-        import yaml
-
-        data = yaml.safe_load(text)
-    except ImportError:
-        raise ConfigError("reading llm-foundry YAML needs PyYAML: pip install pyyaml") from None
-    except Exception as exc:  # noqa: BLE001 - yaml's errors span several lines: keep the first
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"llm-foundry config: not YAML ({first}); give a training YAML file or '-'") from None
+    data = load_yaml(text, "llm-foundry config", "give a training YAML file or '-'")
     if not isinstance(data, Mapping) or not isinstance(data.get("model"), Mapping):
         raise ConfigError("llm-foundry config: no model section; give a training YAML (model:, "
                           "global_train_batch_size:, fsdp_config:, ...)")

@@ -27,6 +27,8 @@ HF_ZERO3 = {
     "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": False,
 }
 RUN = {"model": "llama3.1-8b", "hardware": H100, "num_gpus": 16, "sequence_length": 4096}
+#: a Hugging Face model's eager element-wise kernels and fp32 loss (``--torch-compile``: fused, compiled)
+HF = {"eager_kernels": {}, "fp32_cross_entropy": {}}
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +56,12 @@ def test_an_explicit_zero1_config_is_the_hand_written_job(predictor):
            "fp16": {"enabled": True}, "zero_optimization": {"stage": 1, "reduce_bucket_size": 2e8},
            "data_types": {"grad_accum_dtype": "fp32"}}
     r = from_deepspeed(cfg, predictor.registry, **RUN)
-    assert r.job["features"] == {"deepspeed_zero": {"stage": 1, "reduce_bucket_size": 2e8, "grad_accum_dtype": "fp32"}}
+    assert r.job["features"] == {"deepspeed_zero": {"stage": 1, "reduce_bucket_size": 2e8, "grad_accum_dtype": "fp32"},
+                                 **HF}
     hand = {"model": {"name": "llama3.1-8b"}, "hardware": {"name": H100, "num_gpus": 16},
             "parallel": {"micro_batch_size": 4, "global_batch_size": 256, "sequence_length": 4096,
                          "precision": "fp16", "attention_kernel": "fa2"},
-            "features": {"deepspeed_zero": {"stage": 1, "reduce_bucket_size": 2e8, "grad_accum_dtype": "fp32"}}}
+            "features": {"deepspeed_zero": {"stage": 1, "reduce_bucket_size": 2e8, "grad_accum_dtype": "fp32"}, **HF}}
     ours, theirs = (predictor.predict(predictor.job(j))[0] for j in (r.job, hand))
     assert ours.step_time_s == theirs.step_time_s and ours.peak_memory_gib == theirs.peak_memory_gib
 
@@ -68,17 +71,20 @@ def test_the_batch_from_any_two_and_stage_0(predictor):
     r = from_deepspeed({"train_batch_size": 256, "gradient_accumulation_steps": 4, "bf16": {"enabled": True}},
                        predictor.registry, **RUN)
     assert (r.job["parallel"]["micro_batch_size"], r.job["parallel"]["global_batch_size"]) == (4, 256)
-    assert r.stage == 0 and r.job["features"] == {}  # stage 0: gradients all-reduced after the backward
+    assert r.stage == 0 and r.job["features"] == HF  # stage 0: gradients all-reduced after the backward
+    r = from_deepspeed({"train_batch_size": 256, "gradient_accumulation_steps": 4, "bf16": {"enabled": True}},
+                       predictor.registry, **RUN, torch_compile=True)
+    assert r.job["features"] == {"fp32_cross_entropy": {"compiled": True}}
 
 
 def test_offload(predictor):
     base = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2, "bf16": {"enabled": True}}
     r = from_deepspeed({**base, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}},
                        predictor.registry, **RUN)
-    assert r.job["features"] == {"cpu_optimizer": {"shard": True}, "dp_overlap": {}}
+    assert r.job["features"] == {"cpu_optimizer": {"shard": True}, "dp_overlap": {}, **HF}
     r = from_deepspeed({**base, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
                                                       "offload_param": {"device": "cpu"}}}, predictor.registry, **RUN)
-    assert r.job["features"] == {"weight_offload": {"optimizer": "cpu"}}
+    assert r.job["features"] == {"weight_offload": {"optimizer": "cpu"}, **HF}
     for job in (r.job,):
         assert predictor.predict(predictor.job(job))[0].step_time_s > 0
 

@@ -85,7 +85,7 @@ def _common(f):
 @click.group("import")
 def import_cmd():
     """Write a MoFa job from a Megatron-LM launch, a NeMo / Megatron-Bridge config or (plugins) a
-    torchtitan train config, an llm-foundry YAML or a DeepSpeed config."""
+    torchtitan train config, an llm-foundry YAML, a DeepSpeed or an Accelerate config."""
 
 
 #: SOURCE may be the arguments themselves in quotes ("--tensor-model-parallel-size 8 ..."): a token
