@@ -376,17 +376,10 @@ def _moe_layers(pattern: str | None, num_layers: int) -> tuple[int, int, list[st
     """(first_k_dense_layers, moe_layer_frequency, notes) of ``--moe-layer-freq``."""
     if pattern is None:
         return 0, 1, []
-    text = pattern.strip()
-    if re.fullmatch(r"[0-9]+", text):
-        return 0, int(text), []
-    if re.search(r"[^\s,\d\[\]()+*]", text):
-        raise ConfigError(f"--moe-layer-freq {pattern}: expected an integer or a list expression like [0]*3+[1]*58")
-    try:
-        layers = _list_expr(ast.parse(text, mode="eval").body)
-    except (SyntaxError, ValueError):
-        raise ConfigError(f"--moe-layer-freq {pattern}: not a list expression like [0]*3+[1]*58") from None
-    if len(layers) != num_layers:
-        raise ConfigError(f"--moe-layer-freq {pattern}: {len(layers)} entries for --num-layers {num_layers}")
+    every = _int_or_layer_list("--moe-layer-freq", pattern, num_layers, "[0]*3+[1]*58")
+    if isinstance(every, int):
+        return 0, every, []
+    layers = every
     k = next((i for i, x in enumerate(layers) if x), len(layers))
     rest = layers[k:]
     ones = [i for i, x in enumerate(rest) if x]
@@ -396,6 +389,23 @@ def _moe_layers(pattern: str | None, num_layers: int) -> tuple[int, int, list[st
         notes.append(f"--moe-layer-freq {pattern}: not leading dense layers plus a period; read as "
                      f"{k} dense layers then an MoE layer every {freq}")
     return k, freq, notes
+
+
+def _int_or_layer_list(flag: str, value: str, num_layers: int, example: str) -> int | list[int]:
+    """A Megatron per-layer flag (``--moe-layer-freq``, ``--window-attn-skip-freq``): an integer, or
+    a list expression of one entry per layer (``[0]*3+[1]*58``); one-line ConfigError otherwise."""
+    text = value.strip()
+    if re.fullmatch(r"[0-9]+", text):
+        return int(text)
+    if re.search(r"[^\s,\d\[\]()+*]", text):
+        raise ConfigError(f"{flag} {value}: expected an integer or a list expression like {example}")
+    try:
+        layers = _list_expr(ast.parse(text, mode="eval").body)
+    except (SyntaxError, ValueError):
+        raise ConfigError(f"{flag} {value}: not a list expression like {example}") from None
+    if len(layers) != num_layers:
+        raise ConfigError(f"{flag} {value}: {len(layers)} entries for --num-layers {num_layers}")
+    return layers
 
 
 def _list_expr(node) -> list:
@@ -499,22 +509,14 @@ def _window_fields(a: MegatronArgs, num_layers: int) -> dict:
     if sizes[1]:
         raise ConfigError(f"--window-size {text}: a window reaching {sizes[1]} keys ahead is not causal; MoFa prices "
                           "causal windows: give RIGHT = 0")
-    windowed = num_layers
-    if skip is not None and re.fullmatch(r"[0-9]+", skip.strip()):
-        every = int(skip)
-        if every < 1:
-            raise ConfigError(f"--window-attn-skip-freq {skip}: expected a positive integer or a list like [1,0]*18")
+    every = num_layers + 1 if skip is None else _int_or_layer_list("--window-attn-skip-freq", skip, num_layers,
+                                                                     "[1,0]*18")
+    if isinstance(every, list):
+        windowed = sum(1 for x in every if x)
+    elif every < 1:
+        raise ConfigError(f"--window-attn-skip-freq {skip}: expected a positive integer or a list like [1,0]*18")
+    else:
         windowed = num_layers - num_layers // every
-    elif skip is not None:
-        if re.search(r"[^\s,\d\[\]()+*]", skip):
-            raise ConfigError(f"--window-attn-skip-freq {skip}: expected an integer or a list like [1,0]*18")
-        try:
-            layers = _list_expr(ast.parse(skip.strip(), mode="eval").body)
-        except (SyntaxError, ValueError):
-            raise ConfigError(f"--window-attn-skip-freq {skip}: not a list expression like [1,0]*18") from None
-        if len(layers) != num_layers:
-            raise ConfigError(f"--window-attn-skip-freq {skip}: {len(layers)} entries for --num-layers {num_layers}")
-        windowed = sum(1 for x in layers if x)
     return {"sliding_window": sizes[0] + 1, "sliding_window_layer_fraction": windowed / num_layers} if windowed else {}
 
 
