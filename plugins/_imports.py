@@ -85,9 +85,9 @@ def hugging_face_job(name: str, model_table: dict, hardware: str, num_gpus: int,
                      gradient_checkpointing: bool, torch_compile: bool, attention_kernel: str, **batch) -> dict:
     """:func:`data_parallel_job` of a Hugging Face training script: its full recompute
     (``gradient_checkpointing``), the model's kernels and loss (:func:`hugging_face_features`)."""
+    features = {**features, **hugging_face_features(torch_compile)}
     if gradient_checkpointing:
         features["recompute"] = {"granularity": "full"}
-    features.update(hugging_face_features(torch_compile))
     return data_parallel_job(name, model_table, hardware, num_gpus, features=features,
                              attention_kernel=attention_kernel, **batch)
 
@@ -111,3 +111,34 @@ def script_options(model_help: str):
             f = opt(f)
         return f
     return decorate
+
+
+#: PyTorch FSDP's sharding strategies (``torch.distributed.fsdp.ShardingStrategy``)
+FSDP_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+
+
+def fsdp_features(strategy: str, *, what: str, notes: list[str], reduce_bf16: bool = False,
+                  reshard: bool = True) -> dict:
+    """A PyTorch FSDP sharding strategy as features (without the data-parallel overlap, the caller's):
+    ``FULL_SHARD`` → ``fsdp``; ``SHARD_GRAD_OP`` (or `reshard` false: FSDP2's
+    ``reshard_after_forward = False``) → ``fsdp`` keeping each unit gathered to its backward; the
+    hybrid strategies sharded over every GPU (noted); ``NO_SHARD`` → none (DDP). `reduce_bf16`: the
+    gradients reduce-scattered in bf16 (Composer's ``PURE`` mixed precision). `what` names the key."""
+    name = str(strategy).upper().lstrip("_")
+    if name not in FSDP_STRATEGIES:
+        raise ConfigError(f"{what} {strategy!r}: expected one of {', '.join(FSDP_STRATEGIES)}")
+    if name == "NO_SHARD":
+        return {}
+    if name.startswith("HYBRID"):
+        notes.append(f"{name} is priced as sharding over every GPU")
+    opts: dict = {"grad_reduce_dtype": "bf16"} if reduce_bf16 else {}
+    if name in ("SHARD_GRAD_OP", "HYBRID_SHARD_ZERO2") or not reshard:
+        opts["reshard_after_forward"] = False
+    return {"fsdp": opts}
+
+
+def check_batch_splits(global_batch: int, micro_batch: int, num_gpus: int, what: str) -> None:
+    """One ConfigError line unless the global batch (named `what`) is whole micro-batches on every GPU."""
+    if global_batch % (micro_batch * num_gpus):
+        raise ConfigError(f"{what} {global_batch} does not split into micro-batches of {micro_batch} on {num_gpus} "
+                          f"GPUs: make it a multiple of {micro_batch * num_gpus}")

@@ -33,11 +33,10 @@ import click
 from mofa_framework import hookimpl
 from mofa_framework.errors import ConfigError
 
-from ._imports import ImportedJob, hugging_face_job, load_yaml, named_model, output_options, script_options
+from ._imports import (FSDP_STRATEGIES, ImportedJob, check_batch_splits, fsdp_features, hugging_face_job, load_yaml,
+                       named_model, output_options, script_options)
 from .import_deepspeed import from_deepspeed
 
-#: ``fsdp_sharding_strategy`` as Accelerate numbers it (``FSDP_SHARDING_STRATEGY``, from 1)
-SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
 PRECISIONS = {"bf16": ("bf16", None), "fp16": ("fp16", None), "fp8": ("bf16", "fp8")}
 #: Accelerate's ``deepspeed_config`` keys → DeepSpeed's config (``DeepSpeedPlugin``)
 DEEPSPEED_KEYS = {"zero_stage": ("zero_optimization", "stage"),
@@ -82,32 +81,20 @@ def _precision(cfg: Mapping) -> tuple[str, str | None]:
     return PRECISIONS[mp]
 
 
-def _sharding(fsdp: Mapping) -> str:
-    value = fsdp.get("fsdp_sharding_strategy", "FULL_SHARD")
-    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= len(SHARDING):
-        return SHARDING[value - 1]
-    name = str(value).upper().lstrip("_")
-    if name not in SHARDING:
-        raise ConfigError(f"Accelerate fsdp_config.fsdp_sharding_strategy {value!r}: expected one of "
-                          f"{', '.join(SHARDING)} (or 1–{len(SHARDING)})")
-    return name
-
-
 def _fsdp_features(fsdp: Mapping, notes: list[str]) -> dict:
-    strategy = _sharding(fsdp)
+    value = fsdp.get("fsdp_sharding_strategy", "FULL_SHARD")
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= len(FSDP_STRATEGIES):
+        value = FSDP_STRATEGIES[value - 1]  # Accelerate numbers them from 1, in torch's order
     if fsdp.get("fsdp_offload_params"):
         notes.append("fsdp_offload_params: priced as weight_offload (parameters, gradients and the Adam update on the "
                      "host)")
         return {"weight_offload": {"optimizer": "cpu"}}
-    keep = strategy in ("SHARD_GRAD_OP", "HYBRID_SHARD_ZERO2") or fsdp.get("fsdp_reshard_after_forward") is False
-    if strategy.startswith("HYBRID"):
-        notes.append(f"{strategy} is priced as sharding over every GPU")
-    if strategy == "NO_SHARD":
-        return {"dp_overlap": {}}
-    if str(fsdp.get("fsdp_backward_prefetch", "BACKWARD_PRE")).upper() not in ("BACKWARD_PRE", "NONE"):
+    feats = fsdp_features(value, what="Accelerate fsdp_config.fsdp_sharding_strategy", notes=notes,
+                          reshard=fsdp.get("fsdp_reshard_after_forward") is not False)
+    if feats and str(fsdp.get("fsdp_backward_prefetch", "BACKWARD_PRE")).upper() not in ("BACKWARD_PRE", "NONE"):
         notes.append(f"fsdp_backward_prefetch {fsdp['fsdp_backward_prefetch']}: priced as BACKWARD_PRE (the next "
                      "layer's gather ahead of its backward)")
-    return {"fsdp": {"reshard_after_forward": False} if keep else {}, "dp_overlap": {}}
+    return feats
 
 
 def _deepspeed_dict(cfg: Mapping) -> dict:
@@ -170,11 +157,10 @@ def from_accelerate(source: str | Mapping, registry, *, model: str | None, hardw
     if not micro_batch_size:
         raise ConfigError("an Accelerate config does not give the batch (the script's): give --micro-batch-size N")
     gbs = global_batch_size or micro_batch_size * gradient_accumulation_steps * gpus
-    if gbs % (micro_batch_size * gpus):
-        raise ConfigError(f"--global-batch-size {gbs} does not split into micro-batches of {micro_batch_size} on {gpus} "
-                          f"GPUs: make it a multiple of {micro_batch_size * gpus}")
-    feats = _fsdp_features(cfg.get("fsdp_config") or {}, notes) if kind == "FSDP" else (
-        {"dp_overlap": {}} if gpus > 1 else {})
+    check_batch_splits(gbs, micro_batch_size, gpus, "--global-batch-size")
+    feats = _fsdp_features(cfg.get("fsdp_config") or {}, notes) if kind == "FSDP" else {}
+    if gpus > 1 and "weight_offload" not in feats:  # weight_offload reduces its own gradients
+        feats["dp_overlap"] = {}
     if lowp:
         feats[lowp] = {}
     checkpointing = gradient_checkpointing or bool((cfg.get("fsdp_config") or {}).get("fsdp_activation_checkpointing"))

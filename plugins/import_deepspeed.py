@@ -40,7 +40,8 @@ import click
 from mofa_framework import hookimpl
 from mofa_framework.errors import ConfigError
 
-from ._imports import ATTENTION_KERNELS, ImportedJob, hugging_face_job, named_model, output_options, script_options
+from ._imports import (ATTENTION_KERNELS, ImportedJob, check_batch_splits, hugging_face_job, named_model, output_options,
+                       script_options)
 
 #: DeepSpeed's keys → the ``deepspeed_zero`` options they set (stage 3's under their own names)
 ZERO_OPTIONS = {"overlap_comm": "overlap_comm", "contiguous_gradients": "contiguous_gradients",
@@ -102,9 +103,7 @@ def _batch(cfg: Mapping, gpus: int, micro: int | None, global_: int | None) -> t
         raise ConfigError("DeepSpeed train_micro_batch_size_per_gpu is not given (or auto): give --micro-batch-size N")
     if gbs is None:
         gbs = mbs * (gas or 1) * gpus
-    if gbs % (mbs * gpus):
-        raise ConfigError(f"DeepSpeed train_batch_size {gbs} does not split into micro-batches of {mbs} on {gpus} GPUs: "
-                          f"make it a multiple of {mbs * gpus}")
+    check_batch_splits(gbs, mbs, gpus, "DeepSpeed train_batch_size")
     if gas is not None and gbs != mbs * gas * gpus:
         raise ConfigError(f"DeepSpeed train_batch_size {gbs} != train_micro_batch_size_per_gpu {mbs} × "
                           f"gradient_accumulation_steps {gas} × {gpus} GPUs: DeepSpeed refuses this config")

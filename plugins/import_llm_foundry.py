@@ -41,7 +41,8 @@ from mofa_framework import hookimpl
 from mofa_framework.errors import ConfigError, UnknownRecordError
 
 from ._frameworks import attention_kernel
-from ._imports import ImportedJob, data_parallel_job, load_yaml, output_options
+from ._imports import (ImportedJob, check_batch_splits, data_parallel_job, fsdp_features, load_yaml, named_model,
+                       output_options)
 
 FRAMEWORK = "llm-foundry (Composer, PyTorch FSDP)"
 #: ``precision`` → (MoFa precision, low-precision feature)
@@ -128,26 +129,23 @@ def _mpt(m: Mapping, notes: list[str]) -> dict:
 
 
 def _hf_name(m: Mapping, registry) -> str:
-    """The zoo model an ``hf_causal_lm`` section names (its Hub id, then without the organisation)."""
+    """The zoo model an ``hf_causal_lm`` section names by its Hub id (the registry drops the organisation)."""
     name = str(m.get("pretrained_model_name_or_path") or "")
     if not name:
         raise ConfigError("llm-foundry model: hf_causal_lm without pretrained_model_name_or_path: name the model "
                           "with --model NAME (see mofa list-models)")
-    for cand in dict.fromkeys((name, name.split("/")[-1], re.sub(r"^Meta-", "", name.split("/")[-1]))):
-        try:
-            return registry.model(cand).name
-        except UnknownRecordError:
-            continue
-    raise ConfigError(f"llm-foundry model: pretrained_model_name_or_path {name!r} is no zoo model: give --model "
-                      "NAME (see mofa list-models) or a HuggingFace config.json")
+    try:
+        return registry.model(name).name
+    except UnknownRecordError:
+        raise ConfigError(f"llm-foundry model: pretrained_model_name_or_path {name!r} is no zoo model: give --model "
+                          "NAME (see mofa list-models) or a HuggingFace config.json") from None
 
 
 def _model(cfg: Mapping, registry, model: str | None, name: str, notes: list[str]) -> tuple[dict, str | None]:
     """([model] table, the zoo model it names or None)."""
     if model is not None:
-        if model.endswith(".json"):
-            return {"config": model}, None
-        return {"name": registry.model(model, field="--model").name}, registry.model(model).name
+        table, _ = named_model(registry, model, "the config")
+        return table, table.get("name")
     m = cfg["model"]
     kind = str(m.get("name", ""))
     if kind == "hf_causal_lm":
@@ -180,9 +178,7 @@ def _batch(cfg: Mapping, gpus: int, micro: int | None) -> tuple[int, int]:
                           "--micro-batch-size N (sequences per GPU and micro-batch)")
     if not isinstance(mbs, int) or mbs < 1:
         raise ConfigError(f"llm-foundry device_train_microbatch_size {mbs!r}: expected a positive integer or auto")
-    if gbs % (gpus * mbs):
-        raise ConfigError(f"llm-foundry global_train_batch_size {gbs} does not split into micro-batches of {mbs} on "
-                          f"{gpus} GPUs: make it a multiple of {gpus * mbs}")
+    check_batch_splits(gbs, mbs, gpus, "llm-foundry global_train_batch_size")
     return mbs, gbs
 
 
@@ -211,18 +207,10 @@ def _features(cfg: Mapping, gpus: int, notes: list[str]) -> tuple[dict, str]:
     precision, lowp = PRECISIONS[prec]
     feats: dict[str, dict] = {}
     fsdp = cfg.get("fsdp_config")
-    strategy = str((fsdp or {}).get("sharding_strategy", "FULL_SHARD")).upper() if fsdp is not None else "NO_SHARD"
-    reduce = {"grad_reduce_dtype": "bf16"} if str((fsdp or {}).get("mixed_precision", "DEFAULT")).upper() == "PURE" \
-        else {}
-    if strategy in ("FULL_SHARD", "HYBRID_SHARD"):
-        feats["fsdp"] = reduce
-        if strategy == "HYBRID_SHARD":
-            notes.append("HYBRID_SHARD is priced as FULL_SHARD over every GPU")
-    elif strategy in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2"):
-        feats["fsdp"] = {**reduce, "reshard_after_forward": False}
-    elif strategy != "NO_SHARD":
-        raise ConfigError(f"llm-foundry fsdp_config.sharding_strategy {strategy!r}: expected FULL_SHARD, SHARD_GRAD_OP, "
-                          "HYBRID_SHARD or NO_SHARD")
+    if fsdp is not None:
+        feats.update(fsdp_features(fsdp.get("sharding_strategy", "FULL_SHARD"), notes=notes,
+                                   what="llm-foundry fsdp_config.sharding_strategy",
+                                   reduce_bf16=str(fsdp.get("mixed_precision", "DEFAULT")).upper() == "PURE"))
     if fsdp and fsdp.get("device_mesh"):
         notes.append(f"fsdp_config.device_mesh {fsdp['device_mesh']} is not priced: sharding over every GPU")
     if fsdp and fsdp.get("activation_checkpointing"):
