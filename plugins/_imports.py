@@ -3,6 +3,7 @@ they write and the command-line options every importer takes."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -142,3 +143,27 @@ def check_batch_splits(global_batch: int, micro_batch: int, num_gpus: int, what:
     if global_batch % (micro_batch * num_gpus):
         raise ConfigError(f"{what} {global_batch} does not split into micro-batches of {micro_batch} on {num_gpus} "
                           f"GPUs: make it a multiple of {micro_batch * num_gpus}")
+
+
+def section(cfg, key: str, what: str) -> dict:
+    """``cfg[key]`` when it is a table (absent or null: empty); one ConfigError line naming the key
+    when it is something else: ``what key`` for a config (``DeepSpeed zero_optimization``), ``what.key``
+    inside a named section (``llm-foundry model.attn_config``)."""
+    value = cfg.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        label = f"{what}.{key}" if " " in what else f"{what} {key}"
+        raise ConfigError(f"{label} {value!r}: expected a table of settings")
+    return dict(value)
+
+
+def number(value, where: str, kind=float):
+    """`value` as a positive number of `kind` (int or float); one ConfigError line naming `where`."""
+    try:
+        x = kind(value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        x = None
+    if x is None or not x > 0 or (kind is int and float(value) != x):
+        raise ConfigError(f"{where} {value!r}: expected a positive {'integer' if kind is int else 'number'}")
+    return x

@@ -34,7 +34,7 @@ from mofa_framework import hookimpl
 from mofa_framework.errors import ConfigError
 
 from ._imports import (FSDP_STRATEGIES, ImportedJob, check_batch_splits, fsdp_features, hugging_face_job, load_yaml,
-                       named_model, output_options, script_options)
+                       named_model, output_options, script_options, section)
 from .import_deepspeed import from_deepspeed
 
 PRECISIONS = {"bf16": ("bf16", None), "fp16": ("fp16", None), "fp8": ("bf16", "fp8")}
@@ -99,7 +99,7 @@ def _fsdp_features(fsdp: Mapping, notes: list[str]) -> dict:
 
 def _deepspeed_dict(cfg: Mapping) -> dict:
     """Accelerate's ``deepspeed_config`` as a DeepSpeed config (or the JSON its config file holds)."""
-    ds = cfg.get("deepspeed_config") or {}
+    ds = section(cfg, "deepspeed_config", "Accelerate")
     path = ds.get("deepspeed_config_file")
     if path:
         try:
@@ -158,12 +158,13 @@ def from_accelerate(source: str | Mapping, registry, *, model: str | None, hardw
         raise ConfigError("an Accelerate config does not give the batch (the script's): give --micro-batch-size N")
     gbs = global_batch_size or micro_batch_size * gradient_accumulation_steps * gpus
     check_batch_splits(gbs, micro_batch_size, gpus, "--global-batch-size")
-    feats = _fsdp_features(cfg.get("fsdp_config") or {}, notes) if kind == "FSDP" else {}
+    fsdp = section(cfg, "fsdp_config", "Accelerate")
+    feats = _fsdp_features(fsdp, notes) if kind == "FSDP" else {}
     if gpus > 1 and "weight_offload" not in feats:  # weight_offload reduces its own gradients
         feats["dp_overlap"] = {}
     if lowp:
         feats[lowp] = {}
-    checkpointing = gradient_checkpointing or bool((cfg.get("fsdp_config") or {}).get("fsdp_activation_checkpointing"))
+    checkpointing = gradient_checkpointing or bool(fsdp.get("fsdp_activation_checkpointing"))
     job = hugging_face_job(name, model_table, hardware, gpus, features=feats, gradient_checkpointing=checkpointing,
                            torch_compile=torch_compile, attention_kernel=attention_kernel,
                            micro_batch_size=micro_batch_size, global_batch_size=gbs, sequence_length=sequence_length,

@@ -41,7 +41,7 @@ from mofa_framework import hookimpl
 from mofa_framework.errors import ConfigError
 
 from ._imports import (ATTENTION_KERNELS, ImportedJob, check_batch_splits, hugging_face_job, named_model, output_options,
-                       script_options)
+                       script_options, section)
 
 #: DeepSpeed's keys → the ``deepspeed_zero`` options they set (stage 3's under their own names)
 ZERO_OPTIONS = {"overlap_comm": "overlap_comm", "contiguous_gradients": "contiguous_gradients",
@@ -111,7 +111,7 @@ def _batch(cfg: Mapping, gpus: int, micro: int | None, global_: int | None) -> t
 
 
 def _precision(cfg: Mapping, given: str | None) -> str:
-    on = {p: (cfg.get(p) or {}).get("enabled", False) for p in ("bf16", "fp16")}
+    on = {p: section(cfg, p, "DeepSpeed").get("enabled", False) for p in ("bf16", "fp16")}
     if any(_auto(v) for v in on.values()):
         if given is None:
             raise ConfigError("DeepSpeed bf16/fp16 enabled: auto (the Trainer's --bf16 / --fp16 decide): give "
@@ -127,7 +127,7 @@ def _precision(cfg: Mapping, given: str | None) -> str:
 
 
 def _offload(zero: Mapping, key: str) -> bool:
-    device = str((zero.get(key) or {}).get("device", "none")).lower()
+    device = str(section(zero, key, "DeepSpeed zero_optimization").get("device", "none")).lower()
     if device == "nvme":
         raise ConfigError(f"DeepSpeed zero_optimization.{key}.device nvme: MoFa prices host-memory offload only "
                           "(device cpu)")
@@ -175,7 +175,7 @@ def from_deepspeed(source: str | Mapping, registry, *, model: str | None, hardwa
     if attention_kernel not in ATTENTION_KERNELS:
         raise ConfigError(f"--attention-kernel {attention_kernel}: expected one of {', '.join(ATTENTION_KERNELS)}")
     notes: list[str] = []
-    zero = cfg.get("zero_optimization") or {}
+    zero = section(cfg, "zero_optimization", "DeepSpeed")
     stage = zero.get("stage", 0)
     if stage not in (0, 1, 2, 3):
         raise ConfigError(f"DeepSpeed zero_optimization.stage {stage!r}: expected 0, 1, 2 or 3")
@@ -201,7 +201,7 @@ def from_deepspeed(source: str | Mapping, registry, *, model: str | None, hardwa
     elif stage:
         zopts = _zero_options(zero, stage, spec.hidden_size, str(getattr(spec.activation, "value", spec.activation)) == "swiglu",
                               notes)
-        accum = str((cfg.get("data_types") or {}).get("grad_accum_dtype", "")).lower()
+        accum = str(section(cfg, "data_types", "DeepSpeed").get("grad_accum_dtype", "")).lower()
         if accum == "fp32" and stage == 1:
             zopts["grad_accum_dtype"] = "fp32"
         feats["deepspeed_zero"] = zopts

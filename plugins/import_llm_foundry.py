@@ -42,7 +42,7 @@ from mofa_framework.errors import ConfigError, UnknownRecordError
 
 from ._frameworks import attention_kernel
 from ._imports import (ImportedJob, check_batch_splits, data_parallel_job, fsdp_features, load_yaml, named_model,
-                       output_options)
+                       number, output_options, section)
 
 FRAMEWORK = "llm-foundry (Composer, PyTorch FSDP)"
 #: ``precision`` → (MoFa precision, low-precision feature)
@@ -69,7 +69,11 @@ class LlmFoundryImport(ImportedJob):
 
 def parse_source(text: str) -> dict:
     """An llm-foundry YAML as a dict, its ``${...}`` interpolations resolved."""
-    data = load_yaml(text, "llm-foundry config", "give a training YAML file or '-'")
+    return _checked(load_yaml(text, "llm-foundry config", "give a training YAML file or '-'"))
+
+
+def _checked(data) -> dict:
+    """A parsed config with a model section, its interpolations resolved."""
     if not isinstance(data, Mapping) or not isinstance(data.get("model"), Mapping):
         raise ConfigError("llm-foundry config: no model section; give a training YAML (model:, "
                           "global_train_batch_size:, fsdp_config:, ...)")
@@ -111,11 +115,14 @@ def _mpt(m: Mapping, notes: list[str]) -> dict:
         raise ConfigError(f"llm-foundry model: {', '.join(need)} not given as integers: an mpt_causal_lm needs "
                           "d_model, n_heads and n_layers")
     h, heads, layers = m["d_model"], m["n_heads"], m["n_layers"]
-    attn = m.get("attn_config") or {}
-    ffn_cfg = m.get("ffn_config") or {}
+    attn = section(m, "attn_config", "llm-foundry model")
+    ffn_cfg = section(m, "ffn_config", "llm-foundry model")
     gated = str(ffn_cfg.get("ffn_type", "mptmlp")) == "mptglu"
-    ffn = ffn_cfg.get("ffn_hidden_size") or int(float(m.get("expansion_ratio", 4)) * h)
-    kv = attn.get("kv_n_heads", heads) if attn.get("attn_type") == "grouped_query_attention" else heads
+    ffn = (number(ffn_cfg["ffn_hidden_size"], "llm-foundry model.ffn_config.ffn_hidden_size", int)
+           if ffn_cfg.get("ffn_hidden_size") is not None
+           else int(number(m.get("expansion_ratio", 4), "llm-foundry model.expansion_ratio") * h))
+    kv = number(attn.get("kv_n_heads", heads), "llm-foundry model.attn_config.kv_n_heads", int) \
+        if attn.get("attn_type") == "grouped_query_attention" else heads
     pos = "rope" if attn.get("rope") else ("none" if attn.get("alibi") else "learned")
     if m.get("learned_pos_emb") is False and pos == "learned":
         pos = "none"
@@ -123,7 +130,7 @@ def _mpt(m: Mapping, notes: list[str]) -> dict:
     if attn.get("sliding_window_size", -1) not in (-1, None):
         notes.append(f"attn_config.sliding_window_size {attn['sliding_window_size']} is not priced: full attention")
     return {"num_layers": layers, "hidden_size": h, "num_attention_heads": heads, "num_kv_heads": kv,
-            "ffn_hidden_size": ffn, "vocab_size": int(m.get("vocab_size", 50368)),
+            "ffn_hidden_size": ffn, "vocab_size": number(m.get("vocab_size", 50368), "llm-foundry model.vocab_size", int),
             "activation": "swiglu" if gated else "gelu", "normalization": norm, "position_embedding": pos,
             "tied_embeddings": bool(m.get("tie_word_embeddings", True))}
 
@@ -192,7 +199,7 @@ def _sequence(cfg: Mapping) -> int:
 def _attention(m: Mapping) -> dict:
     if str(m.get("name")) == "hf_causal_lm":  # FlashAttention-2, or PyTorch SDPA's flash backend (FA2 too)
         return dict(ATTENTION["flash"])
-    impl = str((m.get("attn_config") or {}).get("attn_impl", "flash"))  # MPTConfig's default
+    impl = str(section(m, "attn_config", "llm-foundry model").get("attn_impl", "flash"))  # MPTConfig's default
     if impl not in ATTENTION:
         raise ConfigError(f"llm-foundry model.attn_config.attn_impl {impl!r}: expected one of {', '.join(ATTENTION)}")
     return dict(ATTENTION[impl])
@@ -206,7 +213,7 @@ def _features(cfg: Mapping, gpus: int, notes: list[str]) -> tuple[dict, str]:
                           "not modelled)")
     precision, lowp = PRECISIONS[prec]
     feats: dict[str, dict] = {}
-    fsdp = cfg.get("fsdp_config")
+    fsdp = section(cfg, "fsdp_config", "llm-foundry") if cfg.get("fsdp_config") is not None else None
     if fsdp is not None:
         feats.update(fsdp_features(fsdp.get("sharding_strategy", "FULL_SHARD"), notes=notes,
                                    what="llm-foundry fsdp_config.sharding_strategy",
@@ -232,7 +239,7 @@ def from_llm_foundry(source: str | Mapping, registry, *, hardware: str | None, n
                      model: str | None = None, micro_batch_size: int | None = None,
                      name: str = "llm-foundry") -> LlmFoundryImport:
     """A job from an llm-foundry training YAML (its text, or the parsed dict)."""
-    cfg = parse_source(source) if isinstance(source, str) else _resolve(dict(source), source, 0)
+    cfg = parse_source(source) if isinstance(source, str) else _checked(source)
     if not hardware:
         raise ConfigError("the hardware is not in an llm-foundry config: give --hardware NAME (see mofa list-hardware)")
     registry.hardware_profile(hardware, field="--hardware")

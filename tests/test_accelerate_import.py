@@ -117,11 +117,13 @@ def test_plain_ddp_and_the_gpu_count(predictor):
     ("", {"micro_batch_size": None}, "--micro-batch-size"),
     ("", {"model": None}, "--model"),
     ("", {"global_batch_size": 100}, "multiple of 16"),
+    ("fsdp_config:\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP", {}, "Accelerate fsdp_config 3: expected a table"),
 ])
 def test_what_cannot_be_priced_is_one_line(predictor, change, kw, match):
     bad = {"mixed_precision: bf16": "mixed_precision: 'no'", "distributed_type: FSDP": "distributed_type: TPU",
            "fsdp_sharding_strategy: FULL_SHARD": "fsdp_sharding_strategy: SOMETIMES",
-           "num_processes: 8": "num_processes: many", "": ""}[change]
+           "num_processes: 8": "num_processes: many", "": "",
+           "fsdp_config:\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP": "fsdp_config: 3\nunused:\n  x: 1"}[change]
     with pytest.raises(ConfigError, match=match) as e:
         from_accelerate(FSDP_CONFIG.replace(change, bad) if change else FSDP_CONFIG, predictor.registry,
                         **{**SCRIPT, **kw})

@@ -108,6 +108,12 @@ def test_offload(predictor):
       "bf16": {"enabled": True}}, {}, "DeepSpeed refuses this config"),
     ({"train_micro_batch_size_per_gpu": -2, "bf16": {"enabled": True}}, {}, "expected a positive integer"),
     ("[1, 2", {}, "not JSON"),
+    ({"train_micro_batch_size_per_gpu": 2, "bf16": True}, {}, "DeepSpeed bf16 True: expected a table"),
+    ({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True}, "zero_optimization": "3"}, {},
+     "DeepSpeed zero_optimization '3': expected a table"),
+    ({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True},
+      "zero_optimization": {"stage": 3, "offload_param": "cpu"}}, {},
+     "zero_optimization.offload_param 'cpu': expected a table"),
 ])
 def test_what_cannot_be_priced_is_one_line(predictor, cfg, kw, match):
     src = cfg if isinstance(cfg, str) else json.dumps(cfg)

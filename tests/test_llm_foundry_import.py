@@ -170,6 +170,22 @@ def test_what_cannot_be_priced_is_one_line(predictor, change, match):
         parse_source("model: [unclosed")
 
 
+@pytest.mark.parametrize("change, match", [
+    ("expansion_ratio: 4", "model.expansion_ratio 'abc': expected a positive number"),
+    ("vocab_size: 50368", "model.vocab_size 'big': expected a positive integer"),
+    ("attn_config:\n    attn_impl: triton", "model.attn_config 3: expected a table"),
+    ("fsdp_config:\n  sharding_strategy: FULL_SHARD", "llm-foundry fsdp_config \\[1, 2\\]: expected a table"),
+])
+def test_a_malformed_value_is_one_line_naming_the_key(predictor, change, match):
+    bad = {"expansion_ratio: 4": "expansion_ratio: abc", "vocab_size: 50368": "vocab_size: big",
+           "attn_config:\n    attn_impl: triton": "attn_config: 3",
+           "fsdp_config:\n  sharding_strategy: FULL_SHARD": "fsdp_config: [1, 2]\nunused:\n  sharding_strategy: x"}[change]
+    assert change in MPT_7B
+    with pytest.raises(ConfigError, match=match) as e:
+        from_llm_foundry(MPT_7B.replace(change, bad), predictor.registry, hardware=H100, num_gpus=8)
+    assert "\n" not in str(e.value)
+
+
 def test_the_command_writes_a_job_that_predicts(mofa_cli, tmp_path):
     cli = mofa_cli
     src = tmp_path / "mpt-7b.yaml"
