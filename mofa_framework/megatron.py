@@ -281,6 +281,10 @@ _DTYPE_NAMES = {"float32": "fp32", "float": "fp32", "fp32": "fp32", "bfloat16": 
                 "float16": "fp16", "half": "fp16", "fp16": "fp16", "uint8": "fp8", "float8": "fp8", "fp8": "fp8"}
 
 
+#: config keys whose list is one entry per layer (Megatron reads the flag as a list expression)
+_PER_LAYER_KEYS = ("moe_layer_freq", "window_attn_skip_freq")
+
+
 def _config_flag(key: str, value) -> list[tuple[str, tuple[str, ...]]]:
     """The Megatron-LM flags one config key stands for."""
     if value is None or value is False:
@@ -310,8 +314,8 @@ def _config_flag(key: str, value) -> list[tuple[str, tuple[str, ...]]]:
         return [(flag, ())]
     if key == "pipeline_model_parallel_layout" and isinstance(value, (list, tuple)):
         return [(flag, (_layout_string(value),))]
-    if isinstance(value, (list, tuple)):
-        return [(flag, tuple(str(x) for x in value))] if key != "moe_layer_freq" else [
+    if isinstance(value, (list, tuple)):  # a per-layer list is one value, Megatron's list expression
+        return [(flag, tuple(str(x) for x in value))] if key not in _PER_LAYER_KEYS else [
             (flag, ("[" + ",".join(str(x) for x in value) + "]",))]
     return [(flag, (str(value),))]
 

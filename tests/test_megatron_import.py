@@ -777,3 +777,14 @@ def test_a_layout_list_with_an_unknown_layer_name_is_one_line(registry):
     with pytest.raises(ConfigError, match="vision") as e:
         read_source(text, registry, kind="nemo", hardware="b300-sxm", num_gpus=256)
     assert "\n" not in str(e.value)
+
+
+def test_a_dumped_per_layer_window_list(registry):
+    """A dump's ``window_attn_skip_freq`` as a YAML list (1 windowed, 0 full, per layer) is one
+    per-layer value, as ``moe_layer_freq``'s: 12 layers, every third full → 8 windowed."""
+    text = ("model:\n  num_layers: 12\n  hidden_size: 1536\n  num_attention_heads: 12\n  vocab_size: 32000\n"
+            "  seq_length: 8192\n  window_size: [1023, 0]\n  window_attn_skip_freq: [1, 1, 0, 1, 1, 0, 1, 1, 0, 1, 1, 0]\n"
+            "train:\n  global_batch_size: 8\n  micro_batch_size: 1\n")
+    r = read_source(text, registry, kind="nemo", hardware=H100, num_gpus=8)
+    assert r.job["model"]["sliding_window"] == 1024
+    assert r.job["model"]["sliding_window_layer_fraction"] == pytest.approx(8 / 12)
