@@ -755,10 +755,11 @@ def _apply_phase(state: CostState, registry, phase: Phase, trail: dict) -> CostS
     return state
 
 
-class _TakenLayerCosts(LayerCosts):
-    """A :class:`LayerCosts` whose rows are another's rows ``inverse`` (:func:`_expand`), each field
-    taken on first read: a search repeats per-structure and per-node layer costs to every leaf, whose
-    finish reads a few of their fields (activation bytes, recompute FLOPs), so the others are never
+class _Taken:
+    """Mixin of a value object whose rows are another's rows ``inverse`` (:func:`_expand`), each field
+    taken on first read: a search repeats per-structure and per-node results to every leaf, whose
+    finish reads a few of their fields (a layer's activation bytes and recompute FLOPs; a pipeline's
+    micro-batch counts and chunk times, not its sums or p2p times), so the others are never
     repeated. A transform that evolves one gets a whole object (``attrs.evolve`` reads every field)."""
 
     def __getattr__(self, name: str):
@@ -772,11 +773,21 @@ class _TakenLayerCosts(LayerCosts):
         return value
 
 
-def _taken_layer_costs(c: LayerCosts, inverse: np.ndarray) -> LayerCosts:
-    if type(c) is _TakenLayerCosts and "_src" in c.__dict__:  # rows of rows: one index, one source
-        c, inverse = c.__dict__["_src"], c.__dict__["_inverse"][inverse]
-    out = object.__new__(_TakenLayerCosts)
-    out.__dict__.update(_src=c, _inverse=inverse)
+#: the lazily taken subclass of each value class read that way (:func:`_taken`)
+_TAKEN_CLASSES: dict[type, type] = {}
+
+
+def _taken(obj, inverse: np.ndarray):
+    """`obj` (a :class:`LayerCosts` or :class:`PipelineInputs`) at rows ``inverse``, its fields taken
+    on first read (:class:`_Taken`)."""
+    if isinstance(obj, _Taken) and "_src" in obj.__dict__:  # rows of rows: one index, one source
+        obj, inverse = obj.__dict__["_src"], obj.__dict__["_inverse"][inverse]
+    cls = getattr(type(obj), "_taken_base", type(obj))  # an evolved lazy object is whole: its class's base
+    lazy = _TAKEN_CLASSES.get(cls)
+    if lazy is None:
+        lazy = _TAKEN_CLASSES[cls] = type(f"_Taken{cls.__name__}", (_Taken, cls), {"_taken_base": cls})
+    out = object.__new__(lazy)
+    out.__dict__.update(_src=obj, _inverse=inverse)
     return out
 
 
@@ -784,8 +795,8 @@ def _expand(obj, inverse: np.ndarray):
     """Rows of per-structure results, repeated to the batch's rows (last axis)."""
     if isinstance(obj, np.ndarray):
         return obj.take(inverse, axis=-1)  # as obj[..., inverse], several times faster
-    if isinstance(obj, LayerCosts):
-        return _taken_layer_costs(obj, inverse)
+    if isinstance(obj, (LayerCosts, PipelineInputs)):
+        return _taken(obj, inverse)
     if isinstance(obj, Mapping):
         return {k: _expand(v, inverse) for k, v in obj.items()}
     if attrs.has(type(obj)):
