@@ -1527,22 +1527,29 @@ def _memory_costs(state: CostState, lay: StageLayout, inflight: Inflight) -> Mem
     act_stage = _on_stages(lay, L, lambda c: c.act_saved_bytes)
     act_stage = _with_mtp_activations(act_stage, model, L, batch.pp)
     # transient working set of the layer being recomputed: only layer types the stage holds
-    work = None
+    work = np.zeros(len(batch))
     for kind, count in lay.counts.items():
-        w = np.where(count > 0, L[kind].act_working_bytes, 0.0)
-        work = w if work is None else np.maximum(work, w)
-    held = np.stack([inflight.first, inflight.mid, inflight.last])
-    # a mirrored schedule's GPU also holds its mirrored stage's (first ↔ last, middle ↔ middle)
-    mirror = np.stack([inflight.mirror_first, inflight.mirror_mid, inflight.mirror_last])
-    acts = act_stage * held + act_stage[::-1] * mirror
+        if _any_nonzero(L[kind], "act_working_bytes"):
+            work = np.maximum(work, np.where(count > 0, L[kind].act_working_bytes, 0.0))
+    acts = act_stage * np.stack([inflight.first, inflight.mid, inflight.last])
+    mirrored = mirrored_rows(ctx.pm.registry, batch)
+    if mirrored.any():  # a mirrored schedule's GPU also holds its mirrored stage's (first ↔ last, middle ↔ middle)
+        acts = acts + act_stage[::-1] * np.stack([inflight.mirror_first, inflight.mirror_mid, inflight.mirror_last])
     logits = np.zeros_like(acts)
     logits[2] = logits_loss_bytes(model, g.tokens, g.t)
     # the only stage runs the loss, and so does each end GPU of a mirrored schedule (one direction's)
-    logits[0] = np.where((batch.pp == 1) | mirrored_rows(ctx.pm.registry, batch), logits[2], 0.0)
+    logits[0] = np.where((batch.pp == 1) | mirrored, logits[2], 0.0)
     host = np.zeros_like(acts)
     return MemoryCosts(dense_params=dense, expert_params=expert, weights_bytes=weights, grads_bytes=grads,
                        optimizer_bytes=optim, activations_bytes=acts, buffers_bytes=np.zeros_like(acts),
                        logits_bytes=logits, working_bytes=np.broadcast_to(work, acts.shape).copy(), host_bytes=host)
+
+
+def _any_nonzero(costs: LayerCosts, name: str) -> bool:
+    """Whether field `name` of `costs` is non-zero in any row; a lazily taken one (:class:`_Taken`) is
+    asked of its source, so that an all-zero field is never repeated to the rows."""
+    src = costs.__dict__.get("_src") if isinstance(costs, _Taken) and name not in costs.__dict__ else None
+    return bool(np.any(getattr(src if src is not None else costs, name)))
 
 
 def logits_loss_bytes(model: ModelSpec, tokens, t, bytes_per_logit: float = LOSS_BYTES_PER_LOGIT):
