@@ -1532,9 +1532,11 @@ def _memory_costs(state: CostState, lay: StageLayout, inflight: Inflight) -> Mem
         if _any_nonzero(L[kind], "act_working_bytes"):
             work = np.maximum(work, np.where(count > 0, L[kind].act_working_bytes, 0.0))
     acts = act_stage * np.stack([inflight.first, inflight.mid, inflight.last])
+    # a mirrored schedule's GPU also holds its mirrored stage's (first ↔ last, middle ↔ middle)
+    mirror = (inflight.mirror_first, inflight.mirror_mid, inflight.mirror_last)
+    if any(np.any(m) for m in mirror):
+        acts = acts + act_stage[::-1] * np.stack(mirror)
     mirrored = mirrored_rows(ctx.pm.registry, batch)
-    if mirrored.any():  # a mirrored schedule's GPU also holds its mirrored stage's (first ↔ last, middle ↔ middle)
-        acts = acts + act_stage[::-1] * np.stack([inflight.mirror_first, inflight.mirror_mid, inflight.mirror_last])
     logits = np.zeros_like(acts)
     logits[2] = logits_loss_bytes(model, g.tokens, g.t)
     # the only stage runs the loss, and so does each end GPU of a mirrored schedule (one direction's)
