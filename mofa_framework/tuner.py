@@ -313,6 +313,13 @@ class TuneProgress:
     total: int
     best: float | None
     elapsed_s: float
+    #: leaves reached (evaluated, or shown by their node's memory floor not to fit) and those that fit
+    reached: int = 0
+    feasible: int = 0
+    #: a chunk's worth of leaves reached and fewer than :data:`MEMORY_BOUND_SHARE` of them fit: the fast
+    #: layouts do not fit and the search prices them all to show it, so the best found so far is often
+    #: the answer long before it is proven (``--time-budget`` returns it)
+    memory_tight: bool = False
 
     @property
     def fraction(self) -> float:
@@ -1304,7 +1311,8 @@ class _Search:
     def progress(self, total: int, elapsed: float) -> TuneProgress:
         pruned, _ = self.skipped(self.threshold())
         return TuneProgress(evaluated=self.evaluated, skipped=pruned, total=total, best=self.top.best_value(),
-                            elapsed_s=elapsed)
+                            elapsed_s=elapsed, reached=self.evaluated + self.floored, feasible=self.feasible,
+                            memory_tight=self.memory_bound())
 
 
 #: the parallel sizes a job's search ranges over (``[search]``, ``values=``, ``--*-values``)

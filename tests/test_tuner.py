@@ -1160,6 +1160,33 @@ def test_progress_line_when_not_on_a_terminal(capsys):
     line(TuneProgress(evaluated=400, skipped=100, total=1000, best=5.5, elapsed_s=3.5))
     err = capsys.readouterr().err
     assert "400 evaluated" in err and "100 ruled out" in err and "best 5.5" in err and "ETA 4 s" in err
+    assert "memory-tight" not in err
+    line(TuneProgress(evaluated=40_000, skipped=100, total=10**6, best=5.5, elapsed_s=7.0, reached=50_000,
+                      feasible=1_200, memory_tight=True))
+    err = capsys.readouterr().err
+    assert "memory-tight: 1,200 of 50,000 leaves reached fit" in err and "--time-budget" in err and err.count("\n") == 1
+
+
+def test_a_memory_tight_search_says_so_in_its_progress(mofa_predictor, monkeypatch):
+    """Llama 3 70B on 16 A100 40GBs: its fast layouts do not fit (16 bytes a parameter is 1.1 TB against
+    640 GB of HBM), so the progress the search reports says it is memory-tight, with counts that agree
+    with each other and with the result (reached ≥ evaluated ≥ feasible; fewer than 5 % fitting). A fake
+    clock (a second a reading) makes the search report after every pop, on any machine."""
+    import mofa_framework.tuner as tuner_mod
+
+    clock = itertools.count()
+    monkeypatch.setattr(tuner_mod.time, "perf_counter", lambda: float(next(clock)))
+    reg = mofa_predictor.registry
+    model, hw = reg.model("llama3-70b"), reg.hardware_profile("a100-sxm4-40gb")
+    seen = []
+    result = tune(mofa_predictor, TuneRequest(model=model, hardware=hw, num_gpus=16, global_batch_size=128,
+                                              sequence_length=4096, space=default_space(reg, model, hw, 16, 4096),
+                                              chunk_rows=1024),
+                  progress=seen.append)
+    assert result.best and seen and seen[-1].evaluated <= result.evaluated
+    tight = [p for p in seen if p.memory_tight]
+    assert tight, "a 70B search on 16 A100 40GBs should be memory-bound"
+    assert all(p.reached >= p.evaluated >= p.feasible and p.feasible < 0.05 * p.reached for p in tight)
 
 
 def test_e2e_objective_prints_checkpoint_interval_and_ettr_per_row(tmp_path):

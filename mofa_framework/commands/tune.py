@@ -232,7 +232,15 @@ class _ProgressLine:
         best = "none yet" if p.best is None else f"{p.best:.4g}"
         eta = "?" if p.eta_s is None else f"{p.eta_s:.0f} s"
         click.echo(f"mofa tune: {p.evaluated:,} evaluated, {p.skipped:,} ruled out by bounds of {p.total:,} "
-                   f"({p.fraction:.0%}), best {best}, {p.elapsed_s:.0f} s elapsed, ETA {eta}", err=True)
+                   f"({p.fraction:.0%}), best {best}, {p.elapsed_s:.0f} s elapsed, ETA {eta}{memory_note(p)}",
+                   err=True)
+
+
+def memory_note(p) -> str:
+    """What a memory-tight search is doing while its best stands still (empty otherwise)."""
+    if not p.memory_tight:
+        return ""
+    return f"; memory-tight: {p.feasible:,} of {p.reached:,} leaves reached fit (--time-budget returns the best so far)"
 
 
 @click.command("tune")
@@ -316,8 +324,9 @@ def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, token
 
             def show(p):
                 best = "" if p.best is None else f", best {p.best:.4g}"
+                tight = f", memory-tight: {p.feasible:,} of {p.reached:,} fit" if p.memory_tight else ""
                 bar.update(task, completed=p.fraction, what=f"{p.evaluated:,} evaluated, "
-                                                            f"{p.skipped:,} ruled out{best}")
+                                                            f"{p.skipped:,} ruled out{best}{tight}")
             result = tune(state.predictor(), req, progress=show)
     else:
         result = tune(state.predictor(), req, progress=_ProgressLine())
