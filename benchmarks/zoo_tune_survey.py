@@ -20,27 +20,14 @@ import math
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+from mofa_framework.errors import ConfigError
+from tune_benchmark import _request, _summary
 
 #: training state bytes per parameter (bf16 weights and gradients, fp32 master weights and Adam moments)
 STATE_BYTES_PER_PARAM = 16.0
 SEQUENCE = 4096
-
-CASE = r"""
-import json, sys, time
-from mofa_framework import Predictor
-from mofa_framework.tuner import TuneRequest, default_space, tune
-p = Predictor()
-reg = p.registry
-model, hw = reg.model(sys.argv[1]), reg.hardware_profile(sys.argv[2])
-gpus, gbs, seq = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-req = TuneRequest(model=model, hardware=hw, num_gpus=gpus, global_batch_size=gbs, sequence_length=seq,
-                  space=default_space(reg, model, hw, gpus, seq))
-c0 = time.process_time()
-r = tune(p, req)
-b = r.best[0] if r.best else None
-print(json.dumps({"cpu_s": time.process_time() - c0, "evaluated": r.evaluated,
-                  "best": f"{b.step_time_s:.2f} s, MFU {b.mfu:.1%}" if b else "none fits"}))
-"""
 
 
 def usual_gpus(total_params: float, hbm_bytes: float) -> int:
@@ -54,17 +41,24 @@ def usual_batch(gpus: int) -> int:
 
 
 def run_case(model: str, hardware: str, gpus: int, gbs: int, timeout_s: float) -> dict:
-    t0 = time.perf_counter()
+    """One search in a fresh process (this script with ``--run-case``), stopped after `timeout_s`."""
+    argv = [sys.executable, str(Path(__file__).resolve()), "--run-case", model, hardware, str(gpus), str(gbs)]
     try:
-        out = subprocess.run([sys.executable, "-c", CASE, model, hardware, str(gpus), str(gbs), str(SEQUENCE)],
-                             capture_output=True, text=True, timeout=timeout_s)
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        return {"cpu_s": None, "evaluated": None, "best": f"stopped after {timeout_s:.0f} s of wall time"}
+        return {"search_cpu_s": None, "evaluated": None, "best": f"stopped after {timeout_s:.0f} s of wall time"}
     if out.returncode:
         raise RuntimeError(f"{model} on {gpus} × {hardware} failed: {out.stderr.strip().splitlines()[-1]}")
-    row = json.loads(out.stdout.strip().splitlines()[-1])
-    row["wall_s"] = time.perf_counter() - t0
-    return row
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def search(model: str, hardware: str, gpus: int, gbs: int) -> dict:
+    """The search itself (child process): tune_benchmark's request and summary."""
+    from mofa_framework.tuner import tune
+
+    predictor, req = _request((model, model, hardware, gpus, gbs, SEQUENCE))
+    c0, w0 = time.process_time(), time.perf_counter()
+    return _summary(tune(predictor, req), time.process_time() - c0, time.perf_counter() - w0)
 
 
 def cases(args) -> list[tuple[str, int, int]]:
@@ -89,18 +83,29 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, action="append", help="these GPU counts instead of the two usual scales")
     ap.add_argument("--gbs", type=int, help="global batch (default: from the GPU count)")
     ap.add_argument("--timeout", type=float, default=120.0, help="wall seconds per case")
+    ap.add_argument("--run-case", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    rows = [(m, g, b, run_case(m, args.hardware, g, b, args.timeout)) for m, g, b in cases(args)]
-    rows.sort(key=lambda r: -(r[3]["cpu_s"] if r[3]["cpu_s"] is not None else math.inf))
+    if args.run_case:
+        model, hardware, gpus, gbs = args.run_case
+        print(json.dumps(search(model, hardware, int(gpus), int(gbs))))
+        return
+    if any(g < 1 for g in args.gpus or ()) or (args.gbs is not None and args.gbs < 1) or args.timeout <= 0:
+        ap.error("--gpus, --gbs and --timeout must be positive")
+    try:
+        todo = cases(args)
+    except ConfigError as exc:  # an unknown model or hardware profile: one line, exit 2
+        ap.error(str(exc))
+    rows = [(m, g, b, run_case(m, args.hardware, g, b, args.timeout)) for m, g, b in todo]
+    rows.sort(key=lambda r: -(r[3]["search_cpu_s"] if r[3]["search_cpu_s"] is not None else math.inf))
     print(f"| model | GPUs ({args.hardware}) | gbs | search CPU s | leaves evaluated | best |\n|---|---|---|---|---|---|")
     for m, g, b, r in rows:
-        cpu = f"{r['cpu_s']:.2f}" if r["cpu_s"] is not None else "–"
+        cpu = f"{r['search_cpu_s']:.2f}" if r["search_cpu_s"] is not None else "–"
         ev = f"{r['evaluated']:,}" if r["evaluated"] is not None else "–"
         print(f"| {m} | {g:,} | {b:,} | {cpu} | {ev} | {r['best']} |")
-    done = [r[3]["cpu_s"] for r in rows if r[3]["cpu_s"] is not None]
+    done = [r[3]["search_cpu_s"] for r in rows if r[3]["search_cpu_s"] is not None]
+    med = f"median {sorted(done)[len(done) // 2]:.2f} s, max {max(done):.2f} s" if done else "none finished"
     print(f"\n{len(rows)} searches, {len(rows) - len(done)} stopped; search CPU under 1 s: "
-          f"{sum(c < 1 for c in done)}, under 2 s: {sum(c < 2 for c in done)}, "
-          f"median {sorted(done)[len(done) // 2]:.2f} s, max {max(done):.2f} s")
+          f"{sum(c < 1 for c in done)}, under 2 s: {sum(c < 2 for c in done)}, {med}")
 
 
 if __name__ == "__main__":
