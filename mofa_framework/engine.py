@@ -1204,16 +1204,33 @@ MEMORY_FIELDS = {"weights": "weights_bytes", "gradients": "grads_bytes", "optimi
                  "recompute_working": "working_bytes", "host": "host_bytes"}
 
 
-def memory_floor(pl: Pipelined, lowered: frozenset[str]) -> tuple[FloatArray, FloatArray]:
-    """(GPU bytes, host bytes) per row that no setting of features lowering only the components
-    `lowered` can go below: the rows' memory as they are, those components taken as 0, on the
-    stage with the most. Rows are a search's nodes with such features still off; each of their
-    configurations peaks at least there (the peak is a sum of components, its largest stage)."""
-    mem = _optimizer_and_memory(pl, {}).mem
-    floor = attrs.evolve(mem, **{MEMORY_FIELDS[c]: np.zeros_like(getattr(mem, MEMORY_FIELDS[c])) for c in lowered})
-    gpu = floor.gpu_bytes + pl.state.ctx.hardware.reserved_memory_bytes
+def memory_floor(pl: Pipelined, alternatives) -> tuple[FloatArray, FloatArray]:
+    """(GPU bytes, host bytes) per alternative and row, arrays (alternatives, rows): the rows'
+    memory with the search's leaf features off, then each alternative's memory-lowering features
+    applied to it. An alternative is a tuple of (feature, its rows: on, one option setting), in
+    the order the engine applies them; a feature with no memory transform has the components it
+    declares (``Feature.lowers_memory``) taken as 0. Rows are a search's nodes; each of their
+    leaves peaks at least at the alternative that turns on its memory-lowering features with its
+    options (the others change no component downwards), on the stage with the most."""
+    state = _optimizer_and_memory(pl, {})
     exists = stages_present(pl.state.batch)
-    return (np.where(exists, gpu, -np.inf).max(axis=0), np.where(exists, floor.host_bytes, 0.0).max(axis=0))
+    reserved = pl.state.ctx.hardware.reserved_memory_bytes
+    gpu, host = [], []
+    for alt in alternatives:
+        st = state
+        if alt:
+            batch = attrs.evolve(st.batch, features={**st.batch.features, **{f.name: rows for f, rows in alt}})
+            st = attrs.evolve(st, batch=batch)
+            for feat, rows in alt:
+                fn = feat.acts_in(Phase.memory)
+                if fn is not None:
+                    st = fn(st, rows)
+                else:
+                    st = attrs.evolve(st, mem=attrs.evolve(st.mem, **{
+                        MEMORY_FIELDS[c]: np.zeros_like(getattr(st.mem, MEMORY_FIELDS[c])) for c in feat.lowers_memory}))
+        gpu.append(np.where(exists, st.mem.gpu_bytes + reserved, -np.inf).max(axis=0))
+        host.append(np.where(exists, st.mem.host_bytes, 0.0).max(axis=0))
+    return np.stack(gpu), np.stack(host)
 
 
 def finish(pl: Pipelined, trail: dict | None = None, lean: bool = False, check: bool = True) -> Prediction | Outcome:

@@ -281,18 +281,20 @@ class TuneResult:
 
     def why_empty(self) -> str:
         """One line: which rules emptied the space (rows counted under the first rule they fail)."""
-        if not self.proven_optimal and not self.evaluated:
+        over = self.removed_by.get(OVER_HBM, 0) + self.removed_by.get(OVER_HOST, 0)
+        if not self.proven_optimal and not self.evaluated and not over:
             return (f"the time budget ran out after {self.elapsed_s:.1f} s before any candidate was evaluated: "
                     "give a larger --time-budget")
         if not self.proven_optimal:
+            # the memory floors rule candidates out without evaluating them
+            floored = f", {over:,} over memory (evaluated, or ruled out by their memory floor)" if over else ""
             return (f"the time budget ran out after {self.elapsed_s:.1f} s (the dive for a configuration that fits "
-                    f"included) with none found among {self.evaluated:,} evaluated and {self.unexplored:,} candidates "
-                    "not explored: not proven that none fits; give a larger --time-budget, or none")
+                    f"included) with none found: {self.evaluated:,} evaluated{floored}, {self.unexplored:,} "
+                    "candidates not explored: not proven that none fits; give a larger --time-budget, or none")
         if not self.removed_by:
             return "the search space is empty"
         ranked = sorted(self.removed_by.items(), key=lambda kv: -kv[1])
         rules = "; then ".join(f"{rule} ({n:,})" for rule, n in ranked[:3])
-        over = self.removed_by.get(OVER_HBM, 0) + self.removed_by.get(OVER_HOST, 0)
         if over and not self.feasible:  # what to change comes first (a long line is cut at the end)
             # those the memory floor ruled out were not evaluated: their peak is known from below
             at_least = "" if self.evaluated else "at least "
@@ -899,6 +901,34 @@ class _Level:
 DIVE_GRACE_S = 10.0
 
 
+def memory_alternatives(registry, req: TuneRequest, leaf) -> list[tuple]:
+    """Every setting a leaf may give the leaf features that lower memory (``lowers_memory`` not
+    empty): conflict-free sets of them, each with one of its searched option settings, as tuples of
+    (feature, {option: value}, categorical choices) in the engine's memory-phase order; the empty
+    set first."""
+    order = {f.name: i for i, f in enumerate(registry.features_in_phase(Phase.memory))}
+    lowering = sorted((f for f in leaf if f.lowers_memory), key=lambda f: order.get(f.name, len(order)))
+    settings = {}
+    for f in lowering:
+        enabled, opts, cats = _choice_table(registry, f.name, req.space.features[f.name])
+        settings[f.name] = [(f, {k: v[i] for k, v in opts.items()}, cats) for i in np.flatnonzero(enabled)]
+    out = []
+    for k in range(len(lowering) + 1):
+        for subset in itertools.combinations(lowering, k):
+            names = {f.name for f in subset}
+            if any(c in names for f in subset for c in f.conflicts):
+                continue
+            out += list(itertools.product(*(settings[f.name] for f in subset)))
+    return out
+
+
+def alternative_rows(alternatives: list[tuple], n: int) -> list[tuple]:
+    """:func:`memory_alternatives` as :func:`engine.memory_floor` takes them: (feature, FeatureRows)
+    pairs, on in all `n` rows with the setting's options."""
+    return [tuple((f, FeatureRows(enabled=np.ones(n, bool), options={k: np.full(n, v) for k, v in opts.items()},
+                                  choices=cats)) for f, opts, cats in alt) for alt in alternatives]
+
+
 def dive_deadline(budget_s: float) -> float:
     """Seconds after which a search out of time that has found nothing that fits gives up."""
     return budget_s + max(budget_s, DIVE_GRACE_S)
@@ -951,11 +981,12 @@ class _Search:
         # features that cannot be combined with some other: rows are evaluated in groups that turn
         # on the same ones, so a group skips the others' transforms (their rows would be a minority)
         self.exclusive = [j for j, n in enumerate(all_names) if self.registry.features[n].conflicts]
-        # what the features decided at the leaves may lower in memory (None: anything, no floor)
+        # the settings of the leaf features that lower memory, each a floor of the leaves that take
+        # it (None: a leaf feature that does not say what it lowers, no floor)
         leaf = [self.registry.features[n] for n in all_names
                 if self.registry.features[n].layer is None and self.registry.features[n].pipeline is None]
-        self.lowered = (None if any(f.lowers_memory is None for f in leaf)
-                        else frozenset().union(*(f.lowers_memory for f in leaf)))
+        self.alternatives = (None if any(f.lowers_memory is None for f in leaf)
+                             else memory_alternatives(self.registry, req, leaf))
         self.min_floor = np.inf
 
     def threshold(self) -> float:
@@ -1044,18 +1075,21 @@ class _Search:
         pl = engine.pipeline_phase(batch, self.req.model, self.req.hardware, self.predictor.pm,
                                    **self._engine_args(s_idx))
         bound = _objective(self.req, pl.times.total_s + self.overhead_s, batch)
-        if self.lowered is None or not self.memory_bound():
+        if self.alternatives is None or not self.memory_bound():
             return bound
         return np.stack([bound, *self._floors(pl)])
 
     def _floors(self, pl) -> tuple[np.ndarray, np.ndarray]:
         """(which memory no leaf below a pipeline-level node can fit in — 0 none, 1 the HBM, 2 the
-        host's —, its GPU floor in GiB): the node's memory with the leaf features off, less every
-        component those may lower (``Feature.lowers_memory``), bounds each leaf's from below."""
-        gpu, host = engine.memory_floor(pl, self.lowered)
-        over = np.where(gpu > self.req.hardware.hbm_bytes, 1.0,
-                        np.where(host > self.req.hardware.host_bytes_per_gpu, 2.0, 0.0))
-        return over, gpu / GIB
+        host's —, its GPU floor in GiB): the node's memory with the leaf features off, then each
+        setting of the leaf features that lower memory (:func:`memory_alternatives`); a node is
+        over where every setting is (over the HBM where one is, else the host's)."""
+        gpu, host = engine.memory_floor(pl, alternative_rows(self.alternatives, len(pl.state.batch)))
+        hbm, cap = self.req.hardware.hbm_bytes, self.req.hardware.host_bytes_per_gpu
+        over_hbm, over_host = gpu > hbm, host > cap
+        dead = (over_hbm | over_host).all(axis=0)
+        over = np.where(dead, np.where(over_hbm.any(axis=0), 1.0, 2.0), 0.0)
+        return over, gpu.min(axis=0) / GIB
 
     # ---- expansions
     def _child_rows(self, depth: int, grp, s, sub):
@@ -1201,7 +1235,7 @@ class _Search:
         those may lower (``Feature.lowers_memory``), is a floor of each leaf's; a node over the HBM or
         the host memory there has no leaf that fits. The others are counted as memory failures."""
         n = len(pl.state.batch)
-        if self.lowered is None or len(parent) < 2 * n:  # a floor costs about one leaf per node
+        if self.alternatives is None or len(parent) < 2 * n:  # a floor costs about one leaf per node
             return None
         over, floor_gib = self._floors(pl)
         if not over.any():

@@ -921,10 +921,13 @@ class Feature:
     #: checkpoint holds; the end-to-end model sizes checkpoints by it). None: all of the model's
     trainable_params: Callable | None = None
     #: the memory components (:data:`MEMORY_COMPONENTS`) its memory transform may lower, in any of its
-    #: options and with any other feature on; every other component it keeps or raises. The tuner
-    #: skips the configurations below a node whose memory with the features decided later off, less
-    #: every component those may lower, already exceeds the GPU (or the host). None (the default):
-    #: it may lower any component — always safe
+    #: options and with any other feature on; every other component it keeps or raises. For a feature
+    #: decided at the tuner's leaves (no layer or pipeline transform) the tuner skips the leaves below
+    #: a node over the GPU (or the host) in every setting they may give such features: the node's
+    #: memory with them off, their memory transforms then applied to it in each searched option (one
+    #: with no memory transform: these components taken as 0) — so that transform reads only the
+    #: memory state and the batch, and gives no less for larger inputs. None (the default): it may
+    #: lower any component — always safe, no floor
     lowers_memory: frozenset[str] | None = attrs.field(default=None, converter=_components)
 
     def acts_in(self, phase: Phase) -> Callable | None:
