@@ -325,7 +325,10 @@ class TuneProgress:
 
     @property
     def fraction(self) -> float:
-        return min(1.0, (self.evaluated + self.skipped) / self.total) if self.total else 1.0
+        """Of the candidates, those settled: reached (evaluated, or ruled out by their node's memory
+        floor) or ruled out by a bound."""
+        done = max(self.reached, self.evaluated) + self.skipped
+        return min(1.0, done / self.total) if self.total else 1.0
 
     @property
     def eta_s(self) -> float | None:
