@@ -1207,30 +1207,44 @@ MEMORY_FIELDS = {"weights": "weights_bytes", "gradients": "grads_bytes", "optimi
 def memory_floor(pl: Pipelined, alternatives) -> tuple[FloatArray, FloatArray]:
     """(GPU bytes, host bytes) per alternative and row, arrays (alternatives, rows): the rows'
     memory with the search's leaf features off, then each alternative's memory-lowering features
-    applied to it. An alternative is a tuple of (feature, its rows: on, one option setting), in
-    the order the engine applies them; a feature with no memory transform has the components it
-    declares (``Feature.lowers_memory``) taken as 0. Rows are a search's nodes; each of their
-    leaves peaks at least at the alternative that turns on its memory-lowering features with its
-    options (the others change no component downwards), on the stage with the most."""
+    applied to it (:func:`_with_memory_features`). An alternative is a tuple of (feature, its rows:
+    on, one option setting), in the order the engine applies them. Rows are a search's nodes; each
+    of their leaves peaks at least at the alternative that turns on its memory-lowering features
+    with its options (the others change no component downwards), on the stage with the most."""
     state = _optimizer_and_memory(pl, {})
     exists = stages_present(pl.state.batch)
     reserved = pl.state.ctx.hardware.reserved_memory_bytes
     gpu, host = [], []
     for alt in alternatives:
-        st = state
-        if alt:
-            batch = attrs.evolve(st.batch, features={**st.batch.features, **{f.name: rows for f, rows in alt}})
-            st = attrs.evolve(st, batch=batch)
-            for feat, rows in alt:
-                fn = feat.acts_in(Phase.memory)
-                if fn is not None:
-                    st = fn(st, rows)
-                else:
-                    st = attrs.evolve(st, mem=attrs.evolve(st.mem, **{
-                        MEMORY_FIELDS[c]: np.zeros_like(getattr(st.mem, MEMORY_FIELDS[c])) for c in feat.lowers_memory}))
-        gpu.append(np.where(exists, st.mem.gpu_bytes + reserved, -np.inf).max(axis=0))
-        host.append(np.where(exists, st.mem.host_bytes, 0.0).max(axis=0))
+        mem = _with_memory_features(state, alt).mem
+        gpu.append(np.where(exists, mem.gpu_bytes + reserved, -np.inf).max(axis=0))
+        host.append(np.where(exists, mem.host_bytes, 0.0).max(axis=0))
     return np.stack(gpu), np.stack(host)
+
+
+def _with_memory_features(state: CostState, alt) -> CostState:
+    """`state` with the features of `alt` ((feature, rows) pairs) on and their memory transforms
+    applied in turn; a feature with none has the components it declares (``lowers_memory``) taken
+    as 0."""
+    if not alt:
+        return state
+    registry = state.ctx.pm.registry
+    state = attrs.evolve(state, batch=attrs.evolve(state.batch, features={**state.batch.features,
+                                                                          **{f.name: rows for f, rows in alt}}))
+    for feat, rows in alt:
+        fn = feat.acts_in(Phase.memory)
+        if fn is None:
+            mem = state.mem
+            state = attrs.evolve(state, mem=attrs.evolve(mem, **{
+                MEMORY_FIELDS[c]: np.zeros_like(getattr(mem, MEMORY_FIELDS[c])) for c in feat.lowers_memory}))
+            continue
+        try:
+            state = fn(state, rows)
+        except Exception as exc:  # noqa: BLE001 - as _apply_phase says it
+            plugin = registry.provided_by.get(("features", feat.name), feat.name)
+            raise PluginError(f"feature {feat.name!r} (plugin {plugin!r}) failed in its memory transform (the "
+                              f"tuner's memory floor): {type(exc).__name__}: {exc}") from exc
+    return state
 
 
 def finish(pl: Pipelined, trail: dict | None = None, lean: bool = False, check: bool = True) -> Prediction | Outcome:

@@ -1234,9 +1234,9 @@ class _Search:
 
     def _memory_room(self, pl, parent: np.ndarray) -> np.ndarray | None:
         """The leaves (positions) whose pipeline-level node leaves them room in memory, or None when all
-        do or no floor is worth it: a node's memory with its leaf features off, less every component
-        those may lower (``Feature.lowers_memory``), is a floor of each leaf's; a node over the HBM or
-        the host memory there has no leaf that fits. The others are counted as memory failures."""
+        do or no floor is worth it: a node over the HBM or the host memory in every setting of the
+        leaf features that lower memory (:meth:`_floors`) has no leaf that fits; its leaves are
+        counted as memory failures."""
         n = len(pl.state.batch)
         if self.alternatives is None or len(parent) < 2 * n:  # a floor costs about one leaf per node
             return None

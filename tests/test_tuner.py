@@ -1181,6 +1181,43 @@ def test_memory_floor_bounds_every_leaf(mofa_predictor, model_name, gpus, layout
     assert checked > 100
 
 
+def test_memory_floor_of_a_leaf_feature_without_a_memory_transform(mofa_predictor):
+    """A leaf feature that declares ``lowers_memory`` but has no memory transform (a third party's):
+    the floor takes the components it declares as 0, the others as they are; a transform that fails
+    is one PluginError naming the feature."""
+    from mofa_framework import engine
+    from mofa_framework.batch import FeatureRows
+    from mofa_framework.config import jobs_to_batch
+    from mofa_framework.errors import PluginError
+    from mofa_framework.types import MemoryOptimizer
+
+    reg = mofa_predictor.registry
+    job = mofa_predictor.job({"model": {"name": "llama3-8b"}, "hardware": {"name": "h100-sxm5-80gb", "num_gpus": 16},
+                              "parallel": {"tp": 2, "pp": 2, "micro_batch_size": 1, "global_batch_size": 64,
+                                           "sequence_length": 4096}})
+    nodes = jobs_to_batch([job], reg)
+    pl = engine.pipeline_phase(nodes, job.model, job.hardware, mofa_predictor.pm)
+    rows = FeatureRows(enabled=np.ones(1, bool))
+    off = engine._optimizer_and_memory(pl, {})
+    quiet = MemoryOptimizer(name="third_party_states", description="x", lowers_memory=("optimizer_states",),
+                            optimizer=lambda state, rows: state)
+    floor = engine._with_memory_features(off, [(quiet, rows)]).mem
+    assert (floor.optimizer_bytes == 0).all() and off.mem.optimizer_bytes.max() > 1e9  # 12 B a parameter
+    assert (floor.weights_bytes == off.mem.weights_bytes).all() and (floor.grads_bytes == off.mem.grads_bytes).all()
+    gpu, _ = engine.memory_floor(pl, [(), ((quiet, rows),)])
+    exists = engine.stages_present(nodes)
+    by_hand = np.where(exists, off.mem.gpu_bytes - off.mem.optimizer_bytes, -np.inf).max()
+    assert gpu[1, 0] == pytest.approx(by_hand + job.hardware.reserved_memory_bytes, rel=1e-12) and gpu[1, 0] < gpu[0, 0]
+
+    def broken(state, rows):
+        raise KeyError("shard")
+
+    loud = MemoryOptimizer(name="third_party_broken", description="x", lowers_memory=("optimizer_states",),
+                           memory=broken)
+    with pytest.raises(PluginError, match="third_party_broken.*memory floor.*KeyError"):
+        engine.memory_floor(pl, [((loud, rows),)])
+
+
 def _budget_request(predictor, model_name, hw_name, gpus, gbs, top_k):
     """The time-budget tests' request: recompute, the distributed optimizer and TP overlap, small chunks."""
     reg = predictor.registry
