@@ -907,14 +907,14 @@ DIVE_GRACE_S = 10.0
 def memory_alternatives(registry, req: TuneRequest, leaf) -> list[tuple]:
     """Every setting a leaf may give the leaf features that lower memory (``lowers_memory`` not
     empty): conflict-free sets of them, each with one of its searched option settings, as tuples of
-    (feature, {option: value}, categorical choices) in the engine's memory-phase order; the empty
-    set first."""
+    (feature, {option: value}, categorical choices, index of the choice in ``req.space.features``)
+    in the engine's memory-phase order; the empty set first."""
     order = {f.name: i for i, f in enumerate(registry.features_in_phase(Phase.memory))}
     lowering = sorted((f for f in leaf if f.lowers_memory), key=lambda f: order.get(f.name, len(order)))
     settings = {}
     for f in lowering:
         enabled, opts, cats = _choice_table(registry, f.name, req.space.features[f.name])
-        settings[f.name] = [(f, {k: v[i] for k, v in opts.items()}, cats) for i in np.flatnonzero(enabled)]
+        settings[f.name] = [(f, {k: v[i] for k, v in opts.items()}, cats, int(i)) for i in np.flatnonzero(enabled)]
     out = []
     for k in range(len(lowering) + 1):
         for subset in itertools.combinations(lowering, k):
@@ -929,7 +929,30 @@ def alternative_rows(alternatives: list[tuple], n: int) -> list[tuple]:
     """:func:`memory_alternatives` as :func:`engine.memory_floor` takes them: (feature, FeatureRows)
     pairs, on in all `n` rows with the setting's options."""
     return [tuple((f, FeatureRows(enabled=np.ones(n, bool), options={k: np.full(n, v) for k, v in opts.items()},
-                                  choices=cats)) for f, opts, cats in alt) for alt in alternatives]
+                                  choices=cats)) for f, opts, cats, _ in alt) for alt in alternatives]
+
+
+def alternative_of(alternatives: list[tuple], req: TuneRequest, names: list[str]) -> Callable[[np.ndarray], np.ndarray]:
+    """A function from leaves' choice vectors (rows × `names`, indices into ``req.space.features``,
+    −1 = not set) to the index of their setting in `alternatives` (:func:`memory_alternatives`):
+    which memory-lowering features each turns on, with which choice."""
+    lowering = list(dict.fromkeys(f.name for alt in alternatives for f, *_ in alt))
+    cols = [names.index(n) for n in lowering]
+    radix = np.array([len(req.space.features[n]) + 1 for n in lowering], np.int64)
+    stride = np.concatenate([np.cumprod(radix[::-1])[::-1][1:], [1]]).astype(np.int64) if len(radix) else radix
+    table = np.full(int(np.prod(radix)), -1, np.int64)
+    for a, alt in enumerate(alternatives):
+        table[sum(int(stride[lowering.index(f.name)]) * (i + 1) for f, _, _, i in alt)] = a
+    on = [np.array([c is not None for c in req.space.features[n]] + [False]) for n in lowering]
+
+    def of(choice: np.ndarray) -> np.ndarray:
+        code = np.zeros(len(choice), np.int64)
+        for k, j in enumerate(cols):
+            c = choice[:, j]
+            code += stride[k] * np.where(on[k][c], c + 1, 0)  # −1 (not set) reads the appended False
+        return table[code]
+
+    return of
 
 
 def dive_deadline(budget_s: float) -> float:
@@ -990,6 +1013,8 @@ class _Search:
                 if self.registry.features[n].layer is None and self.registry.features[n].pipeline is None]
         self.alternatives = (None if any(f.lowers_memory is None for f in leaf)
                              else memory_alternatives(self.registry, req, leaf))
+        self.alternative_of = (None if self.alternatives is None
+                               else alternative_of(self.alternatives, req, all_names))
         self.min_floor = np.inf
 
     def threshold(self) -> float:
@@ -1084,15 +1109,19 @@ class _Search:
 
     def _floors(self, pl) -> tuple[np.ndarray, np.ndarray]:
         """(which memory no leaf below a pipeline-level node can fit in — 0 none, 1 the HBM, 2 the
-        host's —, its GPU floor in GiB): the node's memory with the leaf features off, then each
-        setting of the leaf features that lower memory (:func:`memory_alternatives`); a node is
-        over where every setting is (over the HBM where one is, else the host's)."""
-        gpu, host = engine.memory_floor(pl, alternative_rows(self.alternatives, len(pl.state.batch)))
-        hbm, cap = self.req.hardware.hbm_bytes, self.req.hardware.host_bytes_per_gpu
-        over_hbm, over_host = gpu > hbm, host > cap
+        host's —, its GPU floor in GiB): over where every setting of the leaf features that lower
+        memory is (:meth:`_over`; over the HBM where one is, else the host's)."""
+        over_hbm, over_host, floor_gib = self._over(pl)
         dead = (over_hbm | over_host).all(axis=0)
-        over = np.where(dead, np.where(over_hbm.any(axis=0), 1.0, 2.0), 0.0)
-        return over, gpu.min(axis=0) / GIB
+        return np.where(dead, np.where(over_hbm.any(axis=0), 1.0, 2.0), 0.0), floor_gib
+
+    def _over(self, pl) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(over the HBM, over the host memory), arrays (settings, nodes), and each node's GPU floor
+        in GiB: the pipeline-level nodes' memory with the leaf features off, then each setting of the
+        leaf features that lower memory (:func:`memory_alternatives`), a floor of every leaf that
+        takes that setting."""
+        gpu, host = engine.memory_floor(pl, alternative_rows(self.alternatives, len(pl.state.batch)))
+        return gpu > self.req.hardware.hbm_bytes, host > self.req.hardware.host_bytes_per_gpu, gpu.min(axis=0) / GIB
 
     # ---- expansions
     def _child_rows(self, depth: int, grp, s, sub):
@@ -1173,7 +1202,7 @@ class _Search:
         pl = engine.pipeline_phase(self._batch(ps, parent_choice), req.model, req.hardware, self.predictor.pm,
                                    layer_key=self._layer_key(grp, ps, pf), lean=True, **self._engine_args(ps))
         g_idx, s_idx, c_idx, choice, parent, leaf = self._child_rows(len(self.level_kinds), grp, ps, pf)
-        keep = self._memory_room(pl, parent)
+        keep = self._memory_room(pl, parent, choice)
         if keep is not None:
             if not len(keep):
                 return
@@ -1232,21 +1261,25 @@ class _Search:
             rows = ok_rows[front]
             self.staircase = _staircase(*self.staircase, out.step_time_s[rows], out.peak_memory_bytes[rows])
 
-    def _memory_room(self, pl, parent: np.ndarray) -> np.ndarray | None:
-        """The leaves (positions) whose pipeline-level node leaves them room in memory, or None when all
-        do or no floor is worth it: a node over the HBM or the host memory in every setting of the
-        leaf features that lower memory (:meth:`_floors`) has no leaf that fits; its leaves are
-        counted as memory failures."""
+    def _memory_room(self, pl, parent: np.ndarray, choice: np.ndarray) -> np.ndarray | None:
+        """The leaves (positions) with room in memory, or None when all have or no floor is worth it:
+        a leaf whose setting of the leaf features that lower memory (its `choice`) is over the HBM or
+        the host memory on its pipeline-level node (:meth:`_over`) cannot fit; those are counted as
+        memory failures."""
         n = len(pl.state.batch)
         if self.alternatives is None or len(parent) < 2 * n:  # a floor costs about one leaf per node
             return None
-        over, floor_gib = self._floors(pl)
-        if not over.any():
+        over_hbm, over_host, floor_gib = self._over(pl)
+        self.min_floor = min(self.min_floor, float(floor_gib.min()))
+        if not (over_hbm | over_host).any():
             return None
-        per_node = np.bincount(parent, minlength=n)
-        fits = self._count_over(over, floor_gib, per_node)
-        self.floored += int(per_node[~fits].sum())
-        return np.flatnonzero(fits[parent])
+        alt = self.alternative_of(choice)
+        hbm, host = over_hbm[alt, parent], over_host[alt, parent] & ~over_hbm[alt, parent]
+        for reason, hit in ((OVER_HBM, hbm), (OVER_HOST, host)):
+            if hit.any():
+                self.removed[reason] = self.removed.get(reason, 0) + int(hit.sum())
+        self.floored += int((hbm | host).sum())
+        return np.flatnonzero(~(hbm | host))
 
     def _finish(self, pl, parent: np.ndarray, batch: CandidateBatch, s_idx: np.ndarray, choice: np.ndarray):
         """Step time, peak memory and fit of leaves (rows of `batch`, sorted by structure) that

@@ -1181,6 +1181,35 @@ def test_memory_floor_bounds_every_leaf(mofa_predictor, model_name, gpus, layout
     assert checked > 100
 
 
+def test_each_leaf_maps_to_its_memory_setting(mofa_predictor):
+    """``alternative_of`` reads from a leaf's choice vector which setting of the memory-lowering leaf
+    features it takes: a choice that is off (the None choice, or −1 = not set) reads as off, a
+    feature that lowers nothing (dp_overlap) is ignored, and every conflict-free combination maps to
+    the alternative that holds exactly its features and choices."""
+    from mofa_framework.tuner import alternative_of, memory_alternatives
+
+    reg = mofa_predictor.registry
+    model, hw = reg.model("llama3-8b"), reg.hardware_profile("h100-sxm5-80gb")
+    choices = {"dp_overlap": (None, {}), "distributed_optimizer": (None, {}, {"shard_gradients": True}),
+               "cpu_optimizer": (None, {}), "fp32_cross_entropy": ({}, None)}
+    names = list(choices)
+    req = TuneRequest(model=model, hardware=hw, num_gpus=16, global_batch_size=64, sequence_length=4096,
+                      space=SearchSpace(tp=(1,), pp=(1,), vpp=(1,), cp=(1,), ep=(1,), etp=(1,), micro_batch_size=(1,),
+                                        schedules=("1f1b",), features=choices))
+    alts = memory_alternatives(reg, req, [reg.features[n] for n in names])
+    of = alternative_of(alts, req, names)
+    seen = set()
+    for combo in itertools.product(*(range(-1, len(c)) for c in choices.values())):
+        picked = {n: c for n, c in zip(names, combo) if c >= 0 and choices[n][c] is not None}
+        if "distributed_optimizer" in picked and "cpu_optimizer" in picked:
+            continue  # they conflict: no leaf takes both
+        (a,) = of(np.array([combo]))
+        want = {n: c for n, c in picked.items() if n != "dp_overlap"}
+        assert {f.name: i for f, _, _, i in alts[a]} == want, combo
+        seen.add(int(a))
+    assert seen == set(range(len(alts)))
+
+
 def test_memory_floor_of_a_leaf_feature_without_a_memory_transform(mofa_predictor):
     """A leaf feature that declares ``lowers_memory`` but has no memory transform (a third party's):
     the floor takes the components it declares as 0, the others as they are; a transform that fails
