@@ -77,7 +77,7 @@ def _summary(result, cpu_s: float, wall_s: float) -> dict:
     top = result.best[0] if result.best else None
     p = top.parallel if top else {}
     return {"search_cpu_s": cpu_s, "search_wall_s": wall_s, "space": result.space_size, "evaluated": result.evaluated,
-            "ruled_out": getattr(result, "skipped_by_bound", 0),
+            "ruled_out": getattr(result, "skipped_by_bound", 0), "floored": getattr(result, "floored", 0),
             "best": (f"TP{p['tp']} PP{p['pp']} VPP{p['vpp']} CP{p['cp']} EP{p['ep']} mbs{p['micro_batch_size']} "
                      f"{top.schedule}, {top.step_time_s:.2f} s, MFU {top.mfu:.1%}" if top else "none feasible")}
 
@@ -96,6 +96,7 @@ def run_case(name: str) -> dict:
         b = d["best"][0]
         p = b["parallel"]
         return {"space": d["space_size"], "evaluated": d["evaluated"], "ruled_out": d.get("skipped_by_bound", 0),
+                "floored": d.get("ruled_out_by_memory_floor", 0),
                 "search_wall_s": d["elapsed_s"],
                 "best": f"TP{p['tp']} PP{p['pp']} VPP{p['vpp']} CP{p['cp']} mbs{p['micro_batch_size']} "
                         f"{b['schedule']}, {b['step_time_s']:.2f} s, MFU {b['mfu']:.1%}"}
@@ -171,11 +172,14 @@ def table(rows: dict[str, dict]) -> str:
              "| candidates / CPU-s | peak MiB | best |", "|---|---|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
         search_cpu = r.get("search_cpu_s")
-        settled = r["evaluated"] + (0 if name.startswith("exhaustive-") else r["ruled_out"])
+        # decided: evaluated, or ruled out by an exact bound (not in the exhaustive cases, which have
+        # none) or by a node's memory floor (over memory without an evaluation)
+        settled = r["evaluated"] + r.get("floored", 0) + (0 if name.startswith("exhaustive-") else r["ruled_out"])
         rate = f"{settled / search_cpu / 1e6:.2f} M" if search_cpu else "–"
         cpu = f"{r['process_cpu_s']:.2f} / " + (f"{search_cpu:.2f}" if search_cpu else "–")
         wall = f"{r['process_wall_s']:.2f} / {r['search_wall_s']:.2f}"
-        lines.append(f"| {_label(name)} | {r['space']:,} | {r['evaluated']:,} | {r['ruled_out']:,} | {cpu} | {wall} | "
+        floored = f" (+{r['floored']:,} over memory by their node's floor)" if r.get("floored") else ""
+        lines.append(f"| {_label(name)} | {r['space']:,} | {r['evaluated']:,}{floored} | {r['ruled_out']:,} | {cpu} | {wall} | "
                      f"{rate} | {r['peak_mib']:.0f} | {r['best']} |")
     return "\n".join(lines)
 

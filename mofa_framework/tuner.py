@@ -274,6 +274,9 @@ class TuneResult:
     bounded_rows: int = 0
     #: the request's ``memory_headroom_gib``: every configuration kept leaves this much HBM free
     memory_headroom_gib: float = 0.0
+    #: candidates ruled out, without being evaluated, by their pipeline-level node's memory floor
+    #: (counted in ``removed_by`` as over the HBM or the host memory too)
+    floored: int = 0
 
     @property
     def candidates_per_s(self) -> float:
@@ -1532,7 +1535,8 @@ def tune(predictor, req: TuneRequest, progress: Callable[[TuneProgress], None] |
                       elapsed_s=time.perf_counter() - t0, removed_by={k: v for k, v in removed.items() if v},
                       pareto=front, min_peak_memory_gib=_min_peak(search),
                       proven_optimal=proven, unexplored=unexplored if not proven else 0,
-                      bounded_rows=search.bounded_rows if search else 0, memory_headroom_gib=req.memory_headroom_gib)
+                      bounded_rows=search.bounded_rows if search else 0, memory_headroom_gib=req.memory_headroom_gib,
+                      floored=search.floored if search else 0)
 
 
 def _with_headroom(req: TuneRequest) -> TuneRequest:

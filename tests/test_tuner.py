@@ -223,7 +223,7 @@ def test_python_tune_is_the_cli_search(mofa_predictor):
                                               "json", "--top", "3"], catch_exceptions=False).output)
     assert [c.step_time_s for c in res.best] == pytest.approx([b["step_time_s"] for b in out["best"]], rel=1e-12)
     assert [c.parallel["tp"] for c in res.best] == [b["parallel"]["tp"] for b in out["best"]]
-    assert res.evaluated == out["evaluated"]
+    assert res.evaluated == out["evaluated"] and res.floored == out["ruled_out_by_memory_floor"]
     assert mofa.tune(job, values={"tp": (1,), "pp": (1,)}, top_k=1).best[0].parallel["tp"] == 1
     with pytest.raises(ConfigError, match="values: 'tpp'"):
         mofa_predictor.tune(job, values={"tpp": (8,)})
@@ -1352,6 +1352,9 @@ def test_a_memory_tight_search_says_so_in_its_progress(mofa_predictor, monkeypat
     tight = [p for p in seen if p.memory_tight]
     assert tight, "a 70B search on 16 A100 40GBs should be memory-bound"
     assert all(p.reached >= p.evaluated >= p.feasible and p.feasible < 0.05 * p.reached for p in tight)
+    # the leaves the memory floors ruled out: reached, not evaluated, counted as over memory
+    over = result.removed_by.get(tuner_mod.OVER_HBM, 0) + result.removed_by.get(tuner_mod.OVER_HOST, 0)
+    assert 0 < result.floored <= over and seen[-1].reached - seen[-1].evaluated <= result.floored
 
 
 def test_e2e_objective_prints_checkpoint_interval_and_ettr_per_row(tmp_path):

@@ -156,7 +156,8 @@ def _feature_label(name: str, opts: dict, reg) -> str:
 
 
 def _headline(result, req) -> str:
-    what = (f"{result.evaluated:,} candidates evaluated, {result.skipped_by_bound:,} ruled out by bounds, of "
+    floored = f"{result.floored:,} over memory by their node's floor, " if result.floored else ""
+    what = (f"{result.evaluated:,} candidates evaluated, {result.skipped_by_bound:,} ruled out by bounds, {floored}of "
             f"{result.space_size:,} in the space ({result.structures_feasible:,}/{result.structures:,} structures "
             f"feasible), {result.feasible:,} fit"
             + (f" leaving {result.memory_headroom_gib:g} GiB of HBM free" if result.memory_headroom_gib else "")
@@ -348,7 +349,8 @@ def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, token
                     "evaluated": result.evaluated, "feasible": result.feasible,
                     "space_size": result.space_size, "elapsed_s": result.elapsed_s,
                     "candidates_per_s": result.candidates_per_s, "removed_by": result.removed_by,
-                    "skipped_by_bound": result.skipped_by_bound, "proven_optimal": result.proven_optimal,
+                    "skipped_by_bound": result.skipped_by_bound, "ruled_out_by_memory_floor": result.floored,
+                    "proven_optimal": result.proven_optimal,
                     "memory_headroom_gib": result.memory_headroom_gib,
                     "unexplored": result.unexplored,
                     "best": [c.to_dict() for c in result.best], "pareto": [c.to_dict() for c in result.pareto],
