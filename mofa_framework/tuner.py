@@ -1277,7 +1277,9 @@ class _Search:
         if not (over_hbm | over_host).any():
             return None
         alt = self.alternative_of(choice)
-        hbm, host = over_hbm[alt, parent], over_host[alt, parent] & ~over_hbm[alt, parent]
+        known = alt >= 0  # every conflict-free setting is an alternative; a leaf outside them is kept
+        hbm = known & over_hbm[alt, parent]
+        host = known & over_host[alt, parent] & ~hbm
         for reason, hit in ((OVER_HBM, hbm), (OVER_HOST, host)):
             if hit.any():
                 self.removed[reason] = self.removed.get(reason, 0) + int(hit.sum())
