@@ -1370,8 +1370,11 @@ class _Search:
                 if self.feasible or time.perf_counter() - t0 > dive_deadline(req.time_budget_s):
                     return False
             # the smallest bound first; on a tie the deepest level (it reaches a leaf sooner). Out of
-            # time with nothing that fits yet: dive (deepest level first) to the first that does
-            depth = max(live) if out_of_time else min(live, key=lambda i: (levels[i].min(), -i))
+            # time, or memory-bound, with nothing that fits yet: dive (deepest level first) to the
+            # first that does — with no k-th best no bound prunes, and a dive keeps the pending nodes
+            # to a few chunks a level where best-first would hold every level's children at once
+            dive = out_of_time or (self.top.best_value() is None and self.memory_bound())
+            depth = max(live) if dive else min(live, key=lambda i: (levels[i].min(), -i))
             self.expand(depth, *levels[depth].pop(limit, self.budget(depth)))
             now = time.perf_counter()
             if progress is not None and now - last_report > 0.25:

@@ -507,18 +507,19 @@ def test_moe_search_equals_brute_force_for_every_objective(mofa_predictor, objec
 
 
 def test_pipeline_level_nodes_with_no_leaf_in_memory_are_never_popped(mofa_predictor, monkeypatch):
-    """The memory-bound A100 case: a pipeline-level node whose memory floor is over the HBM is dropped
-    when it is bounded (its leaves counted as memory failures), so the search pops fewer of them than
-    with the floors turned off (every node kept, to be ruled out when popped) — for the same optimum.
-    (The leaves evaluated may differ by a few: the nodes ruled out count as reached either way, but
-    at different times, and how many nodes a pop takes depends on those counts.)"""
+    """The memory-bound A100 case (20 GiB of headroom: most layouts do not fit): a pipeline-level node
+    whose memory floor is over the HBM is dropped when it is bounded (its leaves counted as memory
+    failures), so the search pops fewer of them than with the floors turned off (every node kept, to
+    be ruled out when popped) — for the same optimum. (The leaves evaluated may differ by a few: the
+    nodes ruled out count as reached either way, but at different times, and how many nodes a pop
+    takes depends on those counts.)"""
     import mofa_framework.tuner as tuner
 
     reg = mofa_predictor.registry
     jobs, pred, ok = _moe_case(mofa_predictor, "a100-sxm4-80gb")
     space = SearchSpace(**_MOE_SPACE, features={n: feature_choices(reg, n) for n in _MOE_FEATURES})
     req = TuneRequest(model=jobs[0].model, hardware=jobs[0].hardware, num_gpus=16, global_batch_size=32,
-                      sequence_length=4096, space=space, top_k=3, chunk_rows=16)
+                      sequence_length=4096, space=space, top_k=3, chunk_rows=16, memory_headroom_gib=20.0)
     dropped, popped = [], []
     room, evaluate = tuner._Search._room_below, tuner._Search.evaluate
     monkeypatch.setattr(tuner._Search, "_room_below",
@@ -609,18 +610,22 @@ def test_a_memory_bound_search_pops_larger_chunks():
 
 
 def test_the_grown_chunk_keeps_a_memory_bound_search_exact(mofa_predictor, monkeypatch):
-    """The memory-bound A100 case of the brute-force test above with a chunk small enough that the
-    search grows it (its leaves mostly do not fit): the same optimum as brute force and as a fixed
-    chunk of the same size."""
+    """The memory-bound A100 case of the brute-force test above, with 20 GiB of headroom (its leaves
+    mostly do not fit) and a chunk small enough that the search grows it: the same optimum as brute
+    force and as a fixed chunk of the same size."""
     import mofa_framework.tuner as tuner
+    from mofa_framework import engine
+    from mofa_framework.units import GIB
 
     reg = mofa_predictor.registry
     jobs, pred, ok = _moe_case(mofa_predictor, "a100-sxm4-80gb")
-    fits = ok & pred.fits_in_memory
+    room = jobs[0].hardware.hbm_bytes - 20.0 * GIB
+    host = np.where(engine.stages_present(pred.state.batch), pred.state.mem.host_bytes, 0.0).max(axis=0)
+    fits = ok & (pred.peak_memory_bytes <= room) & (host <= jobs[0].hardware.host_bytes_per_gpu)
     best = float(pred.step_time_s[int(np.argmin(np.where(fits, pred.step_time_s, np.inf)))])
     space = SearchSpace(**_MOE_SPACE, features={n: feature_choices(reg, n) for n in _MOE_FEATURES})
     common = dict(model=jobs[0].model, hardware=jobs[0].hardware, num_gpus=16, global_batch_size=32,
-                  sequence_length=4096, space=space, top_k=3)
+                  sequence_length=4096, space=space, top_k=3, memory_headroom_gib=20.0)
     monkeypatch.setattr(tuner, "CHUNK_ROWS", 16)
     grown = []
     budget = tuner._Search.budget
