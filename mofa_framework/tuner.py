@@ -23,7 +23,10 @@ bound of the objective of every configuration below it:
 2 + n. + the pipeline-phase features: the pipeline time (busy, bubble, exposed p2p) — the
    *pipeline level*;
 leaves: every feature set: the optimizer and memory phases finish each one from its
-   pipeline-level node's pipeline (:func:`engine.finish`), and memory is checked.
+   pipeline-level node's pipeline (:func:`engine.finish`), and memory is checked. Before that, a
+   pipeline-level node's memory with the leaf features off, then each setting of those that lower
+   memory (:func:`memory_alternatives`), floors its leaves: a node over in every setting is never
+   pushed, a leaf whose own setting is over is never evaluated.
 
 The step time is the pipeline time plus exposed DP communication, the optimizer and a fixed
 overhead, all ≥ 0 (the optimizer and memory phases cannot change the pipeline); a schedule's
@@ -31,7 +34,9 @@ busy time is ``m·v·(F+B+W)`` per chunk. Levels 2 … 1 + n only run the engine
 the busy time off the engine's stage sums (:func:`engine.busy_terms`). The pending node with
 the smallest bound is expanded first (in vectorised chunks, across every group of structures),
 so the search stops as soon as no pending bound can beat the k-th best configuration found:
-the answer equals brute force. End-to-end objectives grow with the step time and are bounded
+the answer equals brute force. Until something fits, a memory-bound search (and one out of time)
+dives instead — the deepest level first — which finds a first fit sooner and keeps few nodes
+pending; the order never changes the answer. End-to-end objectives grow with the step time and are bounded
 through it. docs/tuning.md states the contracts the bounds rely on and the tests that check them.
 """
 
