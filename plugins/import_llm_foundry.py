@@ -245,7 +245,7 @@ def from_llm_foundry(source: str | Mapping, registry, *, hardware: str | None, n
     registry.hardware_profile(hardware, field="--hardware")
     if not num_gpus:
         raise ConfigError("the GPU count is not in an llm-foundry config (the launcher sets it): give --gpus N")
-    if (cfg.get("tp_config") or {}).get("tensor_parallel_degree", 1) not in (1, None):
+    if section(cfg, "tp_config", "llm-foundry").get("tensor_parallel_degree", 1) not in (1, None):
         raise ConfigError(f"llm-foundry tp_config {cfg['tp_config']}: its tensor parallelism shards the FFN only, "
                           "which MoFa does not model: remove tp_config (FSDP only)")
     notes: list[str] = []

@@ -166,6 +166,8 @@ def test_what_cannot_be_priced_is_one_line(predictor, change, match):
     with pytest.raises(ConfigError, match="tp_config"):
         from_llm_foundry(MPT_7B + "tp_config: {strategy: ffn, tensor_parallel_degree: 2}\n", predictor.registry,
                          hardware=H100, num_gpus=8)
+    with pytest.raises(ConfigError, match="llm-foundry tp_config 2: expected a table of settings"):
+        from_llm_foundry(MPT_7B + "tp_config: 2\n", predictor.registry, hardware=H100, num_gpus=8)
     with pytest.raises(ConfigError, match="not YAML"):
         parse_source("model: [unclosed")
 
