@@ -39,6 +39,7 @@ import click
 
 from mofa_framework import hookimpl
 from mofa_framework.errors import ConfigError
+from mofa_framework.types import Activation
 
 from ._imports import (ATTENTION_KERNELS, ImportedJob, check_batch_splits, hugging_face_job, named_model, output_options,
                        script_options, section)
@@ -199,8 +200,7 @@ def from_deepspeed(source: str | Mapping, registry, *, model: str | None, hardwa
         notes.append("offload_optimizer: priced as ZeRO-Offload (cpu_optimizer) with the gradients reduced as they "
                      "are ready; DeepSpeed's bucket settings are not read")
     elif stage:
-        zopts = _zero_options(zero, stage, spec.hidden_size, str(getattr(spec.activation, "value", spec.activation)) == "swiglu",
-                              notes)
+        zopts = _zero_options(zero, stage, spec.hidden_size, spec.activation is Activation.swiglu, notes)
         accum = str(section(cfg, "data_types", "DeepSpeed").get("grad_accum_dtype", "")).lower()
         if accum == "fp32" and stage == 1:
             zopts["grad_accum_dtype"] = "fp32"

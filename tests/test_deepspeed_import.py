@@ -44,6 +44,9 @@ def test_hugging_faces_zero3_config(predictor):
     assert (zero["stage"], zero["overlap_comm"], zero["reduce_bucket_size"], zero["prefetch_bucket_size"]) == (
         3, "on", 16_777_216, 15_099_494)
     assert zero["modules_per_layer"] == 7  # Llama: q, k, v, o, gate, up, down
+    two_matrix = from_deepspeed(json.dumps(HF_ZERO3), predictor.registry, **{**RUN, "model": "gpt3-175b"},
+                                micro_batch_size=2, global_batch_size=128, precision="bf16")
+    assert two_matrix.job["features"]["deepspeed_zero"]["modules_per_layer"] == 4  # qkv, o, fc1, fc2
     assert r.job["features"]["recompute"] == {"granularity": "full"}
     par = r.job["parallel"]
     assert (par["micro_batch_size"], par["global_batch_size"], par["precision"], par["attention_kernel"]) == (
