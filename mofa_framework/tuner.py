@@ -1186,8 +1186,8 @@ class _Search:
         return fits
 
     def _count_over(self, over: np.ndarray, floor_gib: np.ndarray, leaves: np.ndarray) -> np.ndarray:
-        """Nodes with room (``over == 0``, :meth:`_floors`); the `leaves` below each other node are
-        counted as memory failures (over the HBM or the host memory), the smallest floor kept."""
+        """Nodes (or leaves) with room (``over == 0``: 1 over the HBM, 2 over the host memory only);
+        the `leaves` below each other one are counted as memory failures, the smallest floor kept."""
         self.min_floor = min(self.min_floor, float(floor_gib.min()))
         for reason, code in ((OVER_HBM, 1.0), (OVER_HOST, 2.0)):
             hit = over == code
@@ -1278,18 +1278,15 @@ class _Search:
         if self.alternatives is None or len(parent) < 2 * n:  # a floor costs about one leaf per node
             return None
         over_hbm, over_host, floor_gib = self._over(pl)
-        self.min_floor = min(self.min_floor, float(floor_gib.min()))
         if not (over_hbm | over_host).any():
+            self.min_floor = min(self.min_floor, float(floor_gib.min()))
             return None
         alt = self.alternative_of(choice)
         known = alt >= 0  # every conflict-free setting is an alternative; a leaf outside them is kept
-        hbm = known & over_hbm[alt, parent]
-        host = known & over_host[alt, parent] & ~hbm
-        for reason, hit in ((OVER_HBM, hbm), (OVER_HOST, host)):
-            if hit.any():
-                self.removed[reason] = self.removed.get(reason, 0) + int(hit.sum())
-        self.floored += int((hbm | host).sum())
-        return np.flatnonzero(~(hbm | host))
+        over = np.where(known & over_hbm[alt, parent], 1.0, np.where(known & over_host[alt, parent], 2.0, 0.0))
+        fits = self._count_over(over, floor_gib, np.ones(len(over), np.int64))
+        self.floored += int((~fits).sum())
+        return np.flatnonzero(fits)
 
     def _finish(self, pl, parent: np.ndarray, batch: CandidateBatch, s_idx: np.ndarray, choice: np.ndarray):
         """Step time, peak memory and fit of leaves (rows of `batch`, sorted by structure) that
