@@ -1316,6 +1316,25 @@ def test_a_dive_that_finds_nothing_that_fits_stops_too(mofa_predictor, monkeypat
     assert "not proven that none fits" in cut.why_empty() and "\n" not in cut.why_empty()
 
 
+def test_a_search_where_nothing_fits_dives_and_keeps_few_nodes_pending(mofa_predictor, monkeypatch):
+    """Llama 3 70B on 8 A100 40GBs fits nowhere: with no k-th best no bound prunes, so a memory-bound
+    search with nothing that fits dives (deepest level first) instead of expanding best-first. It
+    proves the same answer with at most a few chunks pending per level: 3,409 nodes at most with
+    chunks of 1,024 (best-first held 20,404)."""
+    import mofa_framework.tuner as tuner_mod
+
+    reg = mofa_predictor.registry
+    model, hw = reg.model("llama3-70b"), reg.hardware_profile("a100-sxm4-40gb")
+    req = TuneRequest(model=model, hardware=hw, num_gpus=8, global_batch_size=64, sequence_length=4096,
+                      space=default_space(reg, model, hw, 8, 4096), chunk_rows=1024)
+    pending, expand = [], tuner_mod._Search.expand
+    monkeypatch.setattr(tuner_mod._Search, "expand", lambda self, depth, *a: pending.append(
+        sum(len(lv) for lv in self.levels)) or expand(self, depth, *a))
+    result = tune(mofa_predictor, req)
+    assert not result.best and result.proven_optimal and "no feasible configuration" in result.why_empty()
+    assert max(pending) <= 4 * req.chunk_rows
+
+
 def test_progress_line_when_not_on_a_terminal(capsys):
     """Not on a TTY: one line on stderr every few seconds with evaluated, ruled out, best and ETA."""
     from mofa_framework.commands.tune import _ProgressLine
