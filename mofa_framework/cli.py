@@ -420,17 +420,23 @@ SCALEOUT_OPTION = click.option(
          "for 4 × 200 Gb/s on 8 GPUs ([hardware] scaleout_bandwidth_gbps; default: the profile's).")
 
 
+#: the job's size flags, each also under its job-file key (``[hardware] num_gpus``, ``[parallel]
+#: global_batch_size`` ...) so a flag spelled as the file spells it is accepted
+GPUS_OPTION = click.option("--gpus", "--num-gpus", "gpus", type=int, help="Number of GPUs.")
+GBS_OPTION = click.option("--gbs", "--global-batch-size", "gbs", type=int, help="Global batch size (sequences).")
+SEQ_OPTION = click.option("--seq", "--sequence-length", "seq", type=int, help="Sequence length.")
+MBS_OPTION = click.option("--mbs", "--micro-batch-size", "mbs", type=int, help="Micro-batch size.")
+
+
 def job_options(f):
     """The flags that describe a job without a file (shared by predict, e2e and tune)."""
     opts = [
         click.option("--model", help="Zoo model name, alias, or a HuggingFace config.json."),
         click.option("--hardware", help="Hardware profile name (see `mofa list-hardware`)."),
-        click.option("--gpus", type=int, help="Number of GPUs."),
+        GPUS_OPTION,
         click.option("--tp", type=int), click.option("--pp", type=int), click.option("--vpp", type=int),
         click.option("--cp", type=int), click.option("--ep", type=int), click.option("--etp", type=int),
-        click.option("--mbs", type=int, help="Micro-batch size."),
-        click.option("--gbs", type=int, help="Global batch size (sequences)."),
-        click.option("--seq", type=int, help="Sequence length."),
+        MBS_OPTION, GBS_OPTION, SEQ_OPTION,
         click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8", "fp4"])),
         click.option("--schedule", help="Pipeline schedule (see `mofa list-plugins`)."),
         click.option("--sequence-parallel/--no-sequence-parallel", default=None),

@@ -84,6 +84,22 @@ def test_predict_from_flags_json(run):
     assert sum(out["breakdown"].values()) == pytest.approx(out["step_time_s"])
 
 
+def test_size_flags_take_the_job_file_names_too(run):
+    """--num-gpus, --global-batch-size, --sequence-length and --micro-batch-size (the job file's keys)
+    are the same flags as --gpus, --gbs, --seq and --mbs, in predict and in tune (with --top-k for --top)."""
+    long = ["--model", "llama3-70b", "--hardware", "h100-sxm5-80gb", "--num-gpus", "64", "--tp", "8", "--pp", "2",
+            "--global-batch-size", "64", "--sequence-length", "4096"]
+    short, named = (json.loads(run("predict", *f, "--mbs", "1", "--format", "json").output) for f in (FLAGS, long))
+    assert named == short
+    assert json.loads(run("predict", *long, "--micro-batch-size", "1", "--format", "json").output) == short
+    space = ["--model", "llama3-70b", "--hardware", "h100-sxm5-80gb", "--tp-values", "8", "--pp-values", "2",
+             "--vpp-values", "1", "--cp-values", "1", "--mbs-values", "1", "--format", "json"]
+    tuned = [json.loads(run("tune", *space, *f).output)["best"]
+             for f in (["--gpus", "64", "--gbs", "64", "--seq", "4096", "--top", "2"],
+                       ["--num-gpus", "64", "--global-batch-size", "64", "--sequence-length", "4096", "--top-k", "2"])]
+    assert tuned[0] == tuned[1] and len(tuned[0]) == 2
+
+
 def test_predict_table_and_jsonl(run, tmp_path):
     job = tmp_path / "j.toml"
     job.write_text('[model]\nname = "llama3-8b"\n[hardware]\nname = "h100-sxm5-80gb"\nnum_gpus = 8\n'

@@ -11,8 +11,8 @@ from pathlib import Path
 import attrs
 import click
 
-from ..cli import (ATTENTION_KERNEL_OPTION, DOCUMENT_LENGTH_OPTION, NUM_LAYERS_OPTION, POWER_LIMIT_OPTION, SCALEOUT_OPTION,
-                   _emit_json, _fmt_s, load_jobs, pass_state)
+from ..cli import (ATTENTION_KERNEL_OPTION, DOCUMENT_LENGTH_OPTION, GBS_OPTION, GPUS_OPTION, NUM_LAYERS_OPTION,
+                   POWER_LIMIT_OPTION, SCALEOUT_OPTION, SEQ_OPTION, _emit_json, _fmt_s, load_jobs, pass_state)
 from ..config import own_network, with_power_limit, with_scaleout_bandwidth
 from ..errors import ConfigError
 from ..limits import LIMITS, check, short
@@ -248,9 +248,9 @@ def memory_note(p) -> str:
 @click.argument("job_files", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("--model", help="Zoo model name, alias, or a HuggingFace config.json.")
 @click.option("--hardware", help="Hardware profile name.")
-@click.option("--gpus", type=int, help="Number of GPUs.")
-@click.option("--gbs", type=int, help="Global batch size (sequences).")
-@click.option("--seq", type=int, help="Sequence length.")
+@GPUS_OPTION
+@GBS_OPTION
+@SEQ_OPTION
 @click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8", "fp4"]))
 @click.option("--tokens", type=float, help="Tokens to train on (needed by the e2e_time and gpu_hours objectives).")
 @click.option("--flash-attention/--no-flash-attention", "flash_attention", default=None,
@@ -271,7 +271,8 @@ def memory_note(p) -> str:
 @click.option("--schedules", help="Schedules to try, comma-separated (default: every installed schedule).")
 @click.option("--features", help="Features to search, comma-separated (default: every tunable installed feature).")
 @click.option("--objective", type=click.Choice(OBJECTIVES), default="step_time", show_default=True)
-@click.option("--top", type=click.IntRange(1, 1000), default=10, show_default=True)
+@click.option("--top", "--top-k", "top", type=click.IntRange(1, 1000), default=10, show_default=True,
+              help="Configurations to list.")
 @click.option("--pareto", is_flag=True, help="Also report the Pareto front of step time vs peak memory.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "markdown", "megatron"]), default="table",
               show_default=True)
