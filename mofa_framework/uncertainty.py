@@ -467,7 +467,8 @@ class Sensitivity:
     #: dotted path in the profile: ``efficiency.gemm_efficiency``, ``memory.hbm_bandwidth_gbps``,
     #: ``compute.peak_tflops`` (every format at once), ``gemm_profile.tflops`` (every row at once)
     parameter: str
-    #: its value (for a table or a per-format mapping: the bf16 / first row's)
+    #: its value (a per-format mapping: the bf16 one; a measured table: its highest bf16 rate, or its
+    #: highest rate when it has no bf16 rows)
     value: float
     #: ∂ ln(step time) / ∂ ln(parameter)
     elasticity: float
@@ -478,6 +479,13 @@ def _scaled(obj, field: str, factor: float):
     v = getattr(obj, field)
     new = {k: x * factor for k, x in v.items()} if isinstance(v, Mapping) else v * factor
     return attrs.evolve(obj, **{field: new})
+
+
+def table_value(rows, col: str) -> float:
+    """The number shown for a measured table's rate column: its highest bf16 rate (the format of
+    ``compute.peak_tflops``'s value), or its highest rate when no row is bf16."""
+    bf16 = [getattr(r, col) for r in rows if getattr(r, "dtype", "bf16") == "bf16"]
+    return float(max(bf16 or [getattr(r, col) for r in rows]))
 
 
 def perturbations(hw) -> list[tuple[str, float, object]]:
@@ -499,7 +507,7 @@ def perturbations(hw) -> list[tuple[str, float, object]]:
             continue
         for col in TABLE_RATES:
             if hasattr(rows[0], col):
-                out.append((f"{f.name}.{col}", float(getattr(rows[0], col)),
+                out.append((f"{f.name}.{col}", table_value(rows, col),
                             lambda k, tab=f.name, col=col: attrs.evolve(
                                 hw, **{tab: tuple(_scaled(r, col, k) for r in getattr(hw, tab))})))
     for f in attrs.fields(type(hw.efficiency)):

@@ -336,6 +336,20 @@ def test_sensitivities_of_the_grounded_profile_follow_its_tables(predictor):
     assert {"gemm_profile.tflops", "attention_profile.tflops", "collective_profile.busbw_gbps"} <= set(names)
     assert "compute.peak_tflops" not in names
     assert _euler_sum(s) == pytest.approx(-1.0, abs=0.02)
+    # a table's value is its highest bf16 rate (H100's: 820 TFLOPS, XLA's best shape at MAMF's level), not
+    # its first row's (7 TFLOPS at 256 × 256 × 256)
+    gemm = next(x for x in s if x.parameter == "gemm_profile.tflops")
+    hw = _job(predictor).hardware
+    assert gemm.value == max(r.tflops for r in hw.gemm_profile if r.dtype == "bf16") == pytest.approx(820, rel=0.01)
+
+
+def test_table_value_falls_back_to_every_row_without_bf16():
+    """A table of fp8 rows only (or of rows without a dtype, as collective tables) shows its highest rate."""
+    from types import SimpleNamespace as Row
+    from mofa_framework.uncertainty import table_value
+    assert table_value([Row(tflops=10.0, dtype="fp8"), Row(tflops=30.0, dtype="fp8")], "tflops") == 30.0
+    assert table_value([Row(tflops=10.0, dtype="bf16"), Row(tflops=30.0, dtype="fp8")], "tflops") == 10.0
+    assert table_value([Row(busbw_gbps=5.0), Row(busbw_gbps=2.0)], "busbw_gbps") == 5.0
 
 
 def test_sensitivities_of_a_batch_equal_one_at_a_time(predictor):
