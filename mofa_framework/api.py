@@ -183,7 +183,7 @@ class Predictor:
         for r in self.constraints(batch, model, hw):
             bad = np.flatnonzero(~np.asarray(r.feasible, bool))
             if len(bad):
-                raise ConfigError(f"{group[bad[0]].name}: {r.reason}")
+                raise ConfigError(f"{group[bad[0]].name}: {r.reason_for(bad[0])}")
         return self.evaluate(batch, model, hw)
 
     def tune(self, job, *, objective: str = "step_time", top_k: int = 10, features=None, schedules=None,

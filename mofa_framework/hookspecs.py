@@ -238,7 +238,10 @@ class MofaSpecs:
         Receives the batch and the model and hardware it is evaluated for. Returns an
         iterable of :class:`~mofa_framework.types.ConstraintResult`, each holding a boolean
         array of the batch's length (``True`` = feasible) and a one-line reason naming the
-        field and the fix. Memory feasibility is added by the engine itself.
+        field and the fix, the same for every row (a search counts the rows it removes under
+        it); an optional ``detail(i)`` gives failing row i's own numbers, which a single job's
+        error appends (``ConstraintResult.reason_for``) and a search never computes. Memory
+        feasibility is added by the engine itself.
 
         A search checks a structure's rules once with every feature off, then each feature
         setting's again (an offload's host memory, a recipe's hardware). A plugin whose rules read

@@ -1060,11 +1060,21 @@ class ConfigSection:
 
 @attrs.frozen(kw_only=True, eq=False)
 class ConstraintResult:
-    """A feasibility mask over a candidate batch and the reason rows fail it."""
+    """A feasibility mask over a candidate batch and the reason rows fail it.
+
+    ``reason`` is the same for every row (a search counts removed rows under it); ``detail``, when
+    given, maps a failing row's index to its own numbers and fix (``": here 63 against ..."``), which
+    a single job's error appends (:meth:`reason_for`) and a search never computes.
+    """
 
     name: str
     feasible: Any  # BoolArray
     reason: str
+    detail: Callable[[int], str] | None = None
+
+    def reason_for(self, row: int) -> str:
+        """The reason row `row` fails, with its own numbers when the rule gives them."""
+        return self.reason + (self.detail(int(row)) if self.detail is not None else "")
 
 
 def dtype_bytes(dtype: str) -> float:

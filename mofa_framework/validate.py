@@ -201,7 +201,7 @@ def prepare(mapped: Sequence[MappedRow], predictor) -> tuple[list[PreparedGroup]
                 if c.name in mapped[members[k][0]].ignore_constraints:
                     continue
                 ok[k] = False
-                reasons[k] = f"{c.name}: {c.reason}"
+                reasons[k] = f"{c.name}: {c.reason_for(k)}"
         for k, reason in reasons.items():
             m = mapped[members[k][0]]
             infeasible.append(SkippedRow(source=m.source, reference=m.reference, row_id=m.row_id,

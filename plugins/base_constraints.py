@@ -34,11 +34,12 @@ def mofa_candidate_constraints(batch, model, hardware):
         reason=f"parallel.tp must divide model.num_attention_heads ({model.num_attention_heads})"
                + (f" and model.num_kv_heads ({model.num_kv_heads})" if split_kv else "")
                + (f" and model.o_groups ({model.o_groups})" if model.o_lora_rank else "")
-               + ": choose a smaller power of two")
+               + ": choose a smaller power of two",
+        detail=_values(tp=t))
     yield from _recurrent_heads(model, t)
     ffn = model.moe_ffn_hidden_size if model.is_moe and not model.num_dense_layers else model.ffn_hidden_size
     yield ConstraintResult(name="tp_divides_ffn", feasible=ffn % t == 0,
-                           reason=f"parallel.tp must divide model.ffn_hidden_size ({ffn})")
+                           reason=f"parallel.tp must divide model.ffn_hidden_size ({ffn})", detail=_values(tp=t))
     sizes = stage_sizes(model, batch)
     held = stages_hold_layers(model, batch, sizes)
     valid = layers_per_stage_valid(model, batch, sizes, held)
@@ -58,13 +59,16 @@ def mofa_candidate_constraints(batch, model, hardware):
     yield ConstraintResult(
         name="gbs_divisible", feasible=(gbs % (dp * b) == 0) & (gbs >= dp * b),
         reason="parallel.global_batch_size must be a multiple of data-parallel size × micro_batch_size "
-               "(data-parallel size = num_gpus / (tp·pp·cp))")
+               "(data-parallel size = num_gpus / (tp·pp·cp))",
+        detail=lambda i: _gbs_values(int(gbs[i]), int(dp[i]), int(b[i])))
     yield ConstraintResult(
         name="cp_divides_sequence", feasible=np.where(c > 1, s % (2 * c) == 0, True),
-        reason="parallel.sequence_length must be divisible by 2 × parallel.cp (load-balanced causal ring attention)")
+        reason="parallel.sequence_length must be divisible by 2 × parallel.cp (load-balanced causal ring attention)",
+        detail=_values(sequence_length=s, cp=c))
     yield ConstraintResult(
         name="sp_divides_sequence", feasible=np.where(batch.sequence_parallel & (t > 1), (s // c) % t == 0, True),
-        reason="parallel.sequence_length / cp must be divisible by parallel.tp with sequence_parallel")
+        reason="parallel.sequence_length / cp must be divisible by parallel.tp with sequence_parallel",
+        detail=_values(sequence_length=s, cp=c, tp=t))
     for fmt in ("fp8", "fp4"):  # a format the GPU has no tensor cores for (as features.fp8 / nvfp4 check)
         rows = batch.precision == PRECISIONS.index(fmt)
         if rows.any() and fmt not in hardware.compute.peak_tflops:
@@ -83,6 +87,20 @@ def mofa_candidate_constraints(batch, model, hardware):
     else:
         yield ConstraintResult(name="ep_needs_moe", feasible=(e == 1) & (etp <= t),
                                reason="parallel.ep > 1 needs an MoE model (num_experts > 0): set ep = 1")
+
+
+def _values(**fields):
+    """A rule's ``detail``: row i's values of `fields` (batch arrays), `` (here tp 3)``."""
+    return lambda i: " (here " + ", ".join(f"{k} {int(v[i])}" for k, v in fields.items()) + ")"
+
+
+def _gbs_values(gbs: int, dp: int, b: int) -> str:
+    """One row's numbers for the global-batch rule, and the nearest global batches that work."""
+    unit = dp * b
+    below, above = gbs // unit * unit, (gbs // unit + 1) * unit
+    near = f"{below} or {above}" if below > 0 else f"{above}"
+    return (f": here {gbs} against data-parallel size {dp} × micro-batch {b} = {unit}; use a global batch "
+            f"of {near}, or change the GPU count or micro-batch")
 
 
 def _ep_values(model, batch, i: int) -> str:
