@@ -267,6 +267,27 @@ def test_hook_mofa_candidate_constraints(mofa_pm, mofa_predictor):
         predict(mofa_predictor)
 
 
+def test_constraint_detail_names_the_refused_row_and_stays_out_of_a_search(mofa_pm, mofa_predictor):
+    """A rule's ``detail(i)`` is appended to a refused job's error with that job's numbers; a search
+    counts the rows it removes under the bare reason (one entry, whatever the rows' numbers)."""
+    from mofa_framework.errors import ConfigError
+
+    class SmallPP:
+        @hookimpl
+        def mofa_candidate_constraints(self, batch, model, hardware):
+            yield ConstraintResult(name="small_pp", feasible=batch.pp <= 2, reason="parallel.pp must be at most 2",
+                                   detail=lambda i: f" (here pp {int(batch.pp[i])})")
+    mofa_pm.register_plugin(SmallPP(), "site_rules")
+    r = ConstraintResult(name="x", feasible=np.ones(1, bool), reason="why", detail=lambda i: f" #{i}")
+    assert r.reason_for(np.int64(3)) == "why #3"
+    assert ConstraintResult(name="x", feasible=np.ones(1, bool), reason="why").reason_for(0) == "why"
+    with pytest.raises(ConfigError, match=r"parallel.pp must be at most 2 \(here pp 4\)"):
+        predict(mofa_predictor, {**JOB, "parallel": {**JOB["parallel"], "pp": 4}})
+    res = mofa_predictor.tune(JOB, values={"pp": (1, 2, 4, 8), "tp": (2,)}, features=(), top_k=1)
+    assert res.removed_by["parallel.pp must be at most 2"] > 0
+    assert not any("(here pp" in k for k in res.removed_by)
+
+
 def _feature_batch(pred):
     """Jobs with features on, one of them breaking a structural rule (TP 3 divides no head count)."""
     from mofa_framework.config import jobs_to_batch
