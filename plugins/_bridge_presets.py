@@ -1,5 +1,5 @@
-"""Megatron-Bridge performance presets and Megatron-Core MoE model-zoo launch commands: settings
-the published tables do not state.
+"""Megatron-Bridge performance presets, Megatron-Core MoE model-zoo launch commands and NeMo 2.0's
+recommended configurations: settings the published tables do not state.
 
 NVIDIA-NeMo/Megatron-Bridge's performance summaries give the model, GPU, precision and layout of
 each run; the features (token dispatcher, 1F1B all-to-all overlap, recompute modules, CUDA graphs,
@@ -71,6 +71,13 @@ _FLEX_DEEPEP = {"flex_dispatcher": {"backend": "deepep"}}
 #: TE per-module CUDA graphs (--cuda-graph-scope attn moe_router moe_preprocess / moe_router moe_preprocess)
 _GRAPHS_ATTN_ROUTER = {"scope": "per_module", "attn": True, "mlp": False, "moe_router": True, "moe_preprocess": True}
 _GRAPHS_ROUTER = {"scope": "per_module", "attn": False, "mlp": False, "moe_router": True, "moe_preprocess": True}
+#: ``enable_cuda_graph`` (Megatron-Core's local graphs of whole transformer layers): the cuda_graphs
+#: feature's full_iteration scope
+_LAYER_GRAPHS = {"cuda_graphs": {"scope": "full_iteration"}}
+#: the 25.09 Qwen3 presets (YAML performance matrices; `utils/helpers.py` set_cuda_graph_overrides: cuda_graphs →
+#: model.enable_cuda_graph; `run_script.py`: apply_moe_token_drop for every Qwen3 run)
+_QWEN3_2509 = (f"{_MB}@cac49dcd7c7475a15e982412dc67da4629392e4b scripts/performance/configs/qwen3/"
+               "qwen3_{30b_a3b,235b_a22b}_llm_pretrain.yaml, scripts/performance/run_script.py and utils/helpers.py")
 #: the two Qwen3 preset versions read (older configs/qwen3 layout, newer configs/qwen) and the GPT-OSS one
 _QWEN3_PRESETS = (f"{_MB}@0fa501acee1ebfe3d1ab8088b638e2089d800df6 scripts/performance/configs/qwen3/workload_base_configs.py"
                   " and @01b2977e518f0a58ec870daba2fb2c04d76a91b2 scripts/performance/configs/qwen/qwen3_workload_base_configs.py")
@@ -106,10 +113,12 @@ BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
                  source=f"{_MB}@fecfbc9a1a2a10c95a843b5983a6d505fc1ecf46 scripts/performance/configs/kimi/"
                         "kimi_workload_base_configs.py (KIMI_K2_PRETRAIN_CONFIG_GB300; the same at 4f910586d and "
                         "in src/megatron/bridge/perf_recipes/kimi/gb300/kimi_k2.py @d98e8a64)"),
-    # Qwen3: flex for every 30B row and for 235B on GB300/GB200/B300 (alltoall on B200/H100)
-    BridgeRecipe(models=("qwen3-30b-a3b",), gpus=(), features=_FLEX,
+    # Qwen3: flex for every 30B row and for 235B on GB300/GB200/B300 (alltoall on B200/H100) from 25.11;
+    # 25.09 ran them with token drop (capacity factor 1, padded), which Megatron-Core allows only with the
+    # alltoall dispatcher (below)
+    BridgeRecipe(models=("qwen3-30b-a3b",), gpus=(), features=_FLEX, since="25.11",
                  source=f"{_MB}@05c0c90fbbf69c7bd57ee93c32f28b840f31484f scripts/performance/configs/qwen/qwen3_llm_pretrain.py"),
-    BridgeRecipe(models=("qwen3-235b-a22b",), gpus=("gb300", "gb200", "b300"), features=_FLEX,
+    BridgeRecipe(models=("qwen3-235b-a22b",), gpus=("gb300", "gb200", "b300"), features=_FLEX, since="25.11",
                  source=f"{_MB}@05c0c90fbbf69c7bd57ee93c32f28b840f31484f scripts/performance/configs/qwen/qwen3_llm_pretrain.py"),
     # 1F1B all-to-all overlap (moe_a2a_overlap) and recompute modules of layout-matched presets
     BridgeRecipe(models=("qwen3-235b-a22b",), gpus=("h100",), features={"ep_overlap": {}},
@@ -196,6 +205,14 @@ BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
                  features={"cuda_graphs": _GRAPHS_ATTN_ROUTER},
                  source=f"{_QWEN3_PRESETS} (GB200 V2, newer only; the older PP8 EP8 GBS1024 layout graphs the full "
                         "iteration)"),
+    # 25.09 (the "qwen3 2509" presets): token drop padded to capacity on every Qwen3 run, so the MoE
+    # layers' shapes are static, and on GB200 `cuda_graphs: true` (enable_cuda_graph: Megatron-Core's
+    # local graphs of whole transformer layers) at the two layouts the rows ran
+    BridgeRecipe(models=("qwen3-30b-a3b",), gpus=("gb200",), layout={"tp": 1, "pp": 1, "ep": 8, "mbs": 4, "gbs": 512},
+                 since="25.09", until="25.09", features=_LAYER_GRAPHS, source=_QWEN3_2509),
+    BridgeRecipe(models=("qwen3-235b-a22b",), gpus=("gb200",), layout={"tp": 2, "pp": 1, "ep": 64, "mbs": 1,
+                                                                       "gbs": 1024},
+                 since="25.09", until="25.09", features=_LAYER_GRAPHS, source=_QWEN3_2509),
     # v0.5.0 (NeMo 26.06) gave the MXFP8 runs of Qwen3-235B (V2: 256 GPUs, GBS 8192) on GB300 / GB200 the EP
     # all-to-all overlap and a full-iteration CUDA graph (and a CuTe-DSL fused grouped MLP and FP8 attention:
     # not modelled); DeepSeek-V3's are above
@@ -322,11 +339,31 @@ MODEL_ZOO_COMMANDS: tuple[BridgeRecipe, ...] = (
                  features=_MOE_ACT_NORM),
 )
 
+#: NeMo 2.0's performance summaries (docs.nvidia.com/nemo-framework) ran the recommended configurations of
+#: NeMo's ``scripts/performance/recommended_model_configs/model_configs_<gpu>.csv``, whose ``cuda_graphs``
+#: column sets ``enable_cuda_graph`` (Megatron-Core's local graphs of whole transformer layers). Read at
+#: NVIDIA/NeMo@96578928a7 (2025-04-07, "GB200 LLM performance scripts tuning": the 25.04 GB200 tables) and
+#: @ea4b47fddc / HEAD (Llama 3 8B's stays 1 through 25.07); the 25.02 B200 and H100 matrices
+#: (@81d94d1501) have no such column: no graphs.
+_NEMO2_DOCS = "docs.nvidia.com/nemo-framework"
+_NEMO2_GB200 = ("NVIDIA/NeMo@96578928a7 scripts/performance/recommended_model_configs/model_configs_gb200.csv "
+                "(cuda_graphs = 1)")
+NEMO2_CONFIGS: tuple[BridgeRecipe, ...] = tuple(
+    BridgeRecipe(models=(m,), gpus=("gb200",), cites=_NEMO2_DOCS, since="25.04", until=until, layout=layout,
+                 features=_LAYER_GRAPHS, source=_NEMO2_GB200)
+    for m, layout, until in (
+        ("gpt3-175b", {"tp": 4, "pp": 4, "vpp": 12, "mbs": 2, "gbs": 256}, "25.04"),
+        ("llama3-8b", {"tp": 1, "pp": 1, "gbs": 128}, ""),
+        ("mixtral-8x7b", {"tp": 1, "pp": 1, "ep": 8, "mbs": 2, "gbs": 256}, "25.04"),
+        ("nemotron-4-15b", {"tp": 1, "pp": 1, "mbs": 2, "gbs": 256}, "25.04"),
+        ("nemotron-4-340b", {"tp": 8, "pp": 4, "vpp": 12, "mbs": 1, "gbs": 32}, "25.04")))
+
 #: every preset and launch command the reader applies, each to the rows citing its document: the
 #: Megatron-Bridge presets to rows citing Megatron-Bridge's performance summaries (its source's), the
-#: model zoo's commands to rows citing its README
+#: model zoo's commands to rows citing its README, NeMo 2.0's recommended configurations to rows citing
+#: its performance summaries
 PRESETS: tuple[BridgeRecipe, ...] = tuple(attrs.evolve(r, cites=r.cites or _MB) for r in BRIDGE_RECIPES) \
-    + MODEL_ZOO_COMMANDS
+    + MODEL_ZOO_COMMANDS + NEMO2_CONFIGS
 
 
 #: Megatron-Bridge's DeepSeek-V3 pipeline layouts (``--pipeline-model-parallel-layout``) by the number

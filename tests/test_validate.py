@@ -436,6 +436,28 @@ def test_megatron_bridge_presets_and_stated_dispatchers_map_to_features():
     # Megatron-Core model zoo: "dispatcher=DeepEP" → flex (deepep); "dispatcher=A2A" → none
     assert feats["MCORE-MZOO-001"]["flex_dispatcher"] == {"backend": "deepep"}
     assert "flex_dispatcher" not in feats["MCORE-MZOO-004"]
+    # 25.09's Qwen3 presets: token drop (the alltoall dispatcher) and, on GB200 at the layouts they name,
+    # whole layers in CUDA graphs (enable_cuda_graph); B200's 25.09 rows ran neither graphs nor flex
+    for rid in ("MB-ARC-258", "MB-ARC-259", "MB-ARC-256", "MB-ARC-257"):
+        assert feats[rid]["cuda_graphs"] == {"scope": "full_iteration"} and "flex_dispatcher" not in feats[rid]
+    assert "flex_dispatcher" not in feats["MB-ARC-266"] and "flex_dispatcher" not in feats["MB-ARC-267"]
+    assert "cuda_graphs" not in feats["MB-ARC-267"]
+
+
+def test_nemo2_rows_run_the_cuda_graphs_of_nemos_recommended_configs():
+    """NeMo 2.0's tables (the external check) get ``enable_cuda_graph`` where NeMo's 25.04 GB200
+    recommended configurations set ``cuda_graphs = 1`` (GPT-3 175B, Llama 3 8B, Mixtral 8×7B,
+    Nemotron-4 15B and 340B), not on Llama 3 70B / 3.1 405B (0) nor on the 25.02 B200 and H100 rows
+    (no such column then); Megatron-Bridge's rows of the same models are not touched by them."""
+    from mofa_framework.api import Predictor
+    from mofa_framework.validate import map_rows
+
+    reg = Predictor().registry
+    mapped, _ = map_rows([Path(__file__).parent / "data" / "external_nemo2.csv"], reg)
+    graphed = {m.row_id for m in mapped if m.job["features"].get("cuda_graphs") == {"scope": "full_iteration"}}
+    assert graphed == {"NEMO2-2504-GB200-01", "NEMO2-2504-GB200-02", "NEMO2-2504-GB200-05",
+                       "NEMO2-2504-GB200-06", "NEMO2-2504-GB200-07", "NEMO2-2507-GB200-01"}
+    assert not any("cuda_graphs" in m.job["features"] for m in mapped if m.row_id not in graphed)
 
 
 def test_llama3_70b_fsdp_rows_offload_the_layers_their_presets_name():
