@@ -78,6 +78,11 @@ _LAYER_GRAPHS = {"cuda_graphs": {"scope": "full_iteration"}}
 #: model.enable_cuda_graph; `run_script.py`: apply_moe_token_drop for every Qwen3 run)
 _QWEN3_2509 = (f"{_MB}@cac49dcd7c7475a15e982412dc67da4629392e4b scripts/performance/configs/qwen3/"
                "qwen3_{30b_a3b,235b_a22b}_llm_pretrain.yaml, scripts/performance/run_script.py and utils/helpers.py")
+#: Llama 3 8B's presets: the 25.09 YAML matrix and the Python ones of v0.2.2 to v0.5.0
+_LLAMA3_8B_PRESETS = (f"{_MB}@cac49dcd7c7475a15e982412dc67da4629392e4b scripts/performance/configs/llama3/"
+                      "llama3_8b_llm_pretrain.yaml; @v0.2.2 scripts/performance/configs/llama3/workload_base_configs.py; "
+                      "@v0.3.0, @v0.4.1, @v0.5.0 scripts/performance/configs/llama/llama3_workload_base_configs.py "
+                      "(LLAMA3_8B_PRETRAIN_CONFIG_{GB200,B200}_{BF16,FP8_CS,FP8_MX}_V1)")
 #: the two Qwen3 preset versions read (older configs/qwen3 layout, newer configs/qwen) and the GPT-OSS one
 _QWEN3_PRESETS = (f"{_MB}@0fa501acee1ebfe3d1ab8088b638e2089d800df6 scripts/performance/configs/qwen3/workload_base_configs.py"
                   " and @01b2977e518f0a58ec870daba2fb2c04d76a91b2 scripts/performance/configs/qwen/qwen3_workload_base_configs.py")
@@ -205,6 +210,12 @@ BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
                  features={"cuda_graphs": _GRAPHS_ATTN_ROUTER},
                  source=f"{_QWEN3_PRESETS} (GB200 V2, newer only; the older PP8 EP8 GBS1024 layout graphs the full "
                         "iteration)"),
+    # Llama 3 8B on 8 GPUs at micro-batch 2 (GBS 128): the whole iteration in one graph (`cuda_graph_impl
+    # local`, `full_iteration`; 25.09's `cuda_graphs: true`) on GB200 and B200 in BF16 and FP8, in every
+    # version read (GB300's presets run micro-batch 4, NVFP4 none)
+    BridgeRecipe(models=("llama3-8b",), gpus=("gb200", "b200"), precision=("BF16", "FP8"),
+                 layout={"tp": 1, "pp": 1, "cp": 1, "mbs": 2, "gbs": 128, "fsdp": False}, features=_LAYER_GRAPHS,
+                 source=_LLAMA3_8B_PRESETS),
     # 25.09 (the "qwen3 2509" presets): token drop padded to capacity on every Qwen3 run, so the MoE
     # layers' shapes are static, and on GB200 `cuda_graphs: true` (enable_cuda_graph: Megatron-Core's
     # local graphs of whole transformer layers) at the two layouts the rows ran
