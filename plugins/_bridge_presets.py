@@ -106,8 +106,10 @@ def _offload(layers: int, of: int) -> dict:
 
 #: Megatron-Bridge performance presets the tables do not state (read at the commits cited)
 BRIDGE_RECIPES: tuple[BridgeRecipe, ...] = (
-    # token dispatcher: the DeepSeek-V3 recipe selects the flex dispatcher (HybridEP) on every GPU
-    BridgeRecipe(models=_DSV3, gpus=(), features=_FLEX,
+    # token dispatcher: the DeepSeek-V3 recipe selects the flex dispatcher (HybridEP) on every GPU, from 25.11:
+    # 25.09's B200 / GB200 runs dropped tokens (run_script.py disables DeepEP for token drop, which needs the
+    # alltoall dispatcher; its H100 runs keep DeepEP, below)
+    BridgeRecipe(models=_DSV3, gpus=(), features=_FLEX, since="25.11",
                  source=f"{_MB}@355cef457010f70533a5c83f1ed97899d0e0af43 src/megatron/bridge/recipes/deepseek/deepseek_v3.py"),
     # Kimi-K2 on GB300 (the rows' PP 4 × VP 4, MBS 2, GBS 4096): HybridEP, mla_up_proj recompute, no
     # CUDA graphs (cuda_graph_scope [])

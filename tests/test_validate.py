@@ -442,6 +442,9 @@ def test_megatron_bridge_presets_and_stated_dispatchers_map_to_features():
         assert feats[rid]["cuda_graphs"] == {"scope": "full_iteration"} and "flex_dispatcher" not in feats[rid]
     assert "flex_dispatcher" not in feats["MB-ARC-266"] and "flex_dispatcher" not in feats["MB-ARC-267"]
     assert "cuda_graphs" not in feats["MB-ARC-267"]
+    # DeepSeek-V3's 25.09 token-drop runs on GB200 / B200 ran the alltoall dispatcher; H100's kept DeepEP
+    assert "flex_dispatcher" not in feats["MB-ARC-254"] and "flex_dispatcher" not in feats["MB-ARC-264"]
+    assert feats["MB-ARC-272"]["flex_dispatcher"] == {"backend": "deepep"}
     # Llama 3 8B at micro-batch 2 on GB200 / B200: the whole iteration, in every preset version read;
     # GB300's rows (micro-batch 2 against its presets' 4) and H100's (FSDP) keep none
     for rid in ("MB-ARC-225", "MB-ARC-226", "MB-ARC-234", "MB-ARC-248", "MB-ARC-261"):
