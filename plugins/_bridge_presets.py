@@ -354,22 +354,37 @@ MODEL_ZOO_COMMANDS: tuple[BridgeRecipe, ...] = (
 
 #: NeMo 2.0's performance summaries (docs.nvidia.com/nemo-framework) ran the recommended configurations of
 #: NeMo's ``scripts/performance/recommended_model_configs/model_configs_<gpu>.csv``, whose ``cuda_graphs``
-#: column sets ``enable_cuda_graph`` (Megatron-Core's local graphs of whole transformer layers). Read at
-#: NVIDIA/NeMo@96578928a7 (2025-04-07, "GB200 LLM performance scripts tuning": the 25.04 GB200 tables) and
-#: @ea4b47fddc / HEAD (Llama 3 8B's stays 1 through 25.07); the 25.02 B200 and H100 matrices
-#: (@81d94d1501) have no such column: no graphs.
+#: column sets ``enable_cuda_graph`` (Megatron-Core's local graphs of whole transformer layers). Every
+#: version from NVIDIA/NeMo@96578928a7 (2025-04-07, "GB200 LLM performance scripts tuning": the 25.04
+#: tables) to @ae861a9c43 (2025-08-27) sets 1 for the layouts below (the Nemotron-H and Qwen3 rows from
+#: June 2025: 25.07); GPT-3 175B on B200, Llama 3 70B on GB200 and Llama 3.1 405B are 0. The 25.02 B200
+#: and H100 matrices (@81d94d1501) have no such column: no graphs.
 _NEMO2_DOCS = "docs.nvidia.com/nemo-framework"
-_NEMO2_GB200 = ("NVIDIA/NeMo@96578928a7 scripts/performance/recommended_model_configs/model_configs_gb200.csv "
-                "(cuda_graphs = 1)")
+_NEMO2_SOURCE = ("NVIDIA/NeMo@96578928a7 to @ae861a9c43 scripts/performance/recommended_model_configs/"
+                 "model_configs_{gpu}.csv (cuda_graphs = 1)")
 NEMO2_CONFIGS: tuple[BridgeRecipe, ...] = tuple(
-    BridgeRecipe(models=(m,), gpus=("gb200",), cites=_NEMO2_DOCS, since="25.04", until=until, layout=layout,
-                 features=_LAYER_GRAPHS, source=_NEMO2_GB200)
-    for m, layout, until in (
-        ("gpt3-175b", {"tp": 4, "pp": 4, "vpp": 12, "mbs": 2, "gbs": 256}, "25.04"),
-        ("llama3-8b", {"tp": 1, "pp": 1, "gbs": 128}, ""),
-        ("mixtral-8x7b", {"tp": 1, "pp": 1, "ep": 8, "mbs": 2, "gbs": 256}, "25.04"),
-        ("nemotron-4-15b", {"tp": 1, "pp": 1, "mbs": 2, "gbs": 256}, "25.04"),
-        ("nemotron-4-340b", {"tp": 8, "pp": 4, "vpp": 12, "mbs": 1, "gbs": 32}, "25.04")))
+    BridgeRecipe(models=(m,), gpus=(gpu,), cites=_NEMO2_DOCS, since=since, layout=layout, precision=precision,
+                 features=_LAYER_GRAPHS, source=_NEMO2_SOURCE.format(gpu=gpu))
+    for gpu, m, layout, precision, since in (
+        ("gb200", "gpt3-175b", {"tp": 4, "pp": 4, "vpp": 12, "mbs": 2, "gbs": 256}, (), "25.04"),
+        ("gb200", "llama3-8b", {"tp": 1, "pp": 1, "gbs": 128}, (), "25.04"),
+        ("gb200", "mixtral-8x7b", {"tp": 1, "pp": 1, "ep": 8, "mbs": 2, "gbs": 256}, (), "25.04"),
+        ("gb200", "nemotron-4-15b", {"tp": 1, "pp": 1, "mbs": 2, "gbs": 256}, (), "25.04"),
+        ("gb200", "nemotron-4-340b", {"tp": 8, "pp": 4, "vpp": 12, "mbs": 1, "gbs": 32}, ("FP8",), "25.04"),
+        ("gb200", "nemotron-h-8b", {"tp": 1, "pp": 1, "mbs": 2, "gbs": 128}, (), "25.07"),
+        ("gb200", "nemotron-h-47b", {"tp": 2, "pp": 1, "mbs": 1, "gbs": 192}, (), "25.07"),
+        ("gb200", "nemotron-h-56b", {"tp": 2, "pp": 1, "mbs": 1}, (), "25.07"),
+        ("gb200", "qwen3-30b-a3b", {"tp": 1, "pp": 1, "ep": 8, "mbs": 1, "gbs": 512}, (), "25.07"),
+        ("gb200", "qwen3-235b-a22b", {"tp": 2, "pp": 1, "ep": 64, "mbs": 1, "gbs": 1024}, (), "25.07"),
+        ("b200", "llama3-8b", {"tp": 1, "pp": 1, "mbs": 2, "gbs": 128}, (), "25.04"),
+        ("b200", "llama3-70b", {"tp": 2, "pp": 4, "cp": 2, "mbs": 1, "gbs": 128}, (), "25.04"),
+        ("b200", "mixtral-8x7b", {"tp": 1, "pp": 1, "ep": 8, "mbs": 2, "gbs": 256}, (), "25.04"),
+        ("b200", "nemotron-4-15b", {"tp": 1, "pp": 1, "mbs": 2, "gbs": 256}, (), "25.04"),
+        ("b200", "nemotron-4-340b", {"tp": 8, "pp": 4, "mbs": 1, "gbs": 32}, (), "25.04"),
+        ("b200", "nemotron-h-8b", {"tp": 1, "pp": 1, "mbs": 2, "gbs": 128}, (), "25.07"),
+        ("b200", "nemotron-h-47b", {"tp": 2, "pp": 1, "mbs": 1, "gbs": 192}, (), "25.07"),
+        ("b200", "nemotron-h-56b", {"tp": 4, "pp": 1, "mbs": 2}, (), "25.07"),
+        ("b200", "qwen3-30b-a3b", {"tp": 1, "pp": 1, "ep": 8, "mbs": 1, "gbs": 512}, (), "25.07")))
 
 #: every preset and launch command the reader applies, each to the rows citing its document: the
 #: Megatron-Bridge presets to rows citing Megatron-Bridge's performance summaries (its source's), the

@@ -466,6 +466,18 @@ def test_nemo2_rows_run_the_cuda_graphs_of_nemos_recommended_configs():
     assert graphed == {"NEMO2-2504-GB200-01", "NEMO2-2504-GB200-02", "NEMO2-2504-GB200-05",
                        "NEMO2-2504-GB200-06", "NEMO2-2504-GB200-07", "NEMO2-2507-GB200-01"}
     assert not any("cuda_graphs" in m.job["features"] for m in mapped if m.row_id not in graphed)
+    # the table covers NeMo 2.0's later B200 / GB200 runs too (every version from 25.04 agrees), not 25.02's
+    from mofa_plugins._bridge_presets import NEMO2_CONFIGS
+
+    def graphed_run(model, gpu, layout, release, precision="FP8"):
+        ref = "https://docs.nvidia.com/nemo-framework/user-guide/latest/performance/performance-summary.html"
+        return any(r.matches(model, gpu, precision, layout, release, ref) for r in NEMO2_CONFIGS)
+    mixtral = {"tp": 1, "pp": 1, "ep": 8, "mbs": 2, "gbs": 256}
+    assert graphed_run("mixtral-8x7b", "b200-sxm-180gb", mixtral, "NeMo 25.07")
+    assert not graphed_run("mixtral-8x7b", "b200-sxm-180gb", mixtral, "NeMo 25.02")
+    assert not graphed_run("gpt3-175b", "b200-sxm-180gb", {"tp": 4, "pp": 4, "vpp": 12, "mbs": 2, "gbs": 256}, "NeMo 25.07")
+    assert not graphed_run("nemotron-4-340b", "gb200-nvl72", {"tp": 8, "pp": 4, "vpp": 12, "mbs": 1, "gbs": 32},
+                           "NeMo 25.04", "BF16")
 
 
 def test_llama3_70b_fsdp_rows_offload_the_layers_their_presets_name():
