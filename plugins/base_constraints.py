@@ -44,15 +44,15 @@ def mofa_candidate_constraints(batch, model, hardware):
     held = stages_hold_layers(model, batch, sizes)
     valid = layers_per_stage_valid(model, batch, sizes, held)
     explicit = (batch.first_stage_layers > 0) | (batch.last_stage_layers > 0)
-    bad = np.flatnonzero(~valid)
     yield ConstraintResult(
         name="pp_splits_layers", feasible=valid,
-        reason=_end_stage_reason(model, batch, bad[0]) if len(bad) and explicit[bad[0]] else
-        f"parallel.pp × parallel.vpp must split model.num_layers ({model.num_layers}) into whole chunks: "
-        "choose pp/vpp dividing it, or set parallel.first_stage_layers / last_stage_layers")
+        reason=f"parallel.pp × parallel.vpp must split model.num_layers ({model.num_layers}) into whole chunks",
+        detail=lambda i: ": " + (_end_stage_reason(model, batch, i) if explicit[i] else
+                                 "choose pp/vpp dividing it, or set parallel.first_stage_layers / last_stage_layers"))
     yield ConstraintResult(
         name="stages_hold_layers", feasible=held,
-        reason=_unplaceable_reason(model, batch, sizes, np.flatnonzero(~held)))
+        reason=f"parallel.pp must place model.num_layers ({model.num_layers}) with every stage holding a layer",
+        detail=lambda i: _unplaceable_values(batch, sizes, i))
     yield ConstraintResult(
         name="vpp_needs_pp", feasible=(batch.vpp == 1) | (batch.pp > 1),
         reason="parallel.vpp > 1 interleaves pipeline stages and needs parallel.pp > 1: set vpp = 1")
@@ -79,11 +79,10 @@ def mofa_candidate_constraints(batch, model, hardware):
                        "choose another precision or GPU")
     if model.is_moe:
         ok = (model.num_experts % e == 0) & ((t * c * dp) % (e * etp) == 0)
-        bad = np.flatnonzero(~ok)
         yield ConstraintResult(
             name="ep_divides_experts", feasible=ok,
             reason=f"parallel.ep must divide model.num_experts ({model.num_experts}) and ep × etp must divide "
-                   "tp × cp × data-parallel size" + (_ep_values(model, batch, bad[0]) if len(bad) else ""))
+                   "tp × cp × data-parallel size", detail=lambda i: _ep_values(model, batch, i))
     else:
         yield ConstraintResult(name="ep_needs_moe", feasible=(e == 1) & (etp <= t),
                                reason="parallel.ep > 1 needs an MoE model (num_experts > 0): set ep = 1")
@@ -139,12 +138,9 @@ def _recurrent_heads(model, t):
                                       f"linear_num_value_heads ({hv}): choose a smaller tp")
 
 
-def _unplaceable_reason(model, batch, sizes: np.ndarray, bad: np.ndarray) -> str:
-    """Why the first row of `bad` cannot place its layers, with its numbers (`sizes`: stage_sizes)."""
-    if not len(bad):
-        return ""
-    i = int(bad[0])
+def _unplaceable_values(batch, sizes: np.ndarray, i: int) -> str:
+    """Row `i`'s split of the layers that leaves a stage empty (`sizes`: stage_sizes), and the fix."""
     first, mid, last = (int(x) for x in sizes[:, i])
-    return (f"parallel.pp = {int(batch.pp[i])} cannot place model.num_layers ({model.num_layers}) with every stage "
-            f"holding a layer (the split would put {first} / {mid} / {last} on the first / each middle / the last "
-            "stage): choose a pp dividing the layers, or set parallel.first_stage_layers / last_stage_layers")
+    return (f" (here pp = {int(batch.pp[i])}: the split would put {first} / {mid} / {last} on the first / each "
+            "middle / the last stage): choose a pp dividing the layers, or set parallel.first_stage_layers / "
+            "last_stage_layers")
