@@ -13,7 +13,7 @@ from .batch import PRECISIONS, CandidateBatch
 from .config import TrainingJob, job_from_dict, jobs_to_batch, load_job as _load_job, own_network
 from .engine import STAGES, Prediction, evaluate
 from .errors import ConfigError, PluginError
-from .invariants import feasible_result, feature_rules
+from .invariants import feasible_result, feature_rules, schedule_rules
 from .manager import MofaPluginManager, get_plugin_manager
 from .types import ConstraintResult, HardwareProfile, ModelSpec
 from .units import GIB
@@ -128,12 +128,9 @@ class Predictor:
 
     def constraints(self, batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfile) -> list[ConstraintResult]:
         """Every feasibility rule of every plugin, plus feature-specific ones."""
-        out = self.plugin_constraints(batch, model, hardware)
+        out = self.plugin_constraints(batch, model, hardware) + schedule_rules(self.registry, batch, model, hardware)
         for code, sched in enumerate(self.registry.schedules.values()):
             rows = batch.schedule == code
-            if sched.feasible is not None and rows.any():
-                r = feasible_result(self.registry, "schedules", sched, batch, rows)
-                out.append(attrs.evolve(r, feasible=r.feasible | ~rows))
             if sched.end_stages is None or not rows.any():
                 continue
             rows = rows & ((batch.first_stage_layers > 0) | (batch.last_stage_layers > 0)) & (batch.pp > 1)

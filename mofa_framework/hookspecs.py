@@ -99,6 +99,15 @@ class MofaSpecs:
         the end GPUs' work is the mean of the first and the last stage's, their parameters
         both stages', and ``inflight`` says in ``Inflight.mirror_*`` how many micro-batches
         of the mirrored stage's activations the GPU holds besides its own.
+
+        A schedule's ``feasible(batch, rows)`` — or ``feasible(batch, rows, model, hardware)``
+        when it reads them — returns one ``ConstraintResult`` whose mask counts only on
+        ``rows`` (the batch's rows using the schedule; the others pass). It may read the rows'
+        features: ``mofa predict`` applies it to the job as given, and ``mofa tune`` to each
+        structure with every feature off and again to the leaves with their features set, so
+        a schedule that runs only in some code base (a fork) can refuse what that code base
+        lacks. ``megatron_unsupported`` names the mainline Megatron-LM flags such a code base
+        does not take (flag → what it does instead): ``mofa tune`` prints them as notes.
         """
 
     @hookspec

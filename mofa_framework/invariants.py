@@ -44,7 +44,7 @@ from .batch import sequence_shapes
 from .decompose import (ATTENTION_BWD_FACTOR, Geometry, attention_mixer_operators, document_tokens,
                         training_flops_per_sequence)
 from .errors import PluginError, PluginResultError
-from .types import ConstraintResult
+from .types import ConstraintResult, positional_count
 
 #: relative tolerance of the additivity checks (float64 sums of a few dozen terms)
 REL_TOL = 1e-6
@@ -343,6 +343,20 @@ def feature_rules(registry, feature, batch, rows) -> list[ConstraintResult]:
         out.append(attrs.evolve(r, feasible=r.feasible | ~np.asarray(rows.enabled, bool)))
     sched = schedule_result(registry, feature, batch, rows)
     return out if sched is None else [*out, sched]
+
+
+def schedule_rules(registry, batch, model, hardware) -> list[ConstraintResult]:
+    """Each pipeline schedule's ``feasible`` rule over the rows that use it (the others pass), with
+    the model and hardware profile for a rule that takes them."""
+    out = []
+    for code, sched in enumerate(registry.schedules.values()):
+        rows = np.asarray(batch.schedule) == code
+        if sched.feasible is None or not rows.any():
+            continue
+        extra = (model, hardware) if positional_count(sched.feasible) >= 4 else ()
+        r = feasible_result(registry, "schedules", sched, batch, rows, "feasible", *extra)
+        out.append(attrs.evolve(r, feasible=r.feasible | ~rows))
+    return out
 
 
 def feasible_result(registry, kind: str, record, batch, rows, rule: str = "feasible", *args):

@@ -57,7 +57,7 @@ from .batch import (ATTENTION_KERNELS, PRECISIONS, CandidateBatch, FeatureRows, 
 from .config import SearchSection, structure
 from .engine import Prediction
 from .errors import ConfigError
-from .invariants import feature_rules
+from .invariants import feature_rules, schedule_rules
 from .limits import short
 from .types import HardwareProfile, MegatronContext, ModelSpec, Phase
 from .units import GIB
@@ -1225,10 +1225,12 @@ class _Search:
                 bad = ~r.feasible & ok
                 self.removed[r.reason] = self.removed.get(r.reason, 0) + int(bad.sum())
                 ok &= ~bad
-        # the plugins' rules again, now with the features on (host memory of the offloads, cp_a2a's
-        # heads, fp8's MX recipe): the structures passed them with every feature off, and the rules
-        # declared blind to features cannot fail now
-        for r in self.predictor.plugin_constraints(batch, req.model, req.hardware, feature_rules_only=True):
+        # the plugins' and the schedules' rules again, now with the features on (host memory of the
+        # offloads, cp_a2a's heads, fp8's MX recipe, the features a fork's schedule cannot run): the
+        # structures passed them with every feature off, and the plugin rules declared blind to
+        # features cannot fail now
+        rules = self.predictor.plugin_constraints(batch, req.model, req.hardware, feature_rules_only=True)
+        for r in rules + schedule_rules(registry, batch, req.model, req.hardware):
             bad = ~np.asarray(r.feasible, bool) & ok
             if bad.any():
                 self.removed[r.reason] = self.removed.get(r.reason, 0) + int(bad.sum())
@@ -1763,4 +1765,7 @@ def megatron_arguments(model: ModelSpec, cand: Candidate, registry) -> tuple[lis
             lines.append(tok)
         elif lines and lines[-1] != "":
             lines[-1] += f" {tok}"
-    return [ln for ln in lines if ln], notes
+    # flags the schedule's code base (a fork) does not take: a note with what it does instead
+    unsupported = sched.megatron_unsupported
+    notes += [f"{ln}: {unsupported[ln.split()[0]]}" for ln in lines if ln and ln.split()[0] in unsupported]
+    return [ln for ln in lines if ln and ln.split()[0] not in unsupported], notes

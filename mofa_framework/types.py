@@ -938,12 +938,12 @@ class Feature:
         ``megatron_args(options)``, or ``megatron_args(options, context)`` when it takes two."""
         if self.megatron_args is None:
             return []
-        return list(self.megatron_args(options, context) if _positional_count(self.megatron_args) >= 2
+        return list(self.megatron_args(options, context) if positional_count(self.megatron_args) >= 2
                     else self.megatron_args(options))
 
 
 @functools.lru_cache(maxsize=256)
-def _positional_count(fn: Callable) -> int:
+def positional_count(fn: Callable) -> int:
     """Positional parameters `fn` takes (a ``*args`` counts as many)."""
     params = inspect.signature(fn).parameters.values()
     if any(p.kind is p.VAR_POSITIONAL for p in params):
@@ -1027,8 +1027,15 @@ class PipelineSchedule:
     #: optional ``(p, v, m) -> (mb -> [(stage, chunk), ...])``: the hops each micro-batch's forward
     #: takes (V shapes, bidirectional pipelines); None = Megatron's interleaved placement
     route: Callable | None = None
-    #: optional ``(batch, rows: BoolArray) -> ConstraintResult`` for rows using this schedule
+    #: optional ``(batch, rows: BoolArray) -> ConstraintResult`` for rows using this schedule, or
+    #: ``(batch, rows, model, hardware)`` when the rule reads the model or the hardware profile. It may
+    #: read the rows' features (``batch.feature(name)``): a search calls it on each structure with
+    #: every feature off and again on the leaves once their features are set
     feasible: Callable | None = None
+    #: Megatron-LM flags the code base that runs this schedule does not take (a fork's), each with
+    #: what to do there instead: :func:`mofa_framework.tuner.megatron_arguments` prints such a flag
+    #: as a note instead of in the command line. Empty: mainline Megatron-LM takes every flag
+    megatron_unsupported: Mapping[str, str] = attrs.field(factory=dict)
     #: optional ``(batch, rows: BoolArray, num_layers: int) -> ConstraintResult``: which explicit
     #: end-stage sizes (``rows``: this schedule with ``first_stage_layers`` / ``last_stage_layers``
     #: set) its implementation can place; None = any (Megatron-Core's layout arguments)
