@@ -677,6 +677,9 @@ def from_args(words_or_flags, registry, *, hardware: str | None, num_gpus: int |
                 "global_batch_size": gbs, "sequence_length": seq,
                 "sequence_parallel": a.has("--sequence-parallel") and par["tp"] > 1,
                 "precision": _precision(a, notes), "flash_attention": _flash_attention(a)}
+    if (a.value("--transformer-impl") or "").lower() == "local" and parallel["flash_attention"]:
+        # Megatron's local transformer (no Transformer Engine) calls the flash_attn package: FlashAttention-2
+        parallel["attention_kernel"] = "fa2"
     job: dict[str, Any] = {"name": name, "model": model_table, "hardware": {"name": hardware, "num_gpus": num_gpus},
                            "parallel": parallel}
     sched = [s.name for s in registry.schedules.values() if s.from_megatron is not None and s.from_megatron(a)]

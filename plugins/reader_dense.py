@@ -11,7 +11,8 @@ and the ``*_dense.csv`` twins of NVIDIA's tables. What it knows, by the ``framew
   ZeRO stage runs the ``deepspeed_zero`` plugin at that stage (a 2021 ZeRO-3 run with DeepSpeed
   2021's stage-3 defaults, :func:`deepspeed_2021`); DeepSpeed's pipeline engine cannot interleave;
 - the ZeroBubble fork: its schedules (1F1B, interleaved, ZB-1p / ZB-2p / ZB-V) with the end stages
-  one layer lighter;
+  one layer lighter, in fp16 where the precision is not stated (its scripts pass ``--fp16``, and its
+  optimizer post-validation, which the ZB-2p and ZB-V runs use, asserts it);
 - torchtitan: float8 through torchao (``fp8`` with ``weight_cache`` and ``fp8_activations`` off; its
   "rowwise" recipe as ``rowwise``); FSDP2 under a pipeline keeps parameters gathered and gradients unsharded in fp32
   (the distributed optimizer, ZeRO-1); an FSDP rank with no stated micro-batch runs its whole
@@ -367,6 +368,10 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
     tp = ctx.count(r, "tp", 1)
     vpp, cp = ctx.count(r, "vpp", 1), ctx.count(r, "cp", 1)
     prec, lowp, lowp_options = precision(ctx.text(r, "precision"))
+    if "zero-bubble" in fw and lowp is None and "bf16" not in ctx.text(r, "precision").lower():
+        # the fork's scripts train in fp16 (examples/pretrain_zero_bubble.sh: --fp16 unless FP32), and its
+        # optimizer post-validation, which its ZB-2p / ZB-V runs use, asserts --fp16 (zbpp_utils.py)
+        prec = "fp16"
     sched_text = ctx.text(r, "pp_schedule")
     notes = ctx.text(r, "notes")
     old_megatron = any(k in fw for k in ("Megatron-LM (2021", "Megatron-LM (2022", "PTD-P", "zero-bubble"))

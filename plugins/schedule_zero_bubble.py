@@ -30,6 +30,13 @@ stage start the next step as soon as its own work is done: the step time is the 
 cooldown backward, and per steady pair as the pipeline phase leaves it; ZB-V moves
 twice the p2p traffic of 1F1B (2 chunks).
 
+**Where they run.** The three schedules exist in the sail-sg/zero-bubble-pipeline-parallelism fork
+(ZB-H1 also in Megatron-DeepSpeed's pipeline engine), whose ZeroBubble runtime runs Megatron's
+legacy GPT model on the local transformer. Each schedule's rule (:func:`fork_feasible`) refuses
+what that code base cannot run — Transformer Engine's kernels and FP8, CP, DP overlap, PP 1, the
+models and features it lacks, ZB-H2 / ZB-V outside fp16 — so `mofa tune` never recommends a run
+nobody can launch (docs/schedules.md, *What the ZeroBubble fork runs*).
+
 ``op_order(p, v, m)`` gives each schedule's per-stage op list for
 :func:`mofa_framework.simulate.simulate`: ZB-H1 is 1F1B with B and W split and stage j's
 W delayed by j; ZB-H2 and ZB-V are found by the paper's greedy heuristic
@@ -41,9 +48,12 @@ from __future__ import annotations
 import numpy as np
 
 from mofa_framework import hookimpl
+from mofa_framework.batch import ATTENTION_KERNELS, PRECISIONS
 from mofa_framework.engine import Inflight, PipelineTimes
 from mofa_framework.simulate import greedy_order
 from mofa_framework.types import ConstraintResult, PipelineSchedule
+
+from ._attention_kernels import resolve
 
 
 def _zb_times(x, n_w, chunks, w_credit, adaptive: bool = False) -> PipelineTimes:
@@ -177,13 +187,136 @@ def op_order_v(p: int, v: int, m: int, F=1.0, B=1.0, W=1.0) -> list[list[tuple[s
     return greedy_order(p=p, v=2, m=m, limit=lambda s: 2 * p, route=v_route(p), F=F, B=B, W=W)
 
 
-def feasible_v(batch, rows):
-    """ZB-V's V shape is exactly two chunks per stage."""
-    return ConstraintResult(name="zb_v_two_chunks", feasible=batch.vpp == 2,
-                            reason="pipeline.schedule zb-v runs exactly two chunks per stage: set parallel.vpp = 2")
-
-
 FORK = "sail-sg/zero-bubble-pipeline-parallelism fork"
+#: how the fork's ZeroBubble runtime must be started (docs/zero-bubble/pipeline_parallel_runtime.md
+#: at 39f2c18, 2025-05-07: "the current codebase does not support transformer-engine"; its
+#: zero-bubble-v0.1.0 tag of 2024-11 asserts ``--transformer-impl local`` for zero bubble): Megatron's
+#: legacy GPT model on the local transformer, whose attention is FlashAttention-2 (``--use-flash-attn``)
+#: and whose ``validate_arguments`` (megatron/core/zbpp_utils.py) asserts untied embeddings
+FORK_RUNTIME = ("--use-legacy-models --transformer-impl local --enable-zb-runtime --untie-embeddings-and-output-weights "
+                "--use-flash-attn")
+#: the features the fork runs beside its schedules, and the settings of their options it has (each
+#: option's allowed values; an option not listed may take any). Any other feature is refused: the
+#: legacy model on the local transformer has no Transformer Engine (FP8 / FP4 GEMMs, TP comm
+#: overlap), no context parallelism ("not supported in legacy models"), none of Megatron-Core's
+#: later flags (Megatron-FSDP, the CPU optimizer, activation offloading, CUDA graphs, recompute
+#: modules, the precision-aware optimizer); and it keeps DP's gradient reduce out of the step
+#: (``WeightGradStore.is_supported`` turns the B/W split off with ``--overlap-grad-reduce``, and with
+#: the distributed optimizer ``validate_arguments`` asserts both DP overlaps off)
+FORK_FEATURES = {
+    "distributed_optimizer": {"shard_gradients": (False,), "grad_reduce_dtype": ("fp32",),
+                              "exp_avg_dtype": ("fp32",), "exp_avg_sq_dtype": ("fp32",), "main_params_dtype": ("fp32",)},
+    "recompute": {"granularity": ("selective", "full"), "moe_act": (False,), "layernorm": (False,),
+                  "mla_up_proj": (False,), "mlp": (False,), "moe": (False,), "shared_experts": (False,)},
+    "pp_overlap": {},  # the fork's default (--no-overlap-p2p-communication turns it off)
+    "eager_kernels": {},
+    "fp32_cross_entropy": {},
+    "kernel_scaling": {},
+}
+#: features whose rows run a ZeroBubble schedule in another code base, which the fork's rule leaves
+#: to that feature's own rules: DeepSpeed's pipeline engine runs ZB-H1 in Megatron-DeepSpeed
+#: (``--enable-zbh1-pipeline``)
+OTHER_CODE_BASES = ("deepspeed_zero",)
+#: mainline flags the fork does not take, and what it does instead
+FORK_UNSUPPORTED = {"--overlap-p2p-communication": f"not a flag of the {FORK}, which overlaps the pipeline's "
+                                                   "sends and receives by default (--no-overlap-p2p-communication "
+                                                   "turns it off)"}
+
+
+def fork_model_reason(model) -> str:
+    """Why the fork's legacy GPT model cannot be `model`, with the fix ("" when it can): a plain
+    decoder of attention and dense MLP layers with untied embeddings."""
+    plain = all(b.mixer == "attention" and b.attention in ("model", "full") and b.ffn == "dense" and not b.output_gate
+                for b in model.block_kinds.values())
+    other = "use 1f1b or interleaved-1f1b"
+    if model.is_moe:
+        return f"its legacy GPT model has only Megatron's 2023 Switch MLP (top-1 sinkhorn routing), not the MoE layer " \
+               f"MoFa prices: {other}"
+    if model.is_mla or model.sliding_window or model.num_mtp_layers or not plain:
+        return f"its legacy GPT model is attention + dense MLP only (no MLA, windowed attention, Mamba or MTP " \
+               f"layers): {other}"
+    if model.tied_embeddings:
+        return f"it asserts --untie-embeddings-and-output-weights, and this model ties its embeddings: untie them " \
+               f"(the model's tied_embeddings = false), or {other}"
+    return ""
+
+
+def _option_ok(rows, option: str, allowed: tuple) -> np.ndarray:
+    """Rows whose `option` takes one of the `allowed` values (a categorical by name, others by value)."""
+    if option in rows.choices:
+        return np.logical_or.reduce([rows.choice(option, a) for a in allowed])
+    try:
+        values = np.asarray(rows.options[option], dtype=np.float64)
+    except KeyError:  # an option this version of the feature does not have
+        return np.ones(len(rows.enabled), bool)
+    return np.isin(values, [float(a) for a in allowed])
+
+
+def _layout_causes(batch, model, hardware, post_validation: bool, v_shape: bool) -> list[tuple[np.ndarray, str]]:
+    """(rows, why and fix) the fork cannot run for their model, layout, precision or kernel."""
+    n, precision = len(batch), np.asarray(batch.precision)
+    kernel = resolve(np.asarray(batch.attention_kernel), hardware.compute.architecture)
+    out = [(np.asarray(batch.vpp) != 2, "zb-v runs exactly two chunks per stage (--zero-bubble-v-schedule makes "
+                                        "them): set parallel.vpp = 2")] if v_shape else []
+    out += [
+        (np.full(n, bool(fork_model_reason(model))), fork_model_reason(model)),
+        (np.asarray(batch.pp) < 2, "it asserts pipeline parallelism for zero bubble: set parallel.pp ≥ 2, or use 1f1b"),
+        (np.asarray(batch.cp) > 1, "its legacy model has no context parallelism: set parallel.cp = 1"),
+        (~np.isin(precision, [PRECISIONS.index("bf16"), PRECISIONS.index("fp16")]),
+         "FP8 / FP4 GEMMs need Transformer Engine, which it does not run: set parallel.precision = 'bf16' or 'fp16'"),
+    ]
+    if post_validation:
+        out.append((precision != PRECISIONS.index("fp16"),
+                    "this schedule's zero bubble needs its optimizer post-validation "
+                    "(--enable-optimizer-post-validation), which it asserts only with --fp16: set parallel.precision "
+                    "= 'fp16', or use zb-h1"))
+    out.append((np.asarray(batch.flash_attention, bool) & (kernel != ATTENTION_KERNELS.index("fa2")),
+                "its local transformer's attention is FlashAttention-2 (--use-flash-attn): set "
+                "parallel.attention_kernel = 'fa2'"))
+    return out
+
+
+def _feature_causes(batch) -> list[tuple[np.ndarray, str]]:
+    """(rows, why and fix) with a feature the fork lacks, or one of its options at a value it lacks."""
+    out = []
+    for name in sorted(batch.features):
+        f = batch.feature(name)
+        on = np.asarray(f.enabled, bool)
+        if not on.any() or name in OTHER_CODE_BASES:
+            continue
+        if name not in FORK_FEATURES:
+            out.append((on, f"it has no {name}: turn features.{name} off"))
+            continue
+        out += [(on & ~_option_ok(f, option, allowed),
+                 f"it runs features.{name} only with {option} = {' or '.join(map(repr, allowed))}")
+                for option, allowed in FORK_FEATURES[name].items()]
+    return out
+
+
+def fork_feasible(post_validation: bool, v_shape: bool = False):
+    """The schedule's rule: what the fork runs (:data:`FORK_RUNTIME`) — for ZB-V two chunks per stage
+    (``--zero-bubble-v-schedule`` makes them), a pipeline (``validate_arguments`` asserts pp > 1 for
+    zero bubble), no context parallelism, GEMMs in bf16 or fp16 (fp16 only where the schedule's
+    zero bubble needs the fork's optimizer post-validation, which asserts ``--fp16``),
+    FlashAttention-2, the model the legacy GPT code builds (:func:`fork_model_reason`), and only
+    :data:`FORK_FEATURES`. Rows with a feature of :data:`OTHER_CODE_BASES` on pass (that code base's
+    rules apply). The detail names each refused row's first cause and its fix."""
+
+    def rule(batch, rows, model, hardware):
+        causes = _layout_causes(batch, model, hardware, post_validation, v_shape) + _feature_causes(batch)
+        elsewhere = np.logical_or.reduce([np.asarray(batch.feature(f).enabled, bool) for f in OTHER_CODE_BASES])
+        bad = np.logical_or.reduce([m for m, _ in causes]) & rows & ~elsewhere
+
+        def detail(i: int) -> str:
+            return next(f": {why}" for m, why in causes if m[i])
+
+        return ConstraintResult(name="zb_fork", feasible=~bad, detail=detail,
+                                reason=f"the ZeroBubble schedules run in the {FORK} (Megatron's legacy GPT model on "
+                                       "the local transformer, no Transformer Engine), which cannot run this "
+                                       "configuration")
+    return rule
+
+
 #: the fork (Megatron-LM of 2024) has no --decoder-first/last-pipeline-num-layers: it splits the
 #: layers evenly, or with ``--allow-padding-num-layers`` pads them to a multiple of pp and takes the
 #: k padded layers off chunks -1, 0, 1, … in its chunk order (``get_offset`` in
@@ -239,10 +372,10 @@ def _padding_note(model, parallel, v_shape: bool) -> list[str]:
 
 
 def fork_arguments(flags: str):
-    """ZB-H1 / ZB-H2 in the sail-sg fork: its flags, and the padding that places a split whose
-    layers are not a multiple of pp (no layout arguments: the fork has none)."""
+    """ZB-H1 / ZB-H2 in the sail-sg fork: its runtime's flags and the schedule's, and the padding that
+    places a split whose layers are not a multiple of pp (no layout arguments: the fork has none)."""
     def args(model, parallel) -> list[str]:
-        return [f"# {FORK}: {flags}", *_padding_note(model, parallel, v_shape=False)]
+        return [f"# {FORK}: {FORK_RUNTIME} {flags}", *_padding_note(model, parallel, v_shape=False)]
     return args
 
 
@@ -275,8 +408,8 @@ def megatron_args_v(model, parallel) -> list[str]:
     """ZB-V in the sail-sg fork: ``--zero-bubble-v-schedule`` splits every stage into its two V
     chunks itself (no virtual-pipeline arguments); its bubble assumes optimizer post-validation.
     Layers not a multiple of pp need ``--allow-padding-num-layers`` (the padding off rank 0)."""
-    return [f"# {FORK}: --zero-bubble-v-schedule --enable-optimizer-post-validation (two V-shaped chunks "
-            "per stage; no virtual-pipeline arguments)", *_padding_note(model, parallel, v_shape=True)]
+    return [f"# {FORK}: {FORK_RUNTIME} --zero-bubble-v-schedule --enable-optimizer-post-validation (two "
+            "V-shaped chunks per stage; no virtual-pipeline arguments)", *_padding_note(model, parallel, v_shape=True)]
 
 
 ZB_H1 = PipelineSchedule(
@@ -285,6 +418,7 @@ ZB_H1 = PipelineSchedule(
     time=time_h1, inflight=inflight_h1, supports_vpp=False, equation="ZB-H1 (Qi et al. 2023)",
     min_microbatches=lambda p: p, order=op_order_h1, end_stages=fork_end_stages(v_shape=False),
     megatron_args=fork_arguments("--enable-zero-bubble --zero-bubble-max-pending-backward pp"),
+    feasible=fork_feasible(post_validation=False), megatron_unsupported=FORK_UNSUPPORTED,
     from_megatron=from_megatron_h1,
 )
 ZB_H2 = PipelineSchedule(
@@ -294,13 +428,15 @@ ZB_H2 = PipelineSchedule(
     min_microbatches=lambda p: p, order=op_order_h2, end_stages=fork_end_stages(v_shape=False),
     megatron_args=fork_arguments("--enable-zero-bubble --zero-bubble-max-pending-backward 2·pp "
                                  "--enable-optimizer-post-validation"),
+    feasible=fork_feasible(post_validation=True), megatron_unsupported=FORK_UNSUPPORTED,
     from_megatron=from_megatron_h2,
 )
 ZB_V = PipelineSchedule(
     name="zb-v", aliases=("zbv",),
     description="ZeroBubble ZB-V: V-shaped 2 chunks per stage, bubble (p-1)(F+B-2W)+ per chunk at 1F1B's memory",
     time=time_v, inflight=inflight_v, supports_vpp=True, requires_vpp=True, equation="ZB-V (Qi et al. 2023, §6)",
-    min_microbatches=lambda p: p, order=op_order_v, route=lambda p, v, m: v_route(p), feasible=feasible_v,
+    min_microbatches=lambda p: p, order=op_order_v, route=lambda p, v, m: v_route(p),
+    feasible=fork_feasible(post_validation=True, v_shape=True), megatron_unsupported=FORK_UNSUPPORTED,
     end_stages=fork_end_stages(v_shape=True), megatron_args=megatron_args_v,
 )
 

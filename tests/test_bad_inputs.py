@@ -365,6 +365,8 @@ case("file:5000-char-path", ["predict", "{dir}/" + "d" * 5000 + ".toml"], "chara
 
 L405 = {**BASE, "model": {"name": "llama3.1-405b"}, "hardware": {"name": "h100-sxm5-80gb", "num_gpus": 128},
         "parallel": {"tp": 8, "pp": 16, "global_batch_size": 64, "sequence_length": 4096}}
+#: the same job with the attention the ZeroBubble fork runs (FlashAttention-2)
+ZB405 = with_value(L405, "parallel.attention_kernel", "fa2")
 for id_, doc, frags in (
         ("tp-not-dividing-heads", with_value(with_value(BASE, "parallel.tp", 3), "hardware.num_gpus", 6),
          ("parallel.tp must divide", "(here tp 3)")),
@@ -398,10 +400,36 @@ for id_, doc, frags in (
         ("layout-wrong-layer-count", with_value(with_value(L405, "parallel.pp", 4), "parallel.pipeline_layout",
                                                 "Et*30|(t*32|)*2t*30L"), ("pipeline_layout", "places 124 layers")),
         ("layout-not-a-string", with_value(L405, "parallel.pipeline_layout", 8), ("pipeline_layout", "string")),
-        ("zero-bubble-end-stages", with_value(with_value(with_value(L405, "pipeline.schedule", "zb-h1"),
+        ("zero-bubble-end-stages", with_value(with_value(with_value(ZB405, "pipeline.schedule", "zb-h1"),
                                                          "parallel.first_stage_layers", 6),
                                               "parallel.last_stage_layers", 8),
          ("first_stage_layers / last_stage_layers (6 / 8)", "7 / 7 on 16 stages", "1f1b")),
+        # what the ZeroBubble fork (legacy GPT model, local transformer) cannot run: each row's cause and fix
+        ("zero-bubble-cudnn", with_value(L405, "pipeline.schedule", "zb-h1"),
+         ("sail-sg", "FlashAttention-2", "attention_kernel = 'fa2'")),
+        ("zero-bubble-cp", with_value(with_value(with_value(ZB405, "pipeline.schedule", "zb-h1"), "parallel.cp", 2),
+                                      "hardware.num_gpus", 256),
+         ("sail-sg", "no context parallelism", "parallel.cp = 1")),
+        ("zero-bubble-fp8", with_value(with_value(ZB405, "pipeline.schedule", "zb-h1"), "parallel.precision", "fp8"),
+         ("sail-sg", "Transformer Engine", "parallel.precision = 'bf16' or 'fp16'")),
+        ("zero-bubble-post-validation-bf16", with_value(with_value(with_value(ZB405, "pipeline.schedule", "zb-v"),
+                                                                   "parallel.vpp", 2), "parallel.pp", 9)
+         | {"hardware": {"name": "h100-sxm5-80gb", "num_gpus": 144}},
+         ("sail-sg", "post-validation", "--fp16", "zb-h1")),
+        ("zero-bubble-dp-overlap", with_value(with_value(ZB405, "pipeline.schedule", "zb-h1"), "features.dp_overlap", {}),
+         ("sail-sg", "no dp_overlap", "features.dp_overlap off")),
+        ("zero-bubble-shard-gradients", with_value(with_value(ZB405, "pipeline.schedule", "zb-h1"),
+                                                   "features.distributed_optimizer", {"shard_gradients": True}),
+         ("sail-sg", "distributed_optimizer only with shard_gradients = False")),
+        ("zero-bubble-moe", {**with_value(ZB405, "pipeline.schedule", "zb-h1"), "model": {"name": "mixtral-8x7b"},
+                             "parallel": {"tp": 2, "pp": 4, "ep": 8, "global_batch_size": 64, "sequence_length": 4096,
+                                          "attention_kernel": "fa2"}},
+         ("sail-sg", "Switch MLP", "interleaved-1f1b")),
+        ("zero-bubble-tied", {**with_value(ZB405, "pipeline.schedule", "zb-h1"), "model": {"name": "gpt3-175b"}},
+         ("sail-sg", "untie-embeddings", "tied_embeddings = false")),
+        ("zero-bubble-pp1", with_value(with_value(with_value(ZB405, "pipeline.schedule", "zb-h1"), "parallel.pp", 1),
+                                       "hardware.num_gpus", 8),
+         ("sail-sg", "parallel.pp ≥ 2")),
         ("end-stage-all-layers-pp2", with_value(with_value(L405, "parallel.pp", 2), "parallel.first_stage_layers", 126),
          ("first_stage_layers",)),
         ("moe-load-factor-dense", with_value(BASE, "model.moe_load_factor", 2.0), ("moe_load_factor",)),

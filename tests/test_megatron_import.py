@@ -562,11 +562,17 @@ def test_the_zero_bubble_forks_flags_select_its_schedules(registry):
     r = from_args(base + ["--zero-bubble-max-pending-backward", "4"], registry, hardware=H100, num_gpus=8,
                   model="llama3-8b")
     assert {"--enable-zero-bubble", "--zero-bubble-max-pending-backward"} <= set(r.used)
+    pred = Predictor()
     for name in ("zb-h1", "zb-h2"):  # the note's flags, "pp" read as 4
         note = registry.schedule(name).megatron_args(registry.model("llama3-8b"), {"pp": 4})[0]
         words = note.split(": ", 1)[1].replace("2·pp", "8").replace(" pp", " 4").split()
         job = from_args(base[:-1] + words, registry, hardware=H100, num_gpus=8, model="llama3-8b").job
         assert job["pipeline"] == {"schedule": name}, note
+        # the fork's runtime flags: the local transformer's FlashAttention-2, which the fork's rule
+        # asks for on an H100 (where "auto" means cuDNN); ZB-2p's post-validation needs fp16
+        assert job["parallel"]["attention_kernel"] == "fa2"
+        job["parallel"]["precision"] = "fp16"
+        assert pred.predict(pred.job(job))[0].schedule == name
 
 
 # ---------------------------------------------------------------------- sliding-window attention

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mofa_framework import Predictor, hookimpl
 from mofa_framework.cli import _builtin_commands, cli
 from mofa_framework.errors import ConfigError
 from mofa_framework.tuner import (CHUNK_ROWS, SearchSpace, TuneRequest, _combos, _count_combos, _pareto, default_space,
@@ -383,8 +384,9 @@ def test_chunk_size_does_not_change_the_answer(mofa_predictor):
     reg = mofa_predictor.registry
     model, hw = reg.model("llama3-70b"), reg.hardware_profile("h100-sxm5-80gb")
     space = default_space(reg, model, hw, 256, 4096, features=["recompute", "distributed_optimizer", "tp_overlap"])
+    # fp16 and FlashAttention-2: every schedule runs, the ZeroBubble fork's too (its rules)
     common = dict(model=model, hardware=hw, num_gpus=256, global_batch_size=512, sequence_length=4096, space=space,
-                  top_k=5)
+                  top_k=5, precision="fp16", attention_kernel="fa2")
     small = tune(mofa_predictor, TuneRequest(**common, chunk_rows=64))
     large = tune(mofa_predictor, TuneRequest(**common, chunk_rows=1 << 20))
     assert [c.step_time_s for c in small.best] == [c.step_time_s for c in large.best]
@@ -400,7 +402,7 @@ def test_chunk_size_does_not_change_the_answer(mofa_predictor):
     # (the leaves reached span several chunks; those whose node's memory floor exceeds the GPU are
     # counted as memory failures, not evaluated)
     assert front[None].pareto and front[None].evaluated == front[CHUNK_ROWS].evaluated
-    assert front[None].evaluated + front[None].removed_by["peak memory exceeds the GPU's HBM"] > CHUNK_ROWS
+    assert front[None].evaluated + front[None].removed_by["peak memory exceeds the GPU's HBM"] > 2 * 4096
 
 
 # ---------------------------------------------------------------- exactness on an MoE model, every objective
@@ -879,13 +881,19 @@ def test_zb_v_and_dualpipe_megatron_lines_match_their_constraints(mofa_predictor
     reg = mofa_predictor.registry
     model, hw = reg.model("llama3-70b"), reg.hardware_profile("h100-sxm5-80gb")
     space = SearchSpace(tp=(8,), pp=(4,), vpp=(1, 2, 4), cp=(1,), ep=(1,), etp=(1,), micro_batch_size=(1,),
-                        schedules=("zb-v",), features={})
+                        schedules=("zb-v",), features={"pp_overlap": feature_choices(reg, "pp_overlap")})
     result = tune(mofa_predictor, TuneRequest(model=model, hardware=hw, num_gpus=64, global_batch_size=64,
-                                              sequence_length=4096, space=space, top_k=3))
+                                              sequence_length=4096, space=space, top_k=3, precision="fp16",
+                                              attention_kernel="fa2"))
     assert {c.parallel["vpp"] for c in result.best} == {2}
+    assert "pp_overlap" in result.best[0].features
     args, notes = megatron_arguments(model, result.best[0], reg)
     assert not any("virtual" in a for a in args)
-    assert any("--zero-bubble-v-schedule" in n and "post-validation" in n for n in notes)
+    assert any("--zero-bubble-v-schedule" in n and "post-validation" in n and "--use-legacy-models" in n
+               and "--transformer-impl local" in n for n in notes)
+    # the fork overlaps the pipeline's p2p by default and has no flag for it: a note, not a flag
+    assert "--overlap-p2p-communication" not in " ".join(args)
+    assert any(n.startswith("--overlap-p2p-communication: not a flag of the sail-sg") for n in notes)
     dual = attrs.evolve(result.best[0], schedule="dualpipe", parallel={**result.best[0].parallel, "vpp": 1})
     _, notes = megatron_arguments(model, dual, reg)
     assert any("pp−1−j" in n and "2·pp micro-batches" in n for n in notes)
@@ -919,16 +927,18 @@ def test_zero_bubble_schedules_take_only_the_end_stages_their_fork_places(mofa_p
     assert ok.all() and (int(first[0]), int(last[0])) == (8, 8)
 
     reg = mofa_predictor.registry
-    model, hw = reg.model("deepseek-v3"), reg.hardware_profile("h800-sxm5-80gb")
-    space = attrs.evolve(default_space(reg, model, hw, 2048, 4096, features=()), tp=(2,), pp=(4, 8, 16),
-                         ep=(64,), etp=(1,), micro_batch_size=(1,))
-    result = tune(mofa_predictor, TuneRequest(model=model, hardware=hw, num_gpus=2048, global_batch_size=15360,
-                                              sequence_length=4096, space=space, top_k=30))
+    model, hw = reg.model("llama3.1-405b"), reg.hardware_profile("a100-sxm4-80gb")
+    space = attrs.evolve(default_space(reg, model, hw, 2048, 4096, features=()), tp=(8,), pp=(8, 16, 32),
+                         cp=(1,), micro_batch_size=(1,))
+    result = tune(mofa_predictor, TuneRequest(model=model, hardware=hw, num_gpus=2048, global_batch_size=2048,
+                                              sequence_length=4096, space=space, top_k=30, precision="fp16"))
     zb = [c for c in result.best if c.schedule.startswith("zb-")]
     assert zb and len(zb) < len(result.best)  # both kinds near the top
-    for c in zb:
-        assert (c.parallel["first_stage_layers"], c.parallel["last_stage_layers"]) == (0, 0), c.parallel
-    assert any(c.parallel["last_stage_layers"] < c.parallel["first_stage_layers"] for c in result.best)
+    for c in zb:  # the default split, or exactly the one the fork's padding places
+        ends = (c.parallel["first_stage_layers"], c.parallel["last_stage_layers"])
+        first, last, _ = padded_end_stages(126, np.array([c.parallel["pp"]]), v_shape=c.schedule == "zb-v")
+        assert ends in ((0, 0), (int(first[0]), int(last[0]))), c.parallel
+    assert any(c.parallel["first_stage_layers"] for c in result.best if not c.schedule.startswith("zb-"))
 
     llama = reg.model("llama3.1-405b")
     cand = next(iter(tune(mofa_predictor, TuneRequest(
@@ -937,16 +947,16 @@ def test_zero_bubble_schedules_take_only_the_end_stages_their_fork_places(mofa_p
                                                 micro_batch_size=(1,), schedules=("zb-h1",), lighter_ends=(0, 1),
                                                 features={f: feature_choices(reg, f) for f in
                                                           ("distributed_optimizer", "recompute")}),
-        top_k=1)).best))  # 7 / 7 is the default split too: one candidate
+        top_k=1, attention_kernel="fa2")).best))  # 7 / 7 is the default split too: one candidate
     args, notes = megatron_arguments(llama, cand, reg)
     assert not any("--decoder-" in a or "--pipeline-model-parallel-layout" in a for a in args)
     assert any("--allow-padding-num-layers" in n and "126 layers padded to 128" in n for n in notes)
 
-    run = CliRunner().invoke(cli, ["predict", "--model", "deepseek-v3", "--hardware", "h100-sxm5-80gb", "--gpus",
-                                   "1024", "--gbs", "8192", "--seq", "4096", "--tp", "2", "--pp", "16", "--ep", "64",
-                                   "--etp", "1", "--schedule", "zb-h1", "--pipeline-layout", "Et*4|(t*4|)*14tmL"])
+    run = CliRunner().invoke(cli, ["predict", "--model", "llama3.1-405b", "--hardware", "a100-sxm4-80gb", "--gpus",
+                                   "1024", "--gbs", "1024", "--seq", "4096", "--tp", "8", "--pp", "16",
+                                   "--schedule", "zb-h1", "--pipeline-layout", "Et*4|(t*8|)*14t*10L"])
     assert run.exit_code == 2 and len(run.output.strip().splitlines()) == 1
-    assert "(4 / 1)" in run.output and "1f1b" in run.output
+    assert "(4 / 10)" in run.output and "1f1b" in run.output
 
 
 def test_rows_identical_in_every_number_collapse_into_one_with_variants(mofa_predictor):
@@ -968,27 +978,36 @@ def test_rows_identical_in_every_number_collapse_into_one_with_variants(mofa_pre
         assert all(len(c.features) <= len(v) for v in c.variants)
 
 
-def test_schedules_that_change_nothing_collapse_too(mofa_predictor):
-    """Without a pipeline (PP 1) 1F1B, ZB-H1 and ZB-H2 run the same step in the same memory: one row
-    per layout, the other schedules listed as its variants (the CLI says "≡ 2 more: schedule
-    1f1b/zb-h1/zb-h2"), the simplest (1F1B, the first registered) shown."""
-    reg = mofa_predictor.registry
+class _SameAs1f1b:
+    """A test-local plugin: 1F1B under another name (as a fork's copy of it would register)."""
+
+    @hookimpl
+    def mofa_register_pipeline_schedules(self):
+        from mofa_plugins import schedule_1f1b
+
+        return [attrs.evolve(schedule_1f1b.SCHEDULE, name="fork-1f1b", aliases=(), from_megatron=None)]
+
+
+def test_schedules_that_change_nothing_collapse_too():
+    """Two schedules that run the same step in the same memory (here 1F1B and a copy of it under
+    another name) give one row per layout, the other schedule listed as its variant (the CLI says
+    "≡ 1 more: schedule 1f1b/fork-1f1b"), the simplest (1F1B, the first registered) shown. (The
+    ZeroBubble schedules used to show this at PP 1, where they are 1F1B; their fork refuses PP 1.)"""
+    from mofa_framework.commands.tune import _variants
+
+    pred = Predictor(plugins={"same_as_1f1b": _SameAs1f1b()})
+    reg = pred.registry
     model, hw = reg.model("llama3.2-1b"), reg.hardware_profile("h100-sxm5-80gb")
-    space = SearchSpace(tp=(1, 2), pp=(1,), vpp=(1,), cp=(1,), ep=(1,), etp=(1,), micro_batch_size=(1, 2),
-                        schedules=("1f1b", "zb-h1", "zb-h2"), features={})
-    result = tune(mofa_predictor, TuneRequest(model=model, hardware=hw, num_gpus=8, global_batch_size=64,
-                                              sequence_length=4096, space=space, top_k=4))
+    space = SearchSpace(tp=(1, 2), pp=(2,), vpp=(1,), cp=(1,), ep=(1,), etp=(1,), micro_batch_size=(1, 2),
+                        schedules=("1f1b", "fork-1f1b"), features={})
+    result = tune(pred, TuneRequest(model=model, hardware=hw, num_gpus=8, global_batch_size=64,
+                                    sequence_length=4096, space=space, top_k=4))
     layouts = [tuple(sorted(c.parallel.items())) for c in result.best]
     assert len(result.best) == 4 and len(set(layouts)) == 4
     for c in result.best:
-        assert c.schedule == "1f1b" and sorted(c.variant_schedules) == ["zb-h1", "zb-h2"]
+        assert c.schedule == "1f1b" and list(c.variant_schedules) == ["fork-1f1b"]
         assert len(c.variant_schedules) == len(c.variants)
-    _builtin_commands()
-    out = CliRunner().invoke(cli, ["tune", "--model", "llama3.2-1b", "--hardware", "h100-sxm5-80gb", "--gpus", "8",
-                                   "--gbs", "64", "--seq", "4096", "--pp-values", "1", "--top", "2",
-                                   "--schedules", "1f1b,zb-h1,zb-h2"])
-    assert out.exit_code == 0, out.output
-    assert "schedule 1f1b/zb-h1/zb-h2" in out.output
+        assert _variants(c, reg) == "≡ 1 more: schedule 1f1b/fork-1f1b"
 
 
 def test_rules_that_read_features_hold_for_what_the_search_returns(mofa_predictor):
@@ -1010,6 +1029,34 @@ def test_rules_that_read_features_hold_for_what_the_search_returns(mofa_predicto
                                   "parallel": {k: v for k, v in c.parallel.items() if k != "dp"},
                                   "pipeline": {"schedule": c.schedule}, "features": dict(c.features)})
         assert mofa_predictor.predict(job)[0].step_time_s == pytest.approx(c.step_time_s, rel=1e-9)
+
+
+def test_the_zero_bubble_schedules_are_searched_only_as_their_fork_runs_them(mofa_predictor):
+    """ZB-H1 / ZB-H2 / ZB-V run in the sail-sg fork (legacy GPT model, local transformer): no CP, no
+    Transformer Engine, no DP overlap, FlashAttention-2, ZB-H2 / ZB-V only in fp16. In fp16 with
+    FlashAttention-2 on A100s the search returns ZeroBubble rows, each with only the features the
+    fork has; in bf16 with H100's default kernel (cuDNN) none, and the removed-by table says why."""
+    from mofa_plugins.schedule_zero_bubble import FORK_FEATURES
+
+    reg = mofa_predictor.registry
+    model = reg.model("llama3-70b")
+    feats = {f: feature_choices(reg, f) for f in ("dp_overlap", "tp_overlap", "distributed_optimizer", "recompute",
+                                                  "pp_overlap")}
+    space = SearchSpace(tp=(8,), pp=(4, 8), vpp=(1, 2), cp=(1, 2), ep=(1,), etp=(1,), micro_batch_size=(1,),
+                        schedules=("1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v"), features=feats)
+    # 16 micro-batches on 8 stages: the bubble ZeroBubble removes outweighs the overlaps it cannot run
+    common = dict(model=model, num_gpus=256, global_batch_size=64, sequence_length=4096, space=space, top_k=200)
+    fp16 = tune(mofa_predictor, TuneRequest(hardware=reg.hardware_profile("a100-sxm4-80gb"), precision="fp16",
+                                            **common))
+    zb = [c for c in fp16.best if c.schedule.startswith("zb-")]
+    assert "zb-v" in {c.schedule for c in zb}  # in fp16: post-validation
+    for c in zb:
+        assert c.parallel["cp"] == 1 and set(c.features) <= set(FORK_FEATURES), (c.schedule, c.features)
+        assert not c.features.get("distributed_optimizer", {}).get("shard_gradients", False)
+    assert any("dp_overlap" in c.features for c in fp16.best if not c.schedule.startswith("zb-"))
+    bf16 = tune(mofa_predictor, TuneRequest(hardware=reg.hardware_profile("h100-sxm5-80gb"), **common))
+    assert bf16.best and not any(c.schedule.startswith("zb-") for c in bf16.best)
+    assert any("sail-sg" in reason and n > 0 for reason, n in bf16.removed_by.items())
 
 
 def test_offloads_that_overflow_the_host_are_not_returned(mofa_predictor):
