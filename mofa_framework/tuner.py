@@ -178,7 +178,7 @@ def default_space(registry, model: ModelSpec, hardware: HardwareProfile, num_gpu
     etp = (1,) if not model.is_moe else (1, 2, 4, 8)
     names = [n for n, f in registry.features.items() if f.tunable] if features is None else list(features)
     return SearchSpace(tp=tp, pp=pp, vpp=vpp, cp=cp or (1,), ep=ep, etp=etp, micro_batch_size=(1, 2, 4),
-                       schedules=tuple(registry.schedules), lighter_ends=(0, 1),
+                       schedules=tuple(n for n, s in registry.schedules.items() if s.searched), lighter_ends=(0, 1),
                        lighter_last=tuple(range(last_stage_relief(model) + 1)),
                        features={n: feature_choices(registry, n) for n in names if n in registry.features})
 

@@ -996,6 +996,9 @@ class PipelineSchedule:
     #: the schedule interleaves virtual chunks (needs vpp > 1) / accepts vpp > 1 at all
     requires_vpp: bool = False
     supports_vpp: bool = False
+    #: in ``mofa tune``'s default space (False: another framework's implementation of a schedule,
+    #: whose rows would pair it with Megatron-LM's features; asked for by name, ``--schedules``)
+    searched: bool = True
     #: busy + bubble never decreases when any stage's forward or backward-input time grows (W and
     #: the p2p times fixed): the tuner then bounds configurations by the bubble too, not only the
     #: busy time. False (the default) is always safe

@@ -15,7 +15,7 @@ validated is what is imported:
 | replicate only (DDP) | no sharding; every data-parallel run gets ``dp_overlap`` |
 | ``training.local_batch_size`` (``batch_size`` before 2025) | the micro-batch without a pipeline (a rank runs its batch at once); ``pipeline_parallel_microbatch_size`` with one |
 | ``training.global_batch_size`` (``-1``: local × data parallel) | ``global_batch_size`` |
-| ``pipeline_parallel_schedule`` | ``1F1B`` → ``1f1b``, ``GPipe`` → ``gpipe``, ``Interleaved1F1B`` → ``interleaved-1f1b`` (two stages per rank, or ``pipeline_parallel_layers_per_stage``), ``ZBVZeroBubble`` → ``zb-v`` |
+| ``pipeline_parallel_schedule`` | ``1F1B`` → ``1f1b``, ``GPipe`` → ``gpipe``, ``Interleaved1F1B`` → ``interleaved-1f1b`` (two stages per rank, or ``pipeline_parallel_layers_per_stage``), ``ZBVZeroBubble`` → ``zbv-zero-bubble`` (ZB-V as PyTorch's pipelining runs it, beside FSDP2 and torchao; not the sail-sg fork's ``zb-v``) |
 | ``activation_checkpoint.mode`` | ``full`` → full recompute; ``selective`` with ``op`` → per-op; with ``n`` → full recompute of every n-th block |
 | ``compile.enable`` (``training.compile`` before) false | ``eager_kernels``; the loss in fp32 either way (``fp32_cross_entropy``, compiled with ``loss`` among the components) |
 | ``model.converters`` with ``float8`` | ``fp8`` as torchao runs it (``quantize.linear.float8.recipe_name``, or ``float8.recipe_name``: tensorwise by default) |
@@ -70,7 +70,7 @@ FLAVORS = {
 }
 #: torch.distributed.pipelining schedule → (MoFa schedule, stages per rank or None: from the config)
 SCHEDULES = {"1f1b": ("1f1b", 1), "gpipe": ("gpipe", 1), "interleaved1f1b": ("interleaved-1f1b", None),
-             "zbvzerobubble": ("zb-v", 2)}
+             "zbvzerobubble": ("zbv-zero-bubble", 2)}
 #: the converter names that turn on torchao's float8 linears (before and after torchtitan's 2025 rename)
 FLOAT8_CONVERTERS = ("float8", "quantize.linear.float8")
 

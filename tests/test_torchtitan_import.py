@@ -119,6 +119,36 @@ def test_flags_a_pipeline_and_selective_layer_checkpointing():
     assert ddp["hardware"]["num_gpus"] == 8 and "fsdp" not in ddp["features"] and "dp_overlap" in ddp["features"]
 
 
+def test_zbv_zero_bubble_is_pytorchs_zb_v_not_the_sail_sg_forks():
+    """torchtitan's ZBVZeroBubble is PyTorch pipelining's ScheduleZBVZeroBubble, beside FSDP2 and
+    the rest of torchtitan: the `zbv-zero-bubble` schedule (ZB-V's pricing, two stages per rank),
+    not `zb-v`, which runs only what the sail-sg fork runs (no DP overlap, no bf16 ZB-V). The job
+    predicts, and its Megatron note says it is not Megatron-LM's; `mofa tune` leaves it out of its
+    default space."""
+    from mofa_framework import Predictor
+    from mofa_framework.tuner import default_space
+
+    pred = Predictor()
+    reg = pred.registry
+    flags = ("--model.name llama3 --model.flavor 8B --parallelism.data_parallel_shard_degree 2 "
+             "--parallelism.pipeline_parallel_degree 4 --parallelism.pipeline_parallel_schedule ZBVZeroBubble "
+             "--training.local_batch_size 8 --training.seq_len 8192 --compile.enable")
+    job = from_torchtitan(flags, reg, hardware=H100, num_gpus=8).job
+    assert job["pipeline"] == {"schedule": "zbv-zero-bubble"} and job["parallel"]["vpp"] == 2
+    assert {"distributed_optimizer", "dp_overlap"} <= set(job["features"])
+    res = pred.predict(pred.job(job))[0]
+    zb_v = pred.predict(pred.job({**job, "pipeline": {"schedule": "zb-v"},
+                                  "parallel": {**job["parallel"], "precision": "fp16"},
+                                  "features": {k: v for k, v in job["features"].items() if k != "dp_overlap"}}))[0]
+    assert res.schedule == "zbv-zero-bubble" and res.step_time_s > 0 and zb_v.schedule == "zb-v"
+    with pytest.raises(ConfigError, match="sail-sg"):  # the fork's zb-v: no DP overlap, no bf16
+        pred.predict(pred.job({**job, "pipeline": {"schedule": "zb-v"}}))
+    space = default_space(reg, reg.model("llama3.1-8b"), reg.hardware_profile(H100), 8, 8192)
+    assert "zbv-zero-bubble" not in space.schedules and "zb-v" in space.schedules
+    note = reg.schedule("zbv-zero-bubble").megatron_args[0]
+    assert note.startswith("# not Megatron-LM") and "ZBVZeroBubble" in note
+
+
 #: a 2024 config (torchtitan's layout until early 2025): degrees under [training] / [experimental],
 #: ``batch_size``, ``training.compile``, ``[float8] enable_float8_linear``, micro-batches by count
 LLAMA3_405B_2024 = """
