@@ -191,6 +191,12 @@ def memory(state, rows):
     return attrs.evolve(state, mem=attrs.evolve(mem, optimizer_bytes=states, grads_bytes=grads))
 
 
+#: Megatron-FSDP as current Megatron-LM starts it: ``--use-megatron-fsdp`` (``--use-custom-fsdp`` until
+#: 2025-08, now deprecated) with the checkpoint format it asserts since 2026-04 ("Megatron-FSDP requires
+#: the `fsdp_dtensor` checkpointing format", megatron/training/arguments.py)
+MEGATRON_FSDP = ("--use-megatron-fsdp", "--ckpt-format", "fsdp_dtensor")
+
+
 def megatron_args(options) -> list[str]:
     extra = ["--grad-reduce-in-bf16"] if options is not None and options.grad_reduce_dtype == "bf16" else []
     low = [(flag, getattr(options, name)) for name, flag in PRECISION_AWARE_FLAGS.items()
@@ -198,7 +204,7 @@ def megatron_args(options) -> list[str]:
     if low:
         extra += ["--use-precision-aware-optimizer", *(x for pair in low for x in pair)]
     if options is not None and options.shard_gradients:
-        return ["--use-custom-fsdp", "--data-parallel-sharding-strategy", "optim_grads", *extra]
+        return [*MEGATRON_FSDP, "--data-parallel-sharding-strategy", "optim_grads", *extra]
     return ["--use-distributed-optimizer", *extra]
 
 
@@ -217,6 +223,7 @@ def from_megatron(args):
     feature) or the CPU optimizer (the ``cpu_optimizer`` feature, which shards by itself)."""
     dist = args.has("--use-distributed-optimizer")
     fsdp = args.has("--use-custom-fsdp") | args.has("--use-megatron-fsdp")
+    args.has("--ckpt-format")  # Megatron-FSDP's checkpoint format (fsdp_dtensor): no cost to price
     strategy = args.value("--data-parallel-sharding-strategy", "optim_grads_params")
     # the gradient buffer in bf16: --grad-reduce-in-bf16, or the precision-aware optimizer's bf16 main grads
     bf16_main = args.has("--use-precision-aware-optimizer") and args.value("--main-grads-dtype", "fp32") == "bf16"

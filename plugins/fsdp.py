@@ -65,7 +65,7 @@ from mofa_framework.engine import _grad_bytes_per_param, dp_param_groups, frozen
 from mofa_framework.limits import MAX_LAYERS, between
 from mofa_framework.types import MemoryOptimizer, option
 from mofa_plugins._overlap import ContentionOptions, contention, opt
-from mofa_plugins.distributed_optimizer import GRAD_REDUCE_DTYPES, dp_sizes, shard_fraction
+from mofa_plugins.distributed_optimizer import GRAD_REDUCE_DTYPES, MEGATRON_FSDP, dp_sizes, shard_fraction
 
 #: bytes per parameter of the all-gathered bf16 weights
 PARAM_BYTES = 2.0
@@ -233,7 +233,7 @@ def root_params(state):
 
 
 def megatron_args(options) -> list[str]:
-    out = ["--use-custom-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]
+    out = [*MEGATRON_FSDP, "--data-parallel-sharding-strategy", "optim_grads_params"]
     if options is not None and options.grad_reduce_dtype == "bf16":
         out.append("--grad-reduce-in-bf16")
     return out
@@ -244,6 +244,7 @@ def from_megatron(args):
     gradients and optimizer states (``--data-parallel-sharding-strategy optim_grads_params``, the
     default), or PyTorch FSDP2 (``--use-torch-fsdp2``)."""
     mfsdp = args.has("--use-custom-fsdp") | args.has("--use-megatron-fsdp")
+    args.has("--ckpt-format")  # Megatron-FSDP's checkpoint format (fsdp_dtensor): no cost to price
     torch_fsdp = args.has("--use-torch-fsdp2")
     strategy = args.value("--data-parallel-sharding-strategy", "optim_grads_params")
     bf16 = args.has("--grad-reduce-in-bf16") | (args.value("--megatron-fsdp-grad-comm-dtype") == "bf16")

@@ -268,6 +268,12 @@ def test_megatron_defaults_that_depend_on_the_layout(registry):
     assert dist(MegatronArgs(flags=mfsdp)) is None and fsdp(MegatronArgs(flags=mfsdp)) == {"grad_reduce_dtype": "fp32"}
     zero2 = {**mfsdp, "--data-parallel-sharding-strategy": ("optim_grads",)}
     assert dist(MegatronArgs(flags=zero2))["shard_gradients"] is True and fsdp(MegatronArgs(flags=zero2)) is None
+    # what MoFa writes for ZeRO-2 is current Megatron-LM's (--use-custom-fsdp deprecated since 2025-08; the
+    # fsdp_dtensor checkpoint format asserted since 2026-04), and it reads back as ZeRO-2
+    feat = registry.features["distributed_optimizer"]
+    words = feat.megatron_args(feat.options_type(shard_gradients=True))
+    assert words[:3] == ["--use-megatron-fsdp", "--ckpt-format", "fsdp_dtensor"] and "optim_grads" in words
+    assert dist(MegatronArgs(flags=parse_flags(words)))["shard_gradients"] is True
 
 
 class _ClaimingSchedule:

@@ -117,8 +117,9 @@ def test_fsdp_bf16_gradient_reduction_halves_the_scatter(mofa_predictor):
 def test_fsdp_conflicts_and_arguments(mofa_predictor):
     feat = mofa_predictor.registry.features["fsdp"]
     assert set(feat.conflicts) == {"distributed_optimizer", "cpu_optimizer"}
-    assert feat.megatron_args(feat.options_type()) == ["--use-custom-fsdp", "--data-parallel-sharding-strategy",
-                                                       "optim_grads_params"]
+    # current Megatron-LM's flag (--use-custom-fsdp is deprecated) and the checkpoint format it asserts
+    assert feat.megatron_args(feat.options_type()) == ["--use-megatron-fsdp", "--ckpt-format", "fsdp_dtensor",
+                                                       "--data-parallel-sharding-strategy", "optim_grads_params"]
     assert "--grad-reduce-in-bf16" in feat.megatron_args(feat.options_type(grad_reduce_dtype="bf16"))
     with pytest.raises(MofaError):
         predict(mofa_predictor, [{"fsdp": {}, "distributed_optimizer": {}}])
