@@ -64,6 +64,28 @@ def test_interleaved_exact_and_textbook_bubble(p, v, m):
     assert r.makespan_s - m * v * (F + B + W) == pytest.approx((p - 1) * (F + B + W))
 
 
+def test_interleaved_group_size_by_hand():
+    """Megatron-Core runs interleaved micro-batches in groups of N per virtual stage (pp by default)
+    and refuses a last group smaller than pp: m = 10 on 4 stages needs N = 5 (10 % 5 = 0), m = 9
+    N = 5 (9 % 5 = 4 ≥ 4), m = 7 N = 7 (5 and 6 leave 2 and 1), m = 8 the default 4."""
+    got = schedule_interleaved.group_size(np.array([10, 9, 7, 8, 12, 10]), np.array([4, 4, 4, 4, 4, 3]))
+    assert got.tolist() == [5, 5, 7, 4, 4, 5]
+
+
+@pytest.mark.parametrize("p,v,m", [(4, 2, 10), (4, 2, 9), (4, 2, 7), (4, 3, 10), (3, 2, 10), (8, 2, 12)])
+def test_interleaved_with_micro_batches_pp_does_not_divide(p, v, m):
+    """The closed forms with the group size N equal the simulated schedule table (groups of N, the
+    first stage warming up with 2(p−1) + (v−1)·N chunks): step time and peak activations."""
+    F, B, W = 0.5, 0.8, 0.4
+    r = simulate(order_interleaved(p, v, m), p=p, v=v, m=m, F=F, B=B, W=W)
+    assert r.makespan_s == pytest.approx(float(schedule_interleaved.SCHEDULE.time(inputs(p, v, m, F, B, W)).total_s[0]))
+    got = peak_inflight(simulate(order_interleaved(p, v, m), p=p, v=v, m=m, F=1, B=2, W=0).timeline, p) / v
+    fl = schedule_interleaved.inflight(inputs(p, v, m, 1, 2, 0))
+    assert got[0] == pytest.approx(fl.first[0]) and got[-1] == pytest.approx(fl.last[0])
+    n = int(schedule_interleaved.group_size(m, p)[0])
+    assert fl.first[0] == pytest.approx(min(m * v, 2 * (p - 1) + (v - 1) * n + 1) / v)
+
+
 @pytest.mark.parametrize("p,m", GRID)
 @pytest.mark.parametrize("tau", [0.02, 0.1])
 def test_p2p_within_stated_tolerance(p, m, tau):

@@ -899,6 +899,24 @@ def test_zb_v_and_dualpipe_megatron_lines_match_their_constraints(mofa_predictor
     assert any("pp−1−j" in n and "2·pp micro-batches" in n for n in notes)
 
 
+def test_interleaved_megatron_line_states_the_micro_batch_group_it_needs(mofa_predictor):
+    """Megatron-Core's interleaved schedule refuses micro-batch counts pp does not divide at its
+    default group size (pp): with 10 micro-batches on 4 stages the line asks for groups of 5
+    (--microbatch-group-size-per-virtual-pipeline-stage, which the activations are priced at); with 8,
+    nothing is added."""
+    reg = mofa_predictor.registry
+    model, hw = reg.model("llama3-70b"), reg.hardware_profile("h100-sxm5-80gb")
+    lines = {}
+    for gbs in (10, 8):
+        space = SearchSpace(tp=(8,), pp=(4,), vpp=(2,), cp=(1,), ep=(1,), etp=(1,), micro_batch_size=(1,),
+                            schedules=("interleaved-1f1b",), features={})
+        best = tune(mofa_predictor, TuneRequest(model=model, hardware=hw, num_gpus=32, global_batch_size=gbs,
+                                                sequence_length=4096, space=space, top_k=1)).best[0]
+        lines[gbs] = " ".join(megatron_arguments(model, best, reg)[0])
+    assert "--microbatch-group-size-per-virtual-pipeline-stage 5" in lines[10]
+    assert "--microbatch-group-size" not in lines[8] and "--num-layers-per-virtual-pipeline-stage 10" in lines[8]
+
+
 def test_zero_bubble_schedules_take_only_the_end_stages_their_fork_places(mofa_predictor):
     """The ZeroBubble schedules run in the sail-sg fork, which has no end-stage arguments: it splits
     evenly or pads (--allow-padding-num-layers takes the k = −L mod pp padded layers off the last
