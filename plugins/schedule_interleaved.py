@@ -13,7 +13,8 @@ first stage ``p(1 + (p−1)/(p·v))`` (Korthikanti et al.).
 (megatron/core/pipeline_parallel/schedules.py: "The remainder of M … divided by N … should be 0,
 or larger than or equal to the pipeline-parallel size"; before 2024-11, m had to be a multiple of
 pp), so with m micro-batches not a multiple of pp the run needs a larger N. MoFa prices the
-smallest N ≥ p it accepts (m % N = 0 or ≥ p; N = m always is) and the Megatron line states it.
+smallest N in (p, 4p] it accepts (m % N = 0 or ≥ p), else N = m (always accepted), and the
+Megatron line states it.
 PyTorch's ``ScheduleInterleaved1F1B`` (torchtitan) runs ``m // max(1, m // p)`` micro-batches per
 round: the same N wherever both accept m.
 """
