@@ -1014,8 +1014,9 @@ class PipelineSchedule:
     min_microbatches: Callable | None = None
     equation: str = ""
     #: the Megatron-LM arguments selecting it (beyond the parallel sizes; "# ..." items are notes),
-    #: or ``(model, parallel) -> arguments`` for a schedule that places its own virtual chunks
-    #: (the core then adds no layer-placement arguments; see ``tuner.pipeline_layout_arguments``)
+    #: or ``(model, parallel) -> arguments`` giving every placement argument itself: the core then
+    #: adds none (a fork that places its own chunks, ZB-V; or a schedule that adds to Megatron-Core's
+    #: own placement, ``tuner.pipeline_layout_arguments``, as interleaved 1F1B adds its micro-batch group)
     megatron_args: tuple[str, ...] | Callable = ()
     #: optional ``(args: MegatronArgs) -> bool``: whether parsed Megatron-LM arguments select it
     #: (``mofa import megatron``); without one, Megatron's own choice (1F1B, interleaved when
@@ -1038,7 +1039,9 @@ class PipelineSchedule:
     #: Megatron-LM flags the code base that runs this schedule does not take (a fork's), each with
     #: what to do there instead: :func:`mofa_framework.tuner.megatron_arguments` prints such a flag
     #: as a note instead of in the command line. Empty: mainline Megatron-LM takes every flag
-    megatron_unsupported: Mapping[str, str] = attrs.field(factory=dict)
+    megatron_unsupported: Mapping[str, str] = attrs.field(
+        factory=dict, converter=dict,
+        validator=attrs.validators.deep_mapping(attrs.validators.instance_of(str), attrs.validators.instance_of(str)))
     #: optional ``(batch, rows: BoolArray, num_layers: int) -> ConstraintResult``: which explicit
     #: end-stage sizes (``rows``: this schedule with ``first_stage_layers`` / ``last_stage_layers``
     #: set) its implementation can place; None = any (Megatron-Core's layout arguments)

@@ -45,6 +45,7 @@ W delayed by j; ZB-H2 and ZB-V are found by the paper's greedy heuristic
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 
 from mofa_framework import hookimpl
@@ -442,27 +443,26 @@ ZB_V = PipelineSchedule(
 
 
 def feasible_torch_v(batch, rows):
-    """PyTorch's ScheduleZBVZeroBubble: two stages per rank in a V, on a pipeline."""
-    ok = (np.asarray(batch.vpp) == 2) & (np.asarray(batch.pp) >= 2)
-    return ConstraintResult(name="zbv_torch_two_stages", feasible=ok,
+    """PyTorch's ScheduleZBVZeroBubble: two stages per rank in a V (pp > 1 the core's rule asks)."""
+    return ConstraintResult(name="zbv_torch_two_stages", feasible=np.asarray(batch.vpp) == 2,
                             reason="pipeline.schedule zbv-zero-bubble (PyTorch's ScheduleZBVZeroBubble) runs two stages "
-                                   "per rank: set parallel.vpp = 2 and parallel.pp ≥ 2")
+                                   "per rank: set parallel.vpp = 2")
 
 
 #: ZB-V as PyTorch's pipelining runs it (``torch.distributed.pipelining.ScheduleZBVZeroBubble``,
 #: torchtitan's ``pipeline_parallel_schedule = "ZBVZeroBubble"``), beside the framework's own
-#: features (FSDP2, torchao's float8, SDPA's attention) — none of the sail-sg fork's limits. Priced as
-#: ZB-V: it has no optimizer post-validation (torchtitan clips gradients by a norm all-reduced over
-#: the pipeline ranks before the optimizer steps), so the longest-stage-span step is optimistic by what
-#: the fork's README measures for turning post-validation off (~8 %). Left out of ``mofa tune``'s
-#: default space (``searched``): a Megatron-LM search would pair it with Megatron's features.
-ZBV_TORCH = PipelineSchedule(
-    name="zbv-zero-bubble", aliases=("zbvzerobubble",),
+#: features (FSDP2, torchao's float8, SDPA's attention) — none of the sail-sg fork's limits, nor its
+#: padding of the end stages. Priced as ZB-V: it has no optimizer post-validation (torchtitan clips
+#: gradients by a norm all-reduced over the pipeline ranks before the optimizer steps), so the
+#: longest-stage-span step is optimistic by what the fork's README measures for turning
+#: post-validation off (~8 %). Left out of ``mofa tune``'s default space (``searched``): a
+#: Megatron-LM search would pair it with Megatron's features.
+ZBV_TORCH = attrs.evolve(
+    ZB_V, name="zbv-zero-bubble", aliases=("zbvzerobubble",),
     description="ZB-V as PyTorch pipelining runs it (ScheduleZBVZeroBubble; torchtitan's ZBVZeroBubble)",
-    time=time_v, inflight=inflight_v, supports_vpp=True, requires_vpp=True, equation="ZB-V (Qi et al. 2023, §6)",
-    min_microbatches=lambda p: p, order=op_order_v, route=lambda p, v, m: v_route(p), feasible=feasible_torch_v,
+    feasible=feasible_torch_v, megatron_unsupported={}, end_stages=None, searched=False,
     megatron_args=('# not Megatron-LM: PyTorch pipelining\'s ScheduleZBVZeroBubble (torchtitan: [parallelism] '
-                   'pipeline_parallel_schedule = "ZBVZeroBubble")',), searched=False,
+                   'pipeline_parallel_schedule = "ZBVZeroBubble")',),
 )
 
 #: the op-order generator of each schedule, for :func:`mofa_framework.simulate.simulate`

@@ -55,3 +55,24 @@ def test_a_schedules_rule_reads_the_features_and_the_search_keeps_to_it():
                     "pipeline": {"schedule": "fork-1f1b"}, "features": {"dp_overlap": {}}})
     with pytest.raises(ConfigError, match="has no dp_overlap"):
         pred.predict(job)
+
+
+def test_megatron_unsupported_is_a_mapping_of_flags_to_text():
+    """A schedule's ``megatron_unsupported`` holds flag → explanation strings; anything else is
+    refused when the plugin builds its record."""
+    from mofa_plugins import schedule_1f1b
+
+    ok = attrs.evolve(schedule_1f1b.SCHEDULE, megatron_unsupported={"--x": "y"})
+    assert ok.megatron_unsupported == {"--x": "y"}
+    with pytest.raises(TypeError):
+        attrs.evolve(schedule_1f1b.SCHEDULE, megatron_unsupported={"--x": 3})
+
+
+def test_pytorchs_zb_v_prices_as_zb_v_without_the_forks_rules():
+    """`zbv-zero-bubble` is ZB-V's record (time, activations, order, route) with PyTorch's own rule:
+    two stages per rank, no fork limits, no fork padding of the end stages, not searched by default."""
+    from mofa_plugins import schedule_zero_bubble as zb
+
+    t = zb.ZBV_TORCH
+    assert (t.time, t.inflight, t.order) == (zb.ZB_V.time, zb.ZB_V.inflight, zb.ZB_V.order)
+    assert t.end_stages is None and t.megatron_unsupported == {} and not t.searched and zb.ZB_V.searched
