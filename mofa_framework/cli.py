@@ -345,7 +345,7 @@ def _opts_text(opts: dict) -> str:
 def job_dict_from_flags(model, hardware, gpus, tp, pp, vpp, cp, ep, etp, mbs, gbs, seq, precision, schedule,
                         sequence_parallel, features, tokens, moe_load_factor=None, flash_attention=None,
                         attention_kernel=None, power_limit_w=None, document_length=None, pipeline_layout=None,
-                        scaleout_bandwidth_gbps=None) -> dict:
+                        scaleout_bandwidth_gbps=None, first_stage_layers=None, last_stage_layers=None) -> dict:
     if not (model and hardware) or None in (gpus, gbs, seq):  # 0 or -1 reach the bounds, which name them
         raise ConfigError("give a job file, or --model, --hardware, --gpus, --gbs and --seq")
     model_section = {"config": model} if model.endswith(".json") else {"name": model}
@@ -355,7 +355,8 @@ def job_dict_from_flags(model, hardware, gpus, tp, pp, vpp, cp, ep, etp, mbs, gb
                                   global_batch_size=gbs, sequence_length=seq, precision=precision,
                                   sequence_parallel=sequence_parallel, flash_attention=flash_attention,
                                   attention_kernel=attention_kernel, document_length=document_length,
-                                  pipeline_layout=pipeline_layout).items()
+                                  pipeline_layout=pipeline_layout, first_stage_layers=first_stage_layers,
+                                  last_stage_layers=last_stage_layers).items()
            if v is not None}
     data = {"name": "cli", "model": model_section, "hardware": {"name": hardware, "num_gpus": gpus}, "parallel": par}
     if power_limit_w is not None:
@@ -420,6 +421,15 @@ SCALEOUT_OPTION = click.option(
          "for 4 × 200 Gb/s on 8 GPUs ([hardware] scaleout_bandwidth_gbps; default: the profile's).")
 
 
+#: ``--first-stage-layers`` / ``--last-stage-layers``: uneven end stages (``[parallel] first_stage_layers`` /
+#: ``last_stage_layers``, Megatron's --decoder-first/last-pipeline-num-layers)
+STAGE_LAYERS_OPTIONS = tuple(
+    click.option(f"--{end}-stage-layers", f"{end}_stage_layers", type=int, metavar="N",
+                 help=f"Transformer layers on the {end} pipeline stage (Megatron's --decoder-{end}-pipeline-num-layers); "
+                      f"the other stages split the rest evenly ([parallel] {end}_stage_layers; default: an even split).")
+    for end in ("first", "last"))
+
+
 #: the job's size flags, each also under its job-file key (``[hardware] num_gpus``, ``[parallel]
 #: global_batch_size`` ...) so a flag spelled as the file spells it is accepted
 GPUS_OPTION = click.option("--gpus", "--num-gpus", "gpus", type=int, help="Number of GPUs.")
@@ -450,6 +460,7 @@ def job_options(f):
                      help="Megatron-Core's --pipeline-model-parallel-layout, e.g. 'Et*4|(t*4|)*14tmL': the layers "
                           "of each pipeline stage, read into the end-stage sizes and --vpp ([parallel] "
                           "pipeline_layout; docs/schedules.md)."),
+        STAGE_LAYERS_OPTIONS[0], STAGE_LAYERS_OPTIONS[1],
         POWER_LIMIT_OPTION,
         SCALEOUT_OPTION,
         click.option("--feature", "features", multiple=True, metavar="NAME[:key=value,...]",

@@ -128,3 +128,30 @@ def test_the_cli_takes_the_layout_as_a_flag_and_refuses_a_runaway_repeat():
     bad = CliRunner().invoke(cli, [*args, "--pipeline-layout", "(t|)*99999999999"])
     lines = [ln for ln in bad.output.splitlines() if ln.strip()]
     assert bad.exit_code == 2 and len(lines) == 1 and "repeat count is too large" in lines[0], bad.output
+
+
+def test_the_cli_takes_the_end_stage_sizes_as_flags():
+    """`mofa predict --first-stage-layers / --last-stage-layers` price what the layout flag (and the
+    job file's [parallel] keys) price: Llama 3.1 405B on PP 16 with 7-layer end stages (8 per middle
+    stage) is the layout 'Et*7|(t*8|)*14t*7L', and 21-layer ends are slower than the even split; an
+    out-of-range size is one line naming the field, exit 2."""
+    import json
+
+    from click.testing import CliRunner
+
+    from mofa_framework.cli import cli
+
+    args = ["predict", "--model", "llama3.1-405b", "--hardware", "h100-sxm5-80gb", "--gpus", "16384", "--tp", "8",
+            "--pp", "16", "--gbs", "2048", "--seq", "8192", "--format", "json"]
+    flags = CliRunner().invoke(cli, [*args, "--first-stage-layers", "7", "--last-stage-layers", "7"])
+    layout = CliRunner().invoke(cli, [*args, "--pipeline-layout", "Et*7|(t*8|)*14t*7L"])
+    assert flags.exit_code == 0 and layout.exit_code == 0, flags.output + layout.output
+    a, b = json.loads(flags.output), json.loads(layout.output)
+    assert (a["parallel"]["first_stage_layers"], a["parallel"]["last_stage_layers"]) == (7, 7)
+    assert a["step_time_s"] == b["step_time_s"] and a["peak_memory_gib"] == b["peak_memory_gib"]
+    even = json.loads(CliRunner().invoke(cli, args).output)
+    heavy = json.loads(CliRunner().invoke(cli, [*args, "--first-stage-layers", "21", "--last-stage-layers", "21"]).output)
+    assert heavy["step_time_s"] > even["step_time_s"]  # 21-layer end stages against the middle's 6
+    bad = CliRunner().invoke(cli, [*args, "--first-stage-layers", "-1"])
+    lines = [ln for ln in bad.output.splitlines() if ln.strip()]
+    assert bad.exit_code == 2 and len(lines) == 1 and "parallel.first_stage_layers" in lines[0], bad.output
