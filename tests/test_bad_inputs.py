@@ -274,6 +274,9 @@ flag_case("--feature-fp8-a100", ["--feature", "fp8", "--hardware", "a100-sxm4-80
 flag_case("--feature-nvfp4-h100", ["--feature", "nvfp4"], "features.nvfp4")
 flag_case("--feature-conflict", ["--feature", "cpu_optimizer", "--feature", "distributed_optimizer"],
           "cannot be combined")
+flag_case("--first-stage-layers-negative", ["--pp", "2", "--first-stage-layers", "-1"], "parallel.first_stage_layers")
+flag_case("--last-stage-layers-too-many", ["--pp", "2", "--last-stage-layers", "100000"], "last_stage_layers")
+flag_case("--first-stage-layers-word", ["--first-stage-layers", "seven"], "--first-stage-layers")
 flag_case("--schedule-unknown", ["--schedule", "nonesuch"], "pipeline.schedule")
 flag_case("--vpp-with-1f1b", ["--pp", "2", "--vpp", "2", "--schedule", "1f1b"], "does not interleave")
 flag_case("--model-unknown", ["--model", "llama9-1t"], "model.name")
