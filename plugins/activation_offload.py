@@ -114,29 +114,31 @@ def offloaded_layers(fraction: float, layers: int) -> int:
 
 
 def megatron_args(options, context) -> list[str]:
-    """``--cpu-offloading --cpu-offloading-num-layers N`` (N of :func:`offloaded_layers` over the
-    layers a rank holds), with a note where Megatron-Core refuses the combination: its whole-layer
-    offloading runs only at PP 1 and without activation recomputation."""
+    """``--cpu-offloading-num-layers N`` (N of :func:`offloaded_layers` over the layers a rank holds),
+    with a note where Megatron-Core refuses the combination: its whole-layer offloading runs only at
+    PP 1 and without activation recomputation. Megatron-LM has no ``--cpu-offloading`` flag: N > 0
+    turns ``cpu_offloading`` on (``megatron/training/arguments.py``, since 2025-10; the config field
+    has no argument of its own), so the flag would stop the run at argument parsing."""
     par = context.parallel
     pp = int(par.get("pp", 1))
     layers = context.model.num_layers // pp
-    out = ["--cpu-offloading", "--cpu-offloading-num-layers", str(offloaded_layers(options.fraction, layers))]
+    out = ["--cpu-offloading-num-layers", str(offloaded_layers(options.fraction, layers))]
     if pp > 1:
-        out.append("# activation_offload at PP > 1: Megatron-Core's --cpu-offloading runs only at PP 1 "
+        out.append("# activation_offload at PP > 1: Megatron-Core's CPU offloading runs only at PP 1 "
                    "(its fine-grained --fine-grained-activation-offloading is per module, not priced here)")
     if "recompute" in context.features:
-        out.append("# activation_offload with recompute: Megatron-Core's --cpu-offloading refuses "
+        out.append("# activation_offload with recompute: Megatron-Core's CPU offloading refuses "
                    "--recompute-granularity (TransformerConfig); drop one of the two")
     return out
 
 
 def from_megatron(args):
-    """``--cpu-offloading`` with ``--cpu-offloading-num-layers N`` (N > 0) offloads N of the
-    ``--num-layers`` (PP 1, as Megatron-Core requires), read as that fraction; without N, or N = 0
-    (Megatron's default), nothing is offloaded and the feature is off. Without ``--num-layers``
-    (the model named otherwise) N is read as all but the last layer (fraction 1)."""
-    if not args.has("--cpu-offloading"):
-        return None
+    """``--cpu-offloading-num-layers N`` (N > 0) offloads N of the ``--num-layers`` (PP 1, as
+    Megatron-Core requires), read as that fraction; N = 0 (Megatron's default) offloads nothing and
+    the feature is off. A ``--cpu-offloading`` beside it (NeMo's config name; no Megatron-LM flag) is
+    read as understood and changes nothing. Without ``--num-layers`` (the model named otherwise) N is
+    read as all but the last layer (fraction 1)."""
+    args.has("--cpu-offloading")
     n = args.number("--cpu-offloading-num-layers", 0)
     if n <= 0:
         return None

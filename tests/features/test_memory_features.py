@@ -339,8 +339,10 @@ def test_activation_offload_times_the_stage_with_the_most_layers(mofa_predictor)
 def test_activation_offload_megatron_arguments_count_the_layers(mofa_predictor):
     """Megatron-Core offloads ``--cpu-offloading-num-layers`` N of ``num_layers`` (N < num_layers,
     default 0 = nothing): LLaMA3-8B's 32 layers at PP 1, a quarter → 8, all → 31 (all but the
-    last); at PP 2 or with recompute a note says Megatron refuses it; read back, N of
-    ``--num-layers`` is the fraction, and ``--cpu-offloading`` alone offloads nothing."""
+    last), written as ``--cpu-offloading-num-layers`` alone (Megatron-LM has no ``--cpu-offloading``
+    flag: N > 0 turns it on); at PP 2 or with recompute a note says Megatron refuses it; read back, N
+    of ``--num-layers`` is the fraction with or without NeMo's ``--cpu-offloading`` beside it, and
+    ``--cpu-offloading`` alone offloads nothing."""
     from mofa_framework.megatron import MegatronArgs, parse_flags
     from mofa_framework.types import MegatronContext
 
@@ -352,8 +354,8 @@ def test_activation_offload_megatron_arguments_count_the_layers(mofa_predictor):
         ctx = MegatronContext(model=model, parallel={"pp": pp}, features={f: {} for f in features})
         return feat.megatron_tokens(opts(fraction=fraction), ctx)
 
-    assert args(0.25) == ["--cpu-offloading", "--cpu-offloading-num-layers", "8"]
-    assert args(1.0) == ["--cpu-offloading", "--cpu-offloading-num-layers", "31"]
+    assert args(0.25) == ["--cpu-offloading-num-layers", "8"]
+    assert args(1.0) == ["--cpu-offloading-num-layers", "31"]
     assert args(0.01)[-1] == "1"  # at least one layer
     notes = [t for t in args(0.5, pp=2, features=("recompute",)) if t.startswith("#")]
     assert len(notes) == 2 and "PP 1" in notes[0] and "recompute" in notes[1]
@@ -362,6 +364,7 @@ def test_activation_offload_megatron_arguments_count_the_layers(mofa_predictor):
         return feat.from_megatron(MegatronArgs(flags=parse_flags(words.split()), parallel={"pp": 1}))
 
     assert read("--cpu-offloading --cpu-offloading-num-layers 20 --num-layers 80") == {"fraction": 0.25}
+    assert read("--cpu-offloading-num-layers 20 --num-layers 80") == {"fraction": 0.25}  # Megatron-LM's spelling
     assert read("--cpu-offloading") is None and read("--cpu-offloading --cpu-offloading-num-layers 0") is None
     assert read("--cpu-offloading --cpu-offloading-num-layers 20") == {}  # layers unknown: all but the last
     assert read("--num-layers 80") is None
