@@ -107,7 +107,11 @@ class MofaSpecs:
         structure with every feature off and again to the leaves with their features set, so
         a schedule that runs only in some code base (a fork) can refuse what that code base
         lacks. ``megatron_unsupported`` names the mainline Megatron-LM flags such a code base
-        does not take (flag → what it does instead): ``mofa tune`` prints them as notes.
+        does not take (flag → what it does instead): ``mofa tune`` prints them as notes. A
+        callable ``megatron_args`` of three arguments, ``(model, parallel, context)``, also gets
+        the configuration's features (a ``MegatronContext``). ``overlaps_p2p = False`` says the
+        schedule's implementation cannot overlap a steady micro-batch's p2p with compute (the
+        ``pp_overlap`` feature then changes nothing on its rows).
         """
 
     @hookspec

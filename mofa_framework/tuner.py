@@ -59,7 +59,7 @@ from .engine import Prediction
 from .errors import ConfigError
 from .invariants import feature_rules, schedule_rules
 from .limits import short
-from .types import HardwareProfile, MegatronContext, ModelSpec, Phase
+from .types import HardwareProfile, MegatronContext, ModelSpec, Phase, positional_count
 from .units import GIB
 
 OBJECTIVES = ("step_time", "e2e_time", "gpu_hours")
@@ -1732,9 +1732,13 @@ def megatron_arguments(model: ModelSpec, cand: Candidate, registry) -> tuple[lis
     p = cand.parallel
     sched = registry.schedules[cand.schedule]
     tokens = ["--tensor-model-parallel-size", str(p["tp"]), "--pipeline-model-parallel-size", str(p["pp"])]
+    context = MegatronContext(model=model, parallel=p, features=cand.features, schedule=cand.schedule)
     # a schedule with its own arguments function places its chunks itself (ZB-V's V)
-    tokens += list(sched.megatron_args(model, p)) if callable(sched.megatron_args) else \
-        pipeline_layout_arguments(model, p) + list(sched.megatron_args)
+    if callable(sched.megatron_args):
+        tokens += list(sched.megatron_args(model, p, context) if positional_count(sched.megatron_args) >= 3
+                       else sched.megatron_args(model, p))
+    else:
+        tokens += pipeline_layout_arguments(model, p) + list(sched.megatron_args)
     if p["cp"] > 1:
         tokens += ["--context-parallel-size", str(p["cp"])]
     if model.is_moe:
@@ -1745,7 +1749,6 @@ def megatron_arguments(model: ModelSpec, cand: Candidate, registry) -> tuple[lis
                "--seq-length", str(p["sequence_length"])]
     tokens += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp8": ["--bf16", "--fp8-format", "hybrid"],
                "fp4": ["--bf16", "--fp4-format", "e2m1"]}[p["precision"]]
-    context = MegatronContext(model=model, parallel=p, features=cand.features, schedule=cand.schedule)
     for name, opts in sorted(cand.features.items()):
         feat = registry.features[name]
         opt_obj = feat.options_type(**opts) if attrs.has(feat.options_type) else None

@@ -1016,8 +1016,17 @@ class PipelineSchedule:
     #: the Megatron-LM arguments selecting it (beyond the parallel sizes; "# ..." items are notes),
     #: or ``(model, parallel) -> arguments`` giving every placement argument itself: the core then
     #: adds none (a fork that places its own chunks, ZB-V; or a schedule that adds to Megatron-Core's
-    #: own placement, ``tuner.pipeline_layout_arguments``, as interleaved 1F1B adds its micro-batch group)
+    #: own placement, ``tuner.pipeline_layout_arguments``, as interleaved 1F1B adds its micro-batch group);
+    #: ``(model, parallel, context)`` when they depend on the configuration's features too (``context``
+    #: a :class:`MegatronContext`: interleaved 1F1B turns off the p2p overlap it runs by default when
+    #: the configuration was priced without it)
     megatron_args: tuple[str, ...] | Callable = ()
+    #: its implementation can run a steady-state micro-batch's p2p beside the next chunk's compute,
+    #: so PP overlap (``pp_overlap``) applies to its rows; False where the code base waits on each
+    #: transfer (Megatron-LM's non-interleaved 1F1B: its arguments turn ``overlap_p2p_comm`` off
+    #: whatever the flags say) or there is no steady phase (GPipe). True (the default) is the paper's
+    #: eq. [23]
+    overlaps_p2p: bool = True
     #: optional ``(args: MegatronArgs) -> bool``: whether parsed Megatron-LM arguments select it
     #: (``mofa import megatron``); without one, Megatron's own choice (1F1B, interleaved when
     #: vpp > 1) stands

@@ -18,7 +18,16 @@ chunk's work is already counted, so the exposed p2p per steady pair
 lies in ``[0, τ_pair]``: PP overlap never makes a step slower than no overlap (a property test
 over random jobs checks it). Schedules multiply it by the number of steady pairs and report
 it under ``pp_comm`` (it includes the contention slowdown of the chunk). Warmup and cooldown
-transfers stay exposed. Rows with ``pp == 1`` are left unchanged (no-op). Memory is unchanged.
+transfers stay exposed. Rows with ``pp == 1`` are left unchanged (no-op), and so are rows whose
+schedule's implementation cannot overlap (``PipelineSchedule.overlaps_p2p`` False): Megatron-LM
+overlaps p2p only in its interleaved schedule and turns ``overlap_p2p_comm`` off for the plain 1F1B
+whatever the flags say ("non-interleaved schedule does not support overlapping p2p communication",
+``megatron/training/arguments.py`` since 2023-10). Memory is unchanged.
+
+**Megatron-LM arguments**: none. Overlap is Megatron-LM's default in the interleaved schedule since
+2023-10 (``--overlap-p2p-communication`` was the flag from 2023-05 to 2023-10; current Megatron-LM
+rejects it, having only ``--no-overlap-p2p-communication``); the interleaved schedule writes that
+flag for a configuration priced without this feature.
 """
 
 from __future__ import annotations
@@ -36,6 +45,13 @@ class PpOverlapOptions(ContentionOptions):
     pass
 
 
+def overlapping_schedules(state) -> np.ndarray:
+    """Per row: whether its schedule's implementation can overlap p2p (``overlaps_p2p``)."""
+    registry = state.ctx.pm.registry
+    flags = np.array([s.overlaps_p2p for s in registry.schedules.values()], dtype=bool)
+    return flags[np.asarray(state.batch.schedule, dtype=np.int64)]
+
+
 def pipeline(state, rows):
     alpha, beta = contention(state, rows)
     p = state.pipe
@@ -43,7 +59,7 @@ def pipeline(state, rows):
     pair = p.steady_p2p_s  # the pair's two sends unless another feature changed them
     # Never more than the serial transfer: T − work can exceed it by one rounding when T = work + pair.
     exposed = np.minimum(contended_total(work, pair, alpha, beta) - work, pair)
-    applies = (p.p > 1) & (pair > 0)
+    applies = (p.p > 1) & (pair > 0) & overlapping_schedules(state)
     return attrs.evolve(state, pipe=attrs.evolve(p, steady_p2p_s=np.where(applies, exposed, p.steady_p2p_s)))
 
 
@@ -63,7 +79,6 @@ FEATURE = OverlapStrategy(
     options_type=PpOverlapOptions,
     pipeline=pipeline,
     applies=lambda batch, model, hardware: batch.pp > 1,
-    megatron_args=lambda o: ["--overlap-p2p-communication"],
     from_megatron=from_megatron,
 )
 

@@ -4,8 +4,11 @@ On the critical stage, with per-stage forward F, backward-input B and backward-w
 p2p time τ: warmup runs ``n_w = min(m, p−1)`` forwards, steady ``m − n_w`` forward/backward
 pairs, cooldown the remaining backwards. Busy time is ``m(F+B+W)``; the fill/drain bubble is
 the other stages' work ``Σ_j(F_j+B_j+W_j) − (F+B+W)`` — ``(p−1)(F+B+W)`` for equal stages;
-p2p is exposed after each warmup forward and cooldown backward, and per steady pair as the
-pipeline phase leaves it (PP overlap hides it). Stage j holds ``min(m, p−j)`` micro-batches.
+p2p is exposed after each warmup forward and cooldown backward, and per steady pair: Megatron-LM's
+non-interleaved schedule waits on each batched send/receive (its arguments turn ``overlap_p2p_comm``
+off without interleaving), so PP overlap does not apply to it (``overlaps_p2p = False``; the
+schedules built on :func:`phase_times` take the steady p2p as the pipeline phase leaves it). Stage j
+holds ``min(m, p−j)`` micro-batches.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ SCHEDULE = PipelineSchedule(
     description="one-forward-one-backward (PipeDream-Flush), Megatron's default without interleaving",
     time=time, inflight=inflight, supports_vpp=False, equation="[9]-[12]",
     monotone_bubble=True,  # busy + bubble = (m − 1/v)·max stage work + Σ work / v: grows with any F or B
-    min_microbatches=lambda p: p, order=op_order,
+    min_microbatches=lambda p: p, order=op_order, overlaps_p2p=False,
 )
 
 

@@ -44,6 +44,7 @@ SCHEDULE = PipelineSchedule(
     description="GPipe: all forwards, then all backwards; holds every micro-batch's activations",
     time=time, inflight=inflight, supports_vpp=False, equation="[9]-[12] (GPipe)", order=op_order,
     monotone_bubble=True,  # busy + bubble = (m − 1/v)·max stage work + Σ work / v: grows with any F or B
+    overlaps_p2p=False,  # no steady phase: nothing for PP overlap to hide
 )
 
 

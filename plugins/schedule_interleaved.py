@@ -82,16 +82,29 @@ def op_order(p, v, m):
     return out
 
 
-def megatron_args(model, parallel) -> list[str]:
-    """The layer placement (the core's), and the group size when pp does not divide the step's
-    micro-batches (Megatron-Core's default, pp, would refuse the run)."""
+#: Megatron-LM overlaps the interleaved schedule's p2p by default (since 2023-10); this turns it off
+NO_P2P_OVERLAP = "--no-overlap-p2p-communication"
+
+
+def megatron_args(model, parallel, context) -> list[str]:
+    """The layer placement (the core's), the group size when pp does not divide the step's
+    micro-batches (Megatron-Core's default, pp, would refuse the run), and ``--no-overlap-p2p-communication``
+    for a configuration priced without PP overlap (``pp_overlap`` off), which Megatron-LM would
+    otherwise run overlapped — with a note at pp 2, where Megatron-LM asserts pp > 2 for interleaving
+    without the overlap (two sends and receives between the same two ranks per communication batch)."""
     from mofa_framework.tuner import pipeline_layout_arguments
 
     p, dp = int(parallel["pp"]), max(int(parallel.get("dp", 1)), 1)
     m = int(parallel["global_batch_size"]) // (dp * int(parallel["micro_batch_size"]))
     n = int(group_size(m, p)[0])
-    return pipeline_layout_arguments(model, parallel) + (
+    out = pipeline_layout_arguments(model, parallel) + (
         ["--microbatch-group-size-per-virtual-pipeline-stage", str(n)] if n != p else [])
+    if "pp_overlap" not in context.features:
+        out.append(NO_P2P_OVERLAP)
+        if p == 2:
+            out.append(f"# {NO_P2P_OVERLAP} at pp 2: Megatron-LM asserts pp > 2 for interleaving without p2p "
+                       "overlap; run it with the overlap (pp_overlap), which this configuration was priced without")
+    return out
 
 
 SCHEDULE = PipelineSchedule(

@@ -218,10 +218,13 @@ FORK_FEATURES = {
 #: to that feature's own rules: DeepSpeed's pipeline engine runs ZB-H1 in Megatron-DeepSpeed
 #: (``--enable-zbh1-pipeline``)
 OTHER_CODE_BASES = ("deepspeed_zero",)
-#: mainline flags the fork does not take, and what it does instead
-FORK_UNSUPPORTED = {"--overlap-p2p-communication": f"not a flag of the {FORK}, which overlaps the pipeline's "
-                                                   "sends and receives by default (--no-overlap-p2p-communication "
-                                                   "turns it off)"}
+#: the fork overlaps the pipeline's sends and receives by default (Megatron-LM's behaviour since
+#: 2023-10); a configuration priced without ``pp_overlap`` turns it off with this flag
+FORK_NO_P2P_OVERLAP = "--no-overlap-p2p-communication"
+
+
+def _p2p_flag(context) -> str:
+    return "" if "pp_overlap" in context.features else f" {FORK_NO_P2P_OVERLAP}"
 
 
 def fork_model_reason(model) -> str:
@@ -373,10 +376,12 @@ def _padding_note(model, parallel, v_shape: bool) -> list[str]:
 
 
 def fork_arguments(flags: str):
-    """ZB-H1 / ZB-H2 in the sail-sg fork: its runtime's flags and the schedule's, and the padding that
-    places a split whose layers are not a multiple of pp (no layout arguments: the fork has none)."""
-    def args(model, parallel) -> list[str]:
-        return [f"# {FORK}: {FORK_RUNTIME} {flags}", *_padding_note(model, parallel, v_shape=False)]
+    """ZB-H1 / ZB-H2 in the sail-sg fork: its runtime's flags and the schedule's (and
+    ``--no-overlap-p2p-communication`` where the configuration was priced without PP overlap, the
+    fork's default), and the padding that places a split whose layers are not a multiple of pp (no
+    layout arguments: the fork has none)."""
+    def args(model, parallel, context) -> list[str]:
+        return [f"# {FORK}: {FORK_RUNTIME} {flags}{_p2p_flag(context)}", *_padding_note(model, parallel, v_shape=False)]
     return args
 
 
@@ -405,12 +410,13 @@ def from_megatron_h2(args) -> bool:
             and _pending_backward(args) >= 2.0)
 
 
-def megatron_args_v(model, parallel) -> list[str]:
+def megatron_args_v(model, parallel, context) -> list[str]:
     """ZB-V in the sail-sg fork: ``--zero-bubble-v-schedule`` splits every stage into its two V
     chunks itself (no virtual-pipeline arguments); its bubble assumes optimizer post-validation.
     Layers not a multiple of pp need ``--allow-padding-num-layers`` (the padding off rank 0)."""
-    return [f"# {FORK}: {FORK_RUNTIME} --zero-bubble-v-schedule --enable-optimizer-post-validation (two "
-            "V-shaped chunks per stage; no virtual-pipeline arguments)", *_padding_note(model, parallel, v_shape=True)]
+    return [f"# {FORK}: {FORK_RUNTIME} --zero-bubble-v-schedule --enable-optimizer-post-validation"
+            f"{_p2p_flag(context)} (two V-shaped chunks per stage; no virtual-pipeline arguments)",
+            *_padding_note(model, parallel, v_shape=True)]
 
 
 ZB_H1 = PipelineSchedule(
@@ -419,7 +425,7 @@ ZB_H1 = PipelineSchedule(
     time=time_h1, inflight=inflight_h1, supports_vpp=False, equation="ZB-H1 (Qi et al. 2023)",
     min_microbatches=lambda p: p, order=op_order_h1, end_stages=fork_end_stages(v_shape=False),
     megatron_args=fork_arguments("--enable-zero-bubble --zero-bubble-max-pending-backward pp"),
-    feasible=fork_feasible(post_validation=False), megatron_unsupported=FORK_UNSUPPORTED,
+    feasible=fork_feasible(post_validation=False),
     from_megatron=from_megatron_h1,
 )
 ZB_H2 = PipelineSchedule(
@@ -429,7 +435,7 @@ ZB_H2 = PipelineSchedule(
     min_microbatches=lambda p: p, order=op_order_h2, end_stages=fork_end_stages(v_shape=False),
     megatron_args=fork_arguments("--enable-zero-bubble --zero-bubble-max-pending-backward 2·pp "
                                  "--enable-optimizer-post-validation"),
-    feasible=fork_feasible(post_validation=True), megatron_unsupported=FORK_UNSUPPORTED,
+    feasible=fork_feasible(post_validation=True),
     from_megatron=from_megatron_h2,
 )
 ZB_V = PipelineSchedule(
@@ -437,7 +443,7 @@ ZB_V = PipelineSchedule(
     description="ZeroBubble ZB-V: V-shaped 2 chunks per stage, bubble (p-1)(F+B-2W)+ per chunk at 1F1B's memory",
     time=time_v, inflight=inflight_v, supports_vpp=True, requires_vpp=True, equation="ZB-V (Qi et al. 2023, §6)",
     min_microbatches=lambda p: p, order=op_order_v, route=lambda p, v, m: v_route(p),
-    feasible=fork_feasible(post_validation=True, v_shape=True), megatron_unsupported=FORK_UNSUPPORTED,
+    feasible=fork_feasible(post_validation=True, v_shape=True),
     end_stages=fork_end_stages(v_shape=True), megatron_args=megatron_args_v,
 )
 

@@ -569,8 +569,9 @@ def test_the_zero_bubble_forks_flags_select_its_schedules(registry):
                   model="llama3-8b")
     assert {"--enable-zero-bubble", "--zero-bubble-max-pending-backward"} <= set(r.used)
     pred = Predictor()
+    context = MegatronContext(model=registry.model("llama3-8b"), parallel={"pp": 4}, features={"pp_overlap": {}})
     for name in ("zb-h1", "zb-h2"):  # the note's flags, "pp" read as 4
-        note = registry.schedule(name).megatron_args(registry.model("llama3-8b"), {"pp": 4})[0]
+        note = registry.schedule(name).megatron_args(registry.model("llama3-8b"), {"pp": 4}, context)[0]
         words = note.split(": ", 1)[1].replace("2·pp", "8").replace(" pp", " 4").split()
         job = from_args(base[:-1] + words, registry, hardware=H100, num_gpus=8, model="llama3-8b").job
         assert job["pipeline"] == {"schedule": name}, note
@@ -800,3 +801,101 @@ def test_a_dumped_per_layer_window_list(registry):
     r = read_source(text, registry, kind="nemo", hardware=H100, num_gpus=8)
     assert r.job["model"]["sliding_window"] == 1024
     assert r.job["model"]["sliding_window_layer_fraction"] == pytest.approx(8 / 12)
+
+
+# ---------------------------------------------------------------------- the line Megatron-LM parses
+
+#: Megatron-LM's training flags at a recorded commit (tests/data/megatron_lm_flags.py writes it)
+MEGATRON_LM_FLAGS = Path(__file__).resolve().parent / "data" / "megatron_lm_flags.txt"
+
+
+def _option_space(feat) -> list[dict]:
+    """A feature's options: every combination of each field's choices, search values and default
+    (both values of a boolean)."""
+    import itertools
+
+    if not attrs.has(feat.options_type):
+        return [{}]
+    axes = []
+    for f in attrs.fields(feat.options_type):
+        values = {f.default} if not isinstance(f.default, attrs.Factory) else set()
+        values |= set(f.metadata.get("choices") or ()) | set(f.metadata.get("search") or ())
+        if isinstance(f.default, bool):
+            values |= {True, False}
+        axes.append((f.name, sorted(values, key=repr)))
+    return [dict(zip([a for a, _ in axes], combo)) for combo in itertools.product(*[v for _, v in axes])]
+
+
+def _printed_flags(registry) -> dict[str, set[str]]:
+    """flag → who prints it, over every feature's option space and every schedule (pp 1 / 4, with
+    and without its companions), end stages set and a micro-batch group pp does not divide."""
+    out: dict[str, set[str]] = {}
+
+    def add(tokens, who):
+        for tok in tokens:
+            if not tok.startswith("#"):
+                for word in tok.split():
+                    if word.startswith("--"):
+                        out.setdefault(word, set()).add(who)
+
+    models = [registry.model("llama3-70b"), registry.model("deepseek-v3")]
+    for feat in registry.features.values():
+        for opts in _option_space(feat):
+            try:
+                options = feat.options_type(**opts) if attrs.has(feat.options_type) else None
+            except (ValueError, TypeError):
+                continue  # a combination the options refuse
+            for model in models:
+                for pp in (1, 4):
+                    par = {"tp": 8, "pp": pp, "vpp": 1, "cp": 2, "ep": 8, "etp": 1, "dp": 16, "micro_batch_size": 1,
+                           "global_batch_size": 1024, "sequence_length": 4096, "precision": "bf16"}
+                    for companions in ({}, {"recompute": {}}):
+                        ctx = MegatronContext(model=model, parallel=par, features={feat.name: opts, **companions})
+                        add(feat.megatron_tokens(options, ctx), feat.name)
+    for sched in registry.schedules.values():
+        for model in models:
+            par = {"tp": 8, "pp": 4, "vpp": 2 if sched.supports_vpp else 1, "cp": 1, "ep": 8, "etp": 1, "dp": 1,
+                   "micro_batch_size": 1, "global_batch_size": 10, "sequence_length": 4096, "precision": "bf16",
+                   "first_stage_layers": 2 * (2 if sched.supports_vpp else 1), "last_stage_layers": 0}
+            for feats in ({}, {"pp_overlap": {}}):
+                ctx = MegatronContext(model=model, parallel=par, features=feats, schedule=sched.name)
+                if callable(sched.megatron_args):
+                    from mofa_framework.types import positional_count
+
+                    toks = sched.megatron_args(model, par, ctx) if positional_count(sched.megatron_args) >= 3 \
+                        else sched.megatron_args(model, par)
+                else:
+                    from mofa_framework.tuner import pipeline_layout_arguments
+
+                    toks = pipeline_layout_arguments(model, par) + list(sched.megatron_args)
+                add([t for t in toks if t.split()[0] not in sched.megatron_unsupported], f"schedule {sched.name}")
+    return out
+
+
+def test_every_flag_the_megatron_line_prints_is_one_megatron_lm_parses(registry, predictor):
+    """`mofa tune`'s Megatron line is meant to be pasted into a launch script: every flag a feature,
+    a schedule or the core prints (notes aside: a fork's or DeepSpeed's flags go in notes) must be
+    one Megatron-LM's argument parser accepts, else the run stops at argument parsing
+    ("unrecognized arguments"). The list is Megatron-LM's parser at a recorded commit
+    (tests/data/megatron_lm_flags.txt). It caught ``--cpu-offloading`` (no such flag: N > 0 of
+    ``--cpu-offloading-num-layers`` turns it on) and ``--overlap-p2p-communication`` (a flag only from
+    2023-05 to 2023-10; the overlap is the interleaved schedule's default since)."""
+    from mofa_framework.tuner import SearchSpace, TuneRequest, megatron_arguments, tune
+
+    known = {ln.strip() for ln in MEGATRON_LM_FLAGS.read_text().splitlines() if ln.startswith("--")}
+    assert len(known) > 800 and "--tensor-model-parallel-size" in known
+    printed = _printed_flags(registry)
+    for model_name, hw, gpus, extra in (("llama3-70b", H100, 64, {}), ("deepseek-v3", "b200-sxm-180gb", 256, {"ep": (8,)})):
+        model, hardware = registry.model(model_name), registry.hardware_profile(hw)
+        space = SearchSpace(tp=(4,), pp=(4,), vpp=(1, 2), cp=(1, 2), ep=extra.get("ep", (1,)), etp=(1,),
+                            micro_batch_size=(1,), schedules=("1f1b", "interleaved-1f1b"),
+                            features={"distributed_optimizer": ({},), "dp_overlap": ({},), "recompute": ({},)})
+        res = tune(predictor, TuneRequest(model=model, hardware=hardware, num_gpus=gpus, global_batch_size=256,
+                                          sequence_length=8192, space=space, top_k=4, precision="fp8"))
+        for cand in res.best:
+            args, _ = megatron_arguments(model, cand, registry)
+            for line in args:
+                printed.setdefault(line.split()[0], set()).add("core")
+    assert len(printed) >= 40
+    unknown = {flag: sorted(who) for flag, who in printed.items() if flag not in known}
+    assert not unknown, f"flags Megatron-LM does not parse: {unknown}"

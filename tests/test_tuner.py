@@ -877,7 +877,8 @@ def test_pipeline_layout_arguments_follow_megatron_core():
 
 def test_zb_v_and_dualpipe_megatron_lines_match_their_constraints(mofa_predictor):
     """ZB-V runs two V-shaped chunks per stage (vpp = 2, set by the fork's --zero-bubble-v-schedule,
-    so no virtual-pipeline flags); DualPipe states its rank placement and requirements."""
+    so no virtual-pipeline flags), with p2p overlap the fork's default; DualPipe states its rank
+    placement and requirements."""
     reg = mofa_predictor.registry
     model, hw = reg.model("llama3-70b"), reg.hardware_profile("h100-sxm5-80gb")
     space = SearchSpace(tp=(8,), pp=(4,), vpp=(1, 2, 4), cp=(1,), ep=(1,), etp=(1,), micro_batch_size=(1,),
@@ -891,9 +892,14 @@ def test_zb_v_and_dualpipe_megatron_lines_match_their_constraints(mofa_predictor
     assert not any("virtual" in a for a in args)
     assert any("--zero-bubble-v-schedule" in n and "post-validation" in n and "--use-legacy-models" in n
                and "--transformer-impl local" in n for n in notes)
-    # the fork overlaps the pipeline's p2p by default and has no flag for it: a note, not a flag
-    assert "--overlap-p2p-communication" not in " ".join(args)
-    assert any(n.startswith("--overlap-p2p-communication: not a flag of the sail-sg") for n in notes)
+    # the fork overlaps the pipeline's p2p by default, as Megatron-LM has since 2023-10: no flag with
+    # pp_overlap on (Megatron-LM rejects the old --overlap-p2p-communication), the fork's
+    # --no-overlap-p2p-communication in its note for a configuration priced without it
+    assert "overlap-p2p" not in " ".join(args + notes)
+    off = attrs.evolve(result.best[0], features={k: v for k, v in result.best[0].features.items() if k != "pp_overlap"})
+    args_off, notes_off = megatron_arguments(model, off, reg)
+    assert "overlap-p2p" not in " ".join(args_off)
+    assert any("--zero-bubble-v-schedule" in n and "--no-overlap-p2p-communication" in n for n in notes_off)
     dual = attrs.evolve(result.best[0], schedule="dualpipe", parallel={**result.best[0].parallel, "vpp": 1})
     _, notes = megatron_arguments(model, dual, reg)
     assert any("pp−1−j" in n and "2·pp micro-batches" in n for n in notes)
@@ -915,6 +921,31 @@ def test_interleaved_megatron_line_states_the_micro_batch_group_it_needs(mofa_pr
         lines[gbs] = " ".join(megatron_arguments(model, best, reg)[0])
     assert "--microbatch-group-size-per-virtual-pipeline-stage 5" in lines[10]
     assert "--microbatch-group-size" not in lines[8] and "--num-layers-per-virtual-pipeline-stage 10" in lines[8]
+
+
+def test_interleaved_megatron_line_states_p2p_overlap_as_megatron_lm_spells_it(mofa_predictor):
+    """Megatron-LM overlaps the interleaved schedule's p2p by default (since 2023-10; its parser has
+    only --no-overlap-p2p-communication and rejects the older --overlap-p2p-communication): with
+    pp_overlap on the line names no p2p flag, without it --no-overlap-p2p-communication, and at pp 2
+    a note says Megatron-LM asserts pp > 2 for interleaving without the overlap."""
+    reg = mofa_predictor.registry
+    model, hw = reg.model("llama3-8b"), reg.hardware_profile("h100-sxm5-80gb")
+    lines = {}
+    for pp in (4, 2):
+        space = SearchSpace(tp=(2,), pp=(pp,), vpp=(2,), cp=(1,), ep=(1,), etp=(1,), micro_batch_size=(1,),
+                            schedules=("interleaved-1f1b",), features={"pp_overlap": ({},)})
+        best = tune(mofa_predictor, TuneRequest(model=model, hardware=hw, num_gpus=2 * pp, global_batch_size=16,
+                                                sequence_length=4096, space=space, top_k=1)).best[0]
+        assert "pp_overlap" in best.features
+        off = attrs.evolve(best, features={})
+        lines[pp] = {k: megatron_arguments(model, c, reg) for k, c in (("on", best), ("off", off))}
+    for pp in (4, 2):
+        args, notes = lines[pp]["on"]
+        assert "overlap-p2p" not in " ".join(args + notes)
+        args, notes = lines[pp]["off"]
+        assert "--no-overlap-p2p-communication" in args and "--overlap-p2p-communication" not in args
+    assert not any("pp > 2" in n for n in lines[4]["off"][1])
+    assert any("asserts pp > 2" in n for n in lines[2]["off"][1])
 
 
 def test_zero_bubble_schedules_take_only_the_end_stages_their_fork_places(mofa_predictor):

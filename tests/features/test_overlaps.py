@@ -186,6 +186,26 @@ def test_pp_overlap_eq23(mofa_predictor, contention):
     assert_memory_unchanged(on, off)
 
 
+def test_pp_overlap_changes_nothing_where_the_schedule_cannot_overlap(mofa_predictor):
+    """Megatron-LM overlaps p2p only in its interleaved schedule: its arguments turn
+    ``overlap_p2p_comm`` off for the plain 1F1B ("non-interleaved schedule does not support
+    overlapping p2p communication", megatron/training/arguments.py since 2023-10), so on a 1F1B row
+    (``overlaps_p2p = False``) PP overlap leaves the steady p2p and the step as they are, while on
+    the interleaved row beside it it hides them (Llama 3 70B, TP 8, PP 2, 64 H100s)."""
+    reg = mofa_predictor.registry
+    assert reg.schedules["1f1b"].overlaps_p2p is False and reg.schedules["interleaved-1f1b"].overlaps_p2p is True
+    plain = {**DENSE, "parallel": {**DENSE["parallel"], "vpp": 1}, "pipeline": {"schedule": "1f1b"}}
+    off, _ = evaluate(mofa_predictor, plain)
+    on, _ = evaluate(mofa_predictor, plain, {"pp_overlap": {}})
+    assert f0(off.state.pipe.steady_p2p_s) > 0
+    assert f0(on.state.pipe.steady_p2p_s) == f0(off.state.pipe.steady_p2p_s)
+    assert f0(on.step_time_s) == f0(off.step_time_s) and f0(on.breakdown["pp_comm"]) == f0(off.breakdown["pp_comm"])
+    i_off, _ = evaluate(mofa_predictor, DENSE)
+    i_on, _ = evaluate(mofa_predictor, DENSE, {"pp_overlap": {}})
+    assert f0(i_on.state.pipe.steady_p2p_s) < f0(i_off.state.pipe.steady_p2p_s)
+    assert f0(i_on.step_time_s) < f0(i_off.step_time_s)
+
+
 def _dp_side(comm, compute, pieces, a, b):
     """[24], one side: the first (or last) piece exposed, each other one against `compute`."""
     piece = comm / pieces
