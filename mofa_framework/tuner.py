@@ -1768,6 +1768,12 @@ def megatron_arguments(model: ModelSpec, cand: Candidate, registry) -> tuple[lis
             lines.append(tok)
         elif lines and lines[-1] != "":
             lines[-1] += f" {tok}"
+    # a feature's flag Megatron-LM accepts only beside another (its megatron_requires): dropped without
+    present = {ln.split()[0] for ln in lines if ln}
+    for name in cand.features:
+        for flag, needs in registry.features[name].megatron_requires.items():
+            if flag in present and not present & set(needs):
+                lines = [ln for ln in lines if not ln or ln.split()[0] != flag]
     # flags the schedule's code base (a fork) does not take: a note with what it does instead
     unsupported = sched.megatron_unsupported
     notes += [f"{ln}: {unsupported[ln.split()[0]]}" for ln in lines if ln and ln.split()[0] in unsupported]

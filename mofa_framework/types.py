@@ -888,6 +888,13 @@ class Feature:
     #: ``(options, context) -> list[str]`` when they depend on the configuration (a layer count):
     #: ``context`` is a :class:`MegatronContext`. Items starting with ``#`` are notes
     megatron_args: Callable | None = None
+    #: flags of its ``megatron_args`` that Megatron-LM accepts only beside another flag (flag → the
+    #: flags, any one of which must be in the line too): the Megatron line drops such a flag where
+    #: the configuration has none of them (``--overlap-param-gather`` needs the distributed
+    #: optimizer or Megatron-FSDP; without them ``dp_overlap`` hides the plain all-reduce alone)
+    megatron_requires: Mapping[str, tuple[str, ...]] = attrs.field(
+        factory=dict, converter=lambda d: {str(k): tuple(v) for k, v in dict(d).items()},
+        validator=attrs.validators.deep_mapping(attrs.validators.instance_of(str), attrs.validators.instance_of(tuple)))
     #: optional ``(args: MegatronArgs) -> dict | None``, the inverse of ``megatron_args``: given a
     #: launch's parsed Megatron-LM arguments (:class:`mofa_framework.megatron.MegatronArgs`), the
     #: feature's options (a ``[features.<name>]`` table, ``{}`` for the defaults) when they turn it

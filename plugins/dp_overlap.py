@@ -192,6 +192,9 @@ FEATURE = OverlapStrategy(
     applies=lambda batch, model, hardware: (batch.dp * batch.cp > 1) | (
         (batch.tp * batch.cp * batch.dp > batch.ep * batch.etp) if model.is_moe else False),
     megatron_args=megatron_args,
+    # Megatron-LM asserts "--overlap-param-gather only supported with distributed optimizer, megatron
+    # fsdp, or dist_muon" (megatron/training/arguments.py); without them there is no gather to overlap
+    megatron_requires={"--overlap-param-gather": ("--use-distributed-optimizer", "--use-megatron-fsdp")},
     from_megatron=from_megatron,
 )
 

@@ -90,8 +90,9 @@ def megatron_args(model, parallel, context) -> list[str]:
     """The layer placement (the core's), the group size when pp does not divide the step's
     micro-batches (Megatron-Core's default, pp, would refuse the run), and ``--no-overlap-p2p-communication``
     for a configuration priced without PP overlap (``pp_overlap`` off), which Megatron-LM would
-    otherwise run overlapped — with a note at pp 2, where Megatron-LM asserts pp > 2 for interleaving
-    without the overlap (two sends and receives between the same two ranks per communication batch)."""
+    otherwise run overlapped — except at pp 2, where Megatron-LM asserts pp > 2 for interleaving
+    without the overlap (two sends and receives between the same two ranks per communication batch):
+    there a note says the run overlaps."""
     from mofa_framework.tuner import pipeline_layout_arguments
 
     p, dp = int(parallel["pp"]), max(int(parallel.get("dp", 1)), 1)
@@ -100,10 +101,11 @@ def megatron_args(model, parallel, context) -> list[str]:
     out = pipeline_layout_arguments(model, parallel) + (
         ["--microbatch-group-size-per-virtual-pipeline-stage", str(n)] if n != p else [])
     if "pp_overlap" not in context.features:
-        out.append(NO_P2P_OVERLAP)
-        if p == 2:
-            out.append(f"# {NO_P2P_OVERLAP} at pp 2: Megatron-LM asserts pp > 2 for interleaving without p2p "
-                       "overlap; run it with the overlap (pp_overlap), which this configuration was priced without")
+        if p == 2:  # Megatron-LM refuses the flag here: the run overlaps, as its default
+            out.append(f"# p2p overlap on (Megatron-LM's default): it asserts pp > 2 for interleaving with "
+                       f"{NO_P2P_OVERLAP}; this configuration was priced without the overlap (pp_overlap)")
+        else:
+            out.append(NO_P2P_OVERLAP)
     return out
 
 

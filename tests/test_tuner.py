@@ -926,8 +926,9 @@ def test_interleaved_megatron_line_states_the_micro_batch_group_it_needs(mofa_pr
 def test_interleaved_megatron_line_states_p2p_overlap_as_megatron_lm_spells_it(mofa_predictor):
     """Megatron-LM overlaps the interleaved schedule's p2p by default (since 2023-10; its parser has
     only --no-overlap-p2p-communication and rejects the older --overlap-p2p-communication): with
-    pp_overlap on the line names no p2p flag, without it --no-overlap-p2p-communication, and at pp 2
-    a note says Megatron-LM asserts pp > 2 for interleaving without the overlap."""
+    pp_overlap on the line names no p2p flag, without it --no-overlap-p2p-communication — except at
+    pp 2, where Megatron-LM asserts pp > 2 for interleaving without the overlap: no flag (the run
+    overlaps) and a note saying so."""
     reg = mofa_predictor.registry
     model, hw = reg.model("llama3-8b"), reg.hardware_profile("h100-sxm5-80gb")
     lines = {}
@@ -942,10 +943,29 @@ def test_interleaved_megatron_line_states_p2p_overlap_as_megatron_lm_spells_it(m
     for pp in (4, 2):
         args, notes = lines[pp]["on"]
         assert "overlap-p2p" not in " ".join(args + notes)
-        args, notes = lines[pp]["off"]
-        assert "--no-overlap-p2p-communication" in args and "--overlap-p2p-communication" not in args
-    assert not any("pp > 2" in n for n in lines[4]["off"][1])
-    assert any("asserts pp > 2" in n for n in lines[2]["off"][1])
+    args, notes = lines[4]["off"]
+    assert "--no-overlap-p2p-communication" in args and not any("pp > 2" in n for n in notes)
+    args, notes = lines[2]["off"]  # Megatron-LM would refuse the flag: the run overlaps, a note says so
+    assert "overlap-p2p" not in " ".join(args) and any("asserts pp > 2" in n for n in notes)
+
+
+def test_megatron_line_drops_a_flag_megatron_lm_takes_only_beside_another(mofa_predictor):
+    """Megatron-LM asserts ``--overlap-param-gather`` only with the distributed optimizer or
+    Megatron-FSDP (dp_overlap's ``megatron_requires``): with plain DDP the DP overlap is
+    ``--overlap-grad-reduce`` alone (the all-reduce it hides), beside the distributed optimizer
+    both flags."""
+    reg = mofa_predictor.registry
+    model, hw = reg.model("llama3.2-1b"), reg.hardware_profile("h100-sxm5-80gb")
+    space = SearchSpace(tp=(1,), pp=(1,), vpp=(1,), cp=(1,), ep=(1,), etp=(1,), micro_batch_size=(1,),
+                        schedules=("1f1b",), features={"dp_overlap": ({},)})
+    best = tune(mofa_predictor, TuneRequest(model=model, hardware=hw, num_gpus=8, global_batch_size=32,
+                                            sequence_length=4096, space=space, top_k=1)).best[0]
+    assert set(best.features) == {"dp_overlap"}
+    plain = " ".join(megatron_arguments(model, best, reg)[0])
+    assert "--overlap-grad-reduce" in plain and "--overlap-param-gather" not in plain
+    sharded = attrs.evolve(best, features={**best.features, "distributed_optimizer": {}})
+    line = " ".join(megatron_arguments(model, sharded, reg)[0])
+    assert "--overlap-param-gather" in line and "--use-distributed-optimizer" in line
 
 
 def test_zero_bubble_schedules_take_only_the_end_stages_their_fork_places(mofa_predictor):
