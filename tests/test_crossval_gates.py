@@ -149,12 +149,17 @@ from mofa_framework.uncertainty import TABLE
 #: and GB200 / GB300 refitted: Megatron-Bridge 11.17 → 11.05 %, MoE zoo 13.80 → 12.10 %, overall 7.395 →
 #: 7.355 %, in-sample 6.349 → 6.249 %; then Llama 3 8B's full-iteration graphs (B200, B300, GB200, GB300 refitted):
 #: overall 7.355 → 7.359 %, in-sample 6.249 → 6.252 % (within the refits' noise)
+#: Reset on 2026-11-30 after PP overlap stopped hiding plain 1F1B's steady p2p, which Megatron-LM never
+#: overlaps (its arguments turn overlap_p2p_comm off without interleaving; 36 rows of Megatron-Bridge,
+#: NeMo and the MoE zoo), and H100, B200, B300, GB200, GB300 refitted; looser by the trade:
+#: Megatron-Bridge 11.04 → 11.26 %, MoE zoo 12.10 → 12.17 %, NeMo 24.07 6.67 → 6.75 %, overall 7.359 →
+#: 7.391 %, in-sample 6.252 → 6.258 %; torchtitan 12.25 → 12.24 %
 NOT_YET_MET: dict[str, float] = {
-    "source:nvidia_megatron_bridge": 0.1105,
-    "source:megatron_core_moe": 0.1210,
-    "source:torchtitan_benchmarks": 0.1225,
-    "overall": 0.0736,
-    "in-sample": 0.0625,
+    "source:nvidia_megatron_bridge": 0.1126,
+    "source:megatron_core_moe": 0.1217,
+    "source:torchtitan_benchmarks": 0.1224,
+    "overall": 0.0739,
+    "in-sample": 0.0626,
     "ranking:megatron_core_moe": 0.1026,
     "ranking:torchtitan_benchmarks": 0.5000,
 }
