@@ -61,6 +61,8 @@ def load_megatron(checkout: Path, arch: dict):
     finally:
         sys.argv = argv
     arguments.get_device_arch_version = lambda: arch["major"]
+    from megatron.training.argument_utils import core_transformer_config_from_args
+    arguments.config_from_args = core_transformer_config_from_args
     torch.cuda.get_device_capability = lambda *a, **k: (arch["major"], 0)
     torch.cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(
         major=arch["major"], minor=0, name="GPU", total_memory=80 << 30, multi_processor_count=132)
@@ -75,11 +77,24 @@ def model_arguments(model) -> list[str]:
            "--num-attention-heads", str(model.num_attention_heads), "--ffn-hidden-size", str(model.ffn_hidden_size),
            "--max-position-embeddings", "131072", "--train-iters", "10", "--lr", "1e-4",
            "--tokenizer-type", "NullTokenizer", "--vocab-size", str(model.vocab_size), "--mock-data"]
+    # the architecture flags a launch script for these models carries (no linear biases, as every model
+    # of the cases has none but GPT-OSS, whose experts' biases Megatron-LM supports at ETP 1 only)
+    out += ["--disable-bias-linear"]
+    if model.position_embedding == "rope":
+        out += ["--position-embedding-type", "rope"]
+    if model.activation.name == "swiglu":
+        out += ["--swiglu"]
+    if model.normalization == "rmsnorm":
+        out += ["--normalization", "RMSNorm"]
+    if not model.tied_embeddings:
+        out += ["--untie-embeddings-and-output-weights"]
     if model.num_kv_heads != model.num_attention_heads:
         out += ["--group-query-attention", "--num-query-groups", str(model.num_kv_heads)]
     if model.is_moe:
         out += ["--num-experts", str(model.num_experts), "--moe-router-topk", str(model.experts_per_token),
-                "--moe-ffn-hidden-size", str(model.moe_ffn_hidden_size), "--moe-grouped-gemm"]
+                "--moe-ffn-hidden-size", str(model.moe_ffn_hidden_size)]
+    if model.num_mtp_layers:
+        out += ["--mtp-num-layers", str(model.num_mtp_layers)]
     return out
 
 
@@ -93,7 +108,10 @@ def check(arguments, words: list[str], gpus: int) -> str:
     argv, sys.argv = sys.argv, ["megatron", *words]
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # Megatron-LM prints every argument it validated
-            arguments.validate_args(arguments.parse_args(), {})
+            parsed = arguments.parse_args()
+            arguments.validate_args(parsed, {})
+            # the model's configuration, whose own checks run when the model is built
+            arguments.config_from_args(parsed)
         return "ok"
     except SystemExit as exc:  # argparse: an unknown flag or a bad value
         return f"argument parsing stopped ({exc})"

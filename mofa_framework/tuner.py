@@ -1726,6 +1726,12 @@ def _layout_string(model: ModelSpec, pp: int, v: int, first: int, mid: int, last
     return "|".join(segments)
 
 
+#: what the Megatron line states for every MoE model unless a feature states otherwise (the flex
+#: dispatcher): the token dispatch and the expert GEMMs MoFa prices, where Megatron-Core's defaults
+#: differ (``moe_token_dispatcher_type = "allgather"``, ``moe_grouped_gemm = False``)
+MOE_DEFAULTS = ("--moe-token-dispatcher-type alltoall", "--moe-grouped-gemm")
+
+
 def megatron_arguments(model: ModelSpec, cand: Candidate, registry) -> tuple[list[str], list[str]]:
     """Megatron-LM arguments for a candidate, one ``--flag value`` per item, and notes (what
     Megatron-LM mainline cannot express). Features and schedules contribute their own."""
@@ -1768,6 +1774,13 @@ def megatron_arguments(model: ModelSpec, cand: Candidate, registry) -> tuple[lis
             lines.append(tok)
         elif lines and lines[-1] != "":
             lines[-1] += f" {tok}"
+    # an MoE layer as MoFa prices it (all-to-all dispatch, grouped expert GEMMs) unless a feature set
+    # the dispatcher: Megatron-Core's defaults are the allgather dispatcher and one GEMM per expert
+    if model.is_moe:
+        for flag in MOE_DEFAULTS:
+            if flag.split()[0] not in seen:
+                lines.append(flag)
+                seen.add(flag.split()[0])
     # a feature's flag Megatron-LM accepts only beside another (its megatron_requires): dropped without
     present = {ln.split()[0] for ln in lines if ln}
     for name in cand.features:

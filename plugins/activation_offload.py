@@ -39,6 +39,16 @@ and, holding the most compute, is the one the step waits on — the first stage'
 one, would price that stage's copies over too long a window when the end stages are lighter). The offloaded
 bytes are whatever earlier features left in the saved activations (run after recompute,
 memfine and fp8).
+
+**Where it runs** (:func:`feasible`): the handler priced here is Megatron-Core's whole-layer CPU
+offloading, which its ``TransformerConfig`` allows only at PP 1 and without activation
+recomputation; a job asking for either is refused, and ``mofa tune`` never offers them (before
+2026-11-30 it did: the best configurations of DeepSeek-V3 on 2,048 H800s and Kimi-K2 offloaded at
+PP 2–4, which Megatron-Core refuses when it builds the model). The per-stage shares above are kept
+general (a third party's offloading at PP > 1 may reuse them); at PP 1 the stage is the model.
+Megatron-Core's per-module ``--fine-grained-activation-offloading`` (2026-01, with
+``--activation-offload-fraction`` since 2026-07) runs at PP > 1 but offloads module inputs — for a
+dense layer not the MLP's own activations — and is not priced here.
 """
 
 from __future__ import annotations
@@ -48,7 +58,7 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.limits import MAX_FACTOR, MAX_LAYERS, between
-from mofa_framework.types import MemoryOptimizer, option
+from mofa_framework.types import ConstraintResult, MemoryOptimizer, option
 
 
 @attrs.frozen(kw_only=True)
@@ -107,6 +117,20 @@ def memory(state, rows):
                                                 host_bytes=mem.host_bytes + moved))
 
 
+def feasible(batch, rows) -> ConstraintResult:
+    """Megatron-Core's whole-layer CPU offloading (the handler this prices) runs only without a
+    pipeline and without activation recomputation: its ``TransformerConfig`` raises "Currently there
+    is no support for Pipeline parallelism with CPU offloading" and "CPU offloading does not work when
+    activation recomputation is enabled" when the model is built, after the arguments have passed."""
+    recompute = np.asarray(batch.feature("recompute").enabled, bool)
+    ok = ~np.asarray(rows.enabled, bool) | ((np.asarray(batch.pp) == 1) & ~recompute)
+    return ConstraintResult(
+        name="cpu_offloading", feasible=ok,
+        reason="features.activation_offload is Megatron-Core's whole-layer CPU offloading, which runs only at "
+               "parallel.pp = 1 and without features.recompute (its TransformerConfig refuses either when the "
+               "model is built): use pp = 1 and drop recompute, or drop activation_offload")
+
+
 def offloaded_layers(fraction: float, layers: int) -> int:
     """Megatron-Core's ``--cpu-offloading-num-layers`` for offloading `fraction` of a rank's `layers`:
     at least one, at most all but the last (its ``TransformerConfig`` requires N < num_layers)."""
@@ -114,22 +138,11 @@ def offloaded_layers(fraction: float, layers: int) -> int:
 
 
 def megatron_args(options, context) -> list[str]:
-    """``--cpu-offloading-num-layers N`` (N of :func:`offloaded_layers` over the layers a rank holds),
-    with a note where Megatron-Core refuses the combination: its whole-layer offloading runs only at
-    PP 1 and without activation recomputation. Megatron-LM has no ``--cpu-offloading`` flag: N > 0
+    """``--cpu-offloading-num-layers N`` (N of :func:`offloaded_layers` over the model's layers: the
+    feature runs only at PP 1, :func:`feasible`). Megatron-LM has no ``--cpu-offloading`` flag: N > 0
     turns ``cpu_offloading`` on (``megatron/training/arguments.py``, since 2025-10; the config field
     has no argument of its own), so the flag would stop the run at argument parsing."""
-    par = context.parallel
-    pp = int(par.get("pp", 1))
-    layers = context.model.num_layers // pp
-    out = ["--cpu-offloading-num-layers", str(offloaded_layers(options.fraction, layers))]
-    if pp > 1:
-        out.append("# activation_offload at PP > 1: Megatron-Core's CPU offloading runs only at PP 1 "
-                   "(its fine-grained --fine-grained-activation-offloading is per module, not priced here)")
-    if "recompute" in context.features:
-        out.append("# activation_offload with recompute: Megatron-Core's CPU offloading refuses "
-                   "--recompute-granularity (TransformerConfig); drop one of the two")
-    return out
+    return ["--cpu-offloading-num-layers", str(offloaded_layers(options.fraction, context.model.num_layers))]
 
 
 def from_megatron(args):
@@ -157,6 +170,7 @@ FEATURE = MemoryOptimizer(
     layer=layer,
     adds_time_only=True,  # trades time for memory: never makes a layer faster
     memory=memory,
+    feasible=feasible,
     after=("recompute", "memfine", "fp8", "kernel_scaling", "tp_overlap", "cp_overlap", "ep_overlap"),
 )
 

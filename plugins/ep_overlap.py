@@ -34,7 +34,7 @@ import attrs
 import numpy as np
 
 from mofa_framework import hookimpl
-from mofa_framework.types import OverlapStrategy, option
+from mofa_framework.types import ConstraintResult, OverlapStrategy, option
 from mofa_plugins._overlap import ContentionOptions, contention
 
 HIDE_WITH = ("layer", "experts")
@@ -64,6 +64,38 @@ def layer(state, rows):
     return attrs.evolve(state, layers=out)
 
 
+def feasible(batch, rows) -> ConstraintResult:
+    """Megatron-Core's A2A overlap (``--overlap-moe-expert-parallel-comm``) refuses full recompute and
+    recompute of the whole MoE layer (its ``TransformerConfig``: "disable full recomputation when
+    enabling overlap_moe_expert_parallel_comm", "disable moe in recompute_modules ...")."""
+    rec = batch.feature("recompute")
+    full = np.asarray(rec.enabled, bool) & (rec.choice("granularity", "full") if "granularity" in rec.options
+                                            else False)
+    moe = np.asarray(rec.enabled, bool) & (np.asarray(rec.options["moe"]) > 0.5 if "moe" in rec.options else False)
+    bad = np.asarray(rows.enabled, bool) & (full | moe)
+    return ConstraintResult(
+        name="ep_overlap_recompute", feasible=~bad,
+        reason="features.ep_overlap (Megatron-Core's --overlap-moe-expert-parallel-comm) refuses full recompute and "
+               "recompute of the whole MoE layer (features.recompute granularity = \"full\" or moe = true): use "
+               "selective recompute without moe, or drop ep_overlap")
+
+
+def unpaired_schedule_rule(schedule: str):
+    """A schedule's rule for rows of a schedule that never runs one micro-batch's forward beside
+    another's backward on a pipeline (plain 1F1B, GPipe): at PP > 1 there is nothing for the A2A
+    overlap to pair, and Megatron-Core asserts a virtual pipeline with it ("If enabling EP A2A
+    overlap, virtual_pipeline_model_parallel_size must be specified when pipeline_model_parallel_size
+    > 1")."""
+    def rule(batch, rows) -> ConstraintResult:
+        bad = np.asarray(rows, bool) & np.asarray(batch.feature("ep_overlap").enabled, bool) & (np.asarray(batch.pp) > 1)
+        return ConstraintResult(
+            name="ep_overlap_unpaired", feasible=~bad,
+            reason=f"features.ep_overlap at parallel.pp > 1 needs a schedule that pairs micro-batches: Megatron-Core "
+                   f"overlaps the MoE all-to-all only in the interleaved schedule (vpp > 1), not in {schedule}: use "
+                   "interleaved-1f1b or drop ep_overlap")
+    return rule
+
+
 def from_megatron(args):
     """On with ``--overlap-moe-expert-parallel-comm``."""
     return {} if args.has("--overlap-moe-expert-parallel-comm") else None
@@ -77,6 +109,7 @@ FEATURE = OverlapStrategy(
     layer=layer,
     applies=lambda batch, model, hardware: (batch.ep > 1) & model.is_moe,
     megatron_args=lambda o: ["--overlap-moe-expert-parallel-comm"],
+    feasible=feasible,
     from_megatron=from_megatron,
 )
 

@@ -18,6 +18,7 @@ import numpy as np
 from mofa_framework import hookimpl
 from mofa_framework.engine import Inflight, PipelineTimes
 from mofa_framework.types import PipelineSchedule
+from mofa_plugins.ep_overlap import unpaired_schedule_rule
 
 
 def phase_times(x, n_w, chunks) -> PipelineTimes:
@@ -68,6 +69,7 @@ SCHEDULE = PipelineSchedule(
     time=time, inflight=inflight, supports_vpp=False, equation="[9]-[12]",
     monotone_bubble=True,  # busy + bubble = (m − 1/v)·max stage work + Σ work / v: grows with any F or B
     min_microbatches=lambda p: p, order=op_order, overlaps_p2p=False,
+    feasible=unpaired_schedule_rule("1f1b"),  # no A2A overlap at PP > 1: nothing pairs micro-batches
 )
 
 

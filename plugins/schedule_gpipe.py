@@ -18,6 +18,7 @@ import numpy as np
 from mofa_framework import hookimpl
 from mofa_framework.engine import Inflight, PipelineTimes
 from mofa_framework.types import PipelineSchedule
+from mofa_plugins.ep_overlap import unpaired_schedule_rule
 
 
 def time(x) -> PipelineTimes:
@@ -45,6 +46,7 @@ SCHEDULE = PipelineSchedule(
     time=time, inflight=inflight, supports_vpp=False, equation="[9]-[12] (GPipe)", order=op_order,
     monotone_bubble=True,  # busy + bubble = (m − 1/v)·max stage work + Σ work / v: grows with any F or B
     overlaps_p2p=False,  # no steady phase: nothing for PP overlap to hide
+    feasible=unpaired_schedule_rule("gpipe"),  # all forwards, then all backwards: nothing to pair
 )
 
 

@@ -277,6 +277,10 @@ flag_case("--feature-conflict", ["--feature", "cpu_optimizer", "--feature", "dis
 flag_case("--first-stage-layers-negative", ["--pp", "2", "--first-stage-layers", "-1"], "parallel.first_stage_layers")
 flag_case("--last-stage-layers-too-many", ["--pp", "2", "--last-stage-layers", "100000"], "last_stage_layers")
 flag_case("--first-stage-layers-word", ["--first-stage-layers", "seven"], "--first-stage-layers")
+flag_case("--feature-activation-offload-pp2", ["--pp", "2", "--feature", "activation_offload"],
+          "features.activation_offload", "pp = 1")
+flag_case("--feature-activation-offload-recompute", ["--feature", "activation_offload", "--feature", "recompute"],
+          "features.activation_offload", "recompute")
 flag_case("--schedule-unknown", ["--schedule", "nonesuch"], "pipeline.schedule")
 flag_case("--vpp-with-1f1b", ["--pp", "2", "--vpp", "2", "--schedule", "1f1b"], "does not interleave")
 flag_case("--model-unknown", ["--model", "llama9-1t"], "model.name")

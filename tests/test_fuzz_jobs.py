@@ -227,8 +227,9 @@ def test_ten_thousand_mutated_job_documents():
     assert len(accepted) + rejected == N_STRUCTURAL + N_BYTES
     feasible, refused = _predict_all(accepted)
     # the fuzzer reaches both sides of every gate: parsing, resolution, feasibility and the engine
-    # (seeded: 8,815 refused while reading, 1,052 evaluated, 133 refused by a feasibility rule)
-    assert rejected > 5000 and feasible > 800 and refused > 50, (rejected, feasible, refused)
+    # (seeded: 8,892 refused while reading, 736 evaluated, 372 refused by a feasibility rule; 8,815 /
+    # 1,052 / 133 before the DeepSeek-V3 example ran DualPipe, whose rules refuse more of its mutants)
+    assert rejected > 5000 and feasible > 600 and refused > 50, (rejected, feasible, refused)
     # the real entry point (raises on the first infeasible job) agrees on a sample
     for job in accepted[:: max(1, len(accepted) // 150)]:
         try:

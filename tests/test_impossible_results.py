@@ -132,6 +132,7 @@ def test_deepseek_v3_ep1_etp8_activations_positive():
     −1.63 GiB. MemFine now drops S_exp as stored: S_exp − (1 − 0.5)·dt·R·(h + f_e/etp)."""
     doc = example("deepseek-v3-h800.toml")
     doc["parallel"].update(ep=1, etp=8)
+    doc["features"]["fp8"] = {}  # the default recipe: the saved GEMM inputs at exactly half size
     pred, job = evaluate(doc)
     assert pred.memory_breakdown["activations"][0] > 0
     from mofa_plugins.memfine import expert_activation_bytes, stored_expert_bytes

@@ -1030,13 +1030,13 @@ def test_zero_bubble_schedules_take_only_the_end_stages_their_fork_places(mofa_p
 
 def test_rows_identical_in_every_number_collapse_into_one_with_variants(mofa_predictor):
     """Top-k without near-duplicates: configurations with the same structure, step time and memory
-    (a feature that changes nothing there, e.g. activation offload keeping every layer resident)
-    are one row listing the others as variants."""
+    (a feature that changes nothing there, e.g. PP overlap under plain 1F1B, which Megatron-LM runs
+    without it) are one row listing the others as variants."""
     reg = mofa_predictor.registry
     model, hw = reg.model("llama3-70b"), reg.hardware_profile("h100-sxm5-80gb")
-    space = SearchSpace(tp=(8,), pp=(8,), vpp=(5,), cp=(1,), ep=(1,), etp=(1,), micro_batch_size=(1,),
-                        schedules=("interleaved-1f1b",),  # 10 layers per stage, all resident: nothing to offload
-                        features={f: feature_choices(reg, f) for f in ("activation_offload", "tp_overlap")})
+    space = SearchSpace(tp=(8,), pp=(8,), vpp=(1,), cp=(1,), ep=(1,), etp=(1,), micro_batch_size=(1,),
+                        schedules=("1f1b",),  # no p2p overlap in plain 1F1B: pp_overlap changes nothing
+                        features={f: feature_choices(reg, f) for f in ("pp_overlap", "tp_overlap")})
     result = tune(mofa_predictor, TuneRequest(model=model, hardware=hw, num_gpus=64, global_batch_size=64,
                                               sequence_length=4096, space=space, top_k=5))
     keys = [(tuple(sorted(c.parallel.items())), c.schedule, c.step_time_s, c.peak_memory_gib) for c in result.best]
@@ -1137,9 +1137,9 @@ def test_offloads_that_overflow_the_host_are_not_returned(mofa_predictor):
     space = SearchSpace(tp=(4, 8), pp=(1, 2), vpp=(1,), cp=(1,), ep=(1,), etp=(1,), micro_batch_size=(1,),
                         schedules=("1f1b",),
                         features={f: feature_choices(reg, f) for f in ("activation_offload", "weight_offload")})
-    result = tune(mofa_predictor, TuneRequest(model=model, hardware=hw, num_gpus=16, global_batch_size=16,
+    result = tune(mofa_predictor, TuneRequest(model=model, hardware=hw, num_gpus=32, global_batch_size=16,
                                               sequence_length=4096, space=space, top_k=5))
-    assert result.best
+    assert result.best and any(c.memory_breakdown["host"] > 0 for c in result.best)  # offloading ones among them
     for c in result.best:
         assert c.memory_breakdown["host"] <= 64.0 + 1e-9
     assert sum(n for k, n in result.removed_by.items() if "host memory" in k) > 0

@@ -340,8 +340,8 @@ def test_activation_offload_megatron_arguments_count_the_layers(mofa_predictor):
     """Megatron-Core offloads ``--cpu-offloading-num-layers`` N of ``num_layers`` (N < num_layers,
     default 0 = nothing): LLaMA3-8B's 32 layers at PP 1, a quarter → 8, all → 31 (all but the
     last), written as ``--cpu-offloading-num-layers`` alone (Megatron-LM has no ``--cpu-offloading``
-    flag: N > 0 turns it on); at PP 2 or with recompute a note says Megatron refuses it; read back, N
-    of ``--num-layers`` is the fraction with or without NeMo's ``--cpu-offloading`` beside it, and
+    flag: N > 0 turns it on; PP > 1 and recompute are refused before any line is written); read back,
+    N of ``--num-layers`` is the fraction with or without NeMo's ``--cpu-offloading`` beside it, and
     ``--cpu-offloading`` alone offloads nothing."""
     from mofa_framework.megatron import MegatronArgs, parse_flags
     from mofa_framework.types import MegatronContext
@@ -357,8 +357,6 @@ def test_activation_offload_megatron_arguments_count_the_layers(mofa_predictor):
     assert args(0.25) == ["--cpu-offloading-num-layers", "8"]
     assert args(1.0) == ["--cpu-offloading-num-layers", "31"]
     assert args(0.01)[-1] == "1"  # at least one layer
-    notes = [t for t in args(0.5, pp=2, features=("recompute",)) if t.startswith("#")]
-    assert len(notes) == 2 and "PP 1" in notes[0] and "recompute" in notes[1]
 
     def read(words):
         return feat.from_megatron(MegatronArgs(flags=parse_flags(words.split()), parallel={"pp": 1}))
@@ -503,3 +501,39 @@ def test_predict_prints_the_host_memory_beside_the_peak(mofa_predictor):
     data = json.loads(CliRunner().invoke(cli, [*args, "--feature", "activation_offload", "--format", "json"]).stdout)
     row = data[0] if isinstance(data, list) else data
     assert row["host_gib_per_gpu"] == 256.0 and row["host_memory_gib"] > 0
+
+
+def test_activation_offload_runs_where_megatron_core_offloads(mofa_predictor):
+    """Megatron-Core's whole-layer CPU offloading (what activation_offload prices) raises in its
+    TransformerConfig at PP > 1 ("Currently there is no support for Pipeline parallelism with CPU
+    offloading") and with recompute ("CPU offloading does not work when activation recomputation is
+    enabled"): a job asking for either is refused with one line naming the feature and the fix, at
+    PP 1 without recompute it is priced; `mofa tune` never offers the refused ones."""
+    from mofa_framework.errors import ConfigError
+    from mofa_framework.tuner import SearchSpace, TuneRequest, feature_choices, tune
+
+    base = {"model": {"name": "llama3-8b"}, "hardware": {"name": "h100-sxm5-80gb", "num_gpus": 8},
+            "parallel": {"tp": 2, "pp": 1, "micro_batch_size": 1, "global_batch_size": 16, "sequence_length": 4096}}
+
+    def predict(pp=1, features=None):
+        job = {**base, "parallel": {**base["parallel"], "pp": pp},
+               "features": {"activation_offload": {"fraction": 0.5}, **(features or {})}}
+        return mofa_predictor.predict(mofa_predictor.job(job))[0]
+
+    assert predict().memory_breakdown["host"] > 0
+    for pp, extra in ((2, None), (1, {"recompute": {"granularity": "full"}})):
+        with pytest.raises(ConfigError) as err:
+            predict(pp, extra)
+        msg = str(err.value)
+        assert "activation_offload" in msg and "pp = 1" in msg and "recompute" in msg and "\n" not in msg.strip()
+    reg = mofa_predictor.registry
+    model, hw = reg.model("llama3-70b"), reg.hardware_profile("h100-sxm5-80gb")
+    space = SearchSpace(tp=(8,), pp=(1, 2, 4), vpp=(1,), cp=(1,), ep=(1,), etp=(1,), micro_batch_size=(1,),
+                        schedules=("1f1b",), features={f: feature_choices(reg, f)
+                                                      for f in ("activation_offload", "recompute")})
+    result = tune(mofa_predictor, TuneRequest(model=model, hardware=hw, num_gpus=64, global_batch_size=64,
+                                              sequence_length=4096, space=space, top_k=10))
+    assert result.best
+    for c in result.best:
+        if "activation_offload" in c.features:
+            assert c.parallel["pp"] == 1 and "recompute" not in c.features

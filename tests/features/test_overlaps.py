@@ -28,8 +28,9 @@ MOE = {"model": {"name": "mixtral-8x7b"}, "hardware": {"name": "h100-sxm5-80gb",
        "parallel": {"tp": 2, "pp": 2, "ep": 8, "micro_batch_size": 1, "global_batch_size": 128,
                     "sequence_length": 4096}}
 #: the configuration each feature is checked on (one where it has something to do)
-CONFIG = {"tp_overlap": DENSE, "cp_overlap": CP, "ep_overlap": MOE, "pp_overlap": DENSE, "dp_overlap": DENSE,
-          "kernel_scaling": DENSE}
+CONFIG = {"tp_overlap": DENSE, "cp_overlap": CP, "pp_overlap": DENSE, "dp_overlap": DENSE, "kernel_scaling": DENSE,
+          # Megatron-Core overlaps the MoE all-to-all at PP > 1 only in the interleaved schedule
+          "ep_overlap": {**MOE, "parallel": {**MOE["parallel"], "vpp": 2}}}
 ON_OPTIONS = {"tp_overlap": {"chunks": 4}, "kernel_scaling": {"compute_factor": 1.25, "bandwidth_factor": 2.0}}
 
 
