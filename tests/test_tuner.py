@@ -968,6 +968,30 @@ def test_megatron_line_drops_a_flag_megatron_lm_takes_only_beside_another(mofa_p
     assert "--overlap-param-gather" in line and "--use-distributed-optimizer" in line
 
 
+def test_moe_megatron_line_states_the_dispatch_mofa_prices(mofa_predictor):
+    """MoFa prices an MoE layer's all-to-all dispatch and grouped expert GEMMs; Megatron-Core's
+    defaults are the allgather dispatcher (which its A2A overlap refuses) and one GEMM per expert.
+    So an MoE line states --moe-token-dispatcher-type alltoall --moe-grouped-gemm, the flex
+    dispatcher's own type where that feature is on (once), and a dense line neither."""
+    reg = mofa_predictor.registry
+    model, hw = reg.model("mixtral-8x7b"), reg.hardware_profile("h100-sxm5-80gb")
+    space = SearchSpace(tp=(2,), pp=(1,), vpp=(1,), cp=(1,), ep=(8,), etp=(1,), micro_batch_size=(1,),
+                        schedules=("1f1b",), features={"distributed_optimizer": ({},)})
+    best = tune(mofa_predictor, TuneRequest(model=model, hardware=hw, num_gpus=32, global_batch_size=64,
+                                            sequence_length=4096, space=space, top_k=1)).best[0]
+    line = megatron_arguments(model, best, reg)[0]
+    assert "--moe-token-dispatcher-type alltoall" in line and "--moe-grouped-gemm" in line
+    flex = attrs.evolve(best, features={**best.features, "flex_dispatcher": {"backend": "deepep"}})
+    words = " ".join(megatron_arguments(model, flex, reg)[0]).split()
+    assert words.count("--moe-token-dispatcher-type") == 1
+    assert words[words.index("--moe-token-dispatcher-type") + 1] == "flex"
+    dense = reg.model("llama3-8b")
+    dense_best = tune(mofa_predictor, TuneRequest(model=dense, hardware=hw, num_gpus=8, global_batch_size=32,
+                                                  sequence_length=4096, space=attrs.evolve(space, ep=(1,)),
+                                                  top_k=1)).best[0]
+    assert "moe" not in " ".join(megatron_arguments(dense, dense_best, reg)[0])
+
+
 def test_zero_bubble_schedules_take_only_the_end_stages_their_fork_places(mofa_predictor):
     """The ZeroBubble schedules run in the sail-sg fork, which has no end-stage arguments: it splits
     evenly or pads (--allow-padding-num-layers takes the k = −L mod pp padded layers off the last
