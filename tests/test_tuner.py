@@ -933,10 +933,8 @@ def test_interleaved_megatron_line_states_p2p_overlap_as_megatron_lm_spells_it(m
     model, hw = reg.model("llama3-8b"), reg.hardware_profile("h100-sxm5-80gb")
     lines = {}
     for pp in (4, 2):
-        space = SearchSpace(tp=(2,), pp=(pp,), vpp=(2,), cp=(1,), ep=(1,), etp=(1,), micro_batch_size=(1,),
-                            schedules=("interleaved-1f1b",), features={"pp_overlap": ({},)})
-        best = tune(mofa_predictor, TuneRequest(model=model, hardware=hw, num_gpus=2 * pp, global_batch_size=16,
-                                                sequence_length=4096, space=space, top_k=1)).best[0]
+        best = _best_of(mofa_predictor, model, hw, 2 * pp, 16, tp=(2,), pp=(pp,), vpp=(2,),
+                        schedules=("interleaved-1f1b",), features={"pp_overlap": ({},)})
         assert "pp_overlap" in best.features
         off = attrs.evolve(best, features={})
         lines[pp] = {k: megatron_arguments(model, c, reg) for k, c in (("on", best), ("off", off))}
@@ -949,6 +947,15 @@ def test_interleaved_megatron_line_states_p2p_overlap_as_megatron_lm_spells_it(m
     assert "overlap-p2p" not in " ".join(args) and any("asserts pp > 2" in n for n in notes)
 
 
+def _best_of(predictor, model, hw, gpus: int, gbs: int, seq: int = 4096, **space):
+    """The top configuration of a narrow search (one value per axis unless given): tp, pp, vpp, cp,
+    ep, etp and the micro-batch 1 by default, `schedules` and `features` as given."""
+    axes = {"tp": (1,), "pp": (1,), "vpp": (1,), "cp": (1,), "ep": (1,), "etp": (1,), "micro_batch_size": (1,),
+            **space}
+    return tune(predictor, TuneRequest(model=model, hardware=hw, num_gpus=gpus, global_batch_size=gbs,
+                                       sequence_length=seq, space=SearchSpace(**axes), top_k=1)).best[0]
+
+
 def test_megatron_line_drops_a_flag_megatron_lm_takes_only_beside_another(mofa_predictor):
     """Megatron-LM asserts ``--overlap-param-gather`` only with the distributed optimizer or
     Megatron-FSDP (dp_overlap's ``megatron_requires``): with plain DDP the DP overlap is
@@ -956,10 +963,7 @@ def test_megatron_line_drops_a_flag_megatron_lm_takes_only_beside_another(mofa_p
     both flags."""
     reg = mofa_predictor.registry
     model, hw = reg.model("llama3.2-1b"), reg.hardware_profile("h100-sxm5-80gb")
-    space = SearchSpace(tp=(1,), pp=(1,), vpp=(1,), cp=(1,), ep=(1,), etp=(1,), micro_batch_size=(1,),
-                        schedules=("1f1b",), features={"dp_overlap": ({},)})
-    best = tune(mofa_predictor, TuneRequest(model=model, hardware=hw, num_gpus=8, global_batch_size=32,
-                                            sequence_length=4096, space=space, top_k=1)).best[0]
+    best = _best_of(mofa_predictor, model, hw, 8, 32, schedules=("1f1b",), features={"dp_overlap": ({},)})
     assert set(best.features) == {"dp_overlap"}
     plain = " ".join(megatron_arguments(model, best, reg)[0])
     assert "--overlap-grad-reduce" in plain and "--overlap-param-gather" not in plain
@@ -975,10 +979,8 @@ def test_moe_megatron_line_states_the_dispatch_mofa_prices(mofa_predictor):
     dispatcher's own type where that feature is on (once), and a dense line neither."""
     reg = mofa_predictor.registry
     model, hw = reg.model("mixtral-8x7b"), reg.hardware_profile("h100-sxm5-80gb")
-    space = SearchSpace(tp=(2,), pp=(1,), vpp=(1,), cp=(1,), ep=(8,), etp=(1,), micro_batch_size=(1,),
-                        schedules=("1f1b",), features={"distributed_optimizer": ({},)})
-    best = tune(mofa_predictor, TuneRequest(model=model, hardware=hw, num_gpus=32, global_batch_size=64,
-                                            sequence_length=4096, space=space, top_k=1)).best[0]
+    space = {"tp": (2,), "schedules": ("1f1b",), "features": {"distributed_optimizer": ({},)}}
+    best = _best_of(mofa_predictor, model, hw, 32, 64, ep=(8,), **space)
     line = megatron_arguments(model, best, reg)[0]
     assert "--moe-token-dispatcher-type alltoall" in line and "--moe-grouped-gemm" in line
     flex = attrs.evolve(best, features={**best.features, "flex_dispatcher": {"backend": "deepep"}})
@@ -986,9 +988,7 @@ def test_moe_megatron_line_states_the_dispatch_mofa_prices(mofa_predictor):
     assert words.count("--moe-token-dispatcher-type") == 1
     assert words[words.index("--moe-token-dispatcher-type") + 1] == "flex"
     dense = reg.model("llama3-8b")
-    dense_best = tune(mofa_predictor, TuneRequest(model=dense, hardware=hw, num_gpus=8, global_batch_size=32,
-                                                  sequence_length=4096, space=attrs.evolve(space, ep=(1,)),
-                                                  top_k=1)).best[0]
+    dense_best = _best_of(mofa_predictor, dense, hw, 8, 32, **space)
     assert "moe" not in " ".join(megatron_arguments(dense, dense_best, reg)[0])
 
 
