@@ -127,6 +127,13 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=8, help="configurations per case")
     ap.add_argument("--case", action="append", choices=[c[0] for c in CASES])
     args = ap.parse_args()
+    if not (args.megatron_lm / "megatron" / "training" / "arguments.py").is_file():
+        ap.error(f"megatron_lm {args.megatron_lm}: not a Megatron-LM checkout (no megatron/training/arguments.py); "
+                 "give the folder a `git clone https://github.com/NVIDIA/Megatron-LM` made")
+    try:
+        import torch  # noqa: F401 - Megatron-LM imports it at module level
+    except ImportError:
+        ap.error("torch is not installed: `pip install torch` (a CPU build is enough)")
     sys.path.insert(0, str(ROOT))
     from mofa_framework import Predictor
     from mofa_framework.tuner import megatron_arguments

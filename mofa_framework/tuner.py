@@ -1732,6 +1732,17 @@ def _layout_string(model: ModelSpec, pp: int, v: int, first: int, mid: int, last
 MOE_DEFAULTS = ("--moe-token-dispatcher-type alltoall", "--moe-grouped-gemm")
 
 
+def schedule_arguments(sched, model: ModelSpec, parallel: Mapping[str, Any], context: MegatronContext) -> list[str]:
+    """A schedule's part of the Megatron line: its ``megatron_args`` function's tokens (it places its
+    chunks itself, ZB-V's V, or adds to Megatron-Core's placement; given the context when it takes
+    three arguments), else Megatron-Core's layout arguments and its fixed tokens."""
+    if callable(sched.megatron_args):
+        if positional_count(sched.megatron_args) >= 3:
+            return list(sched.megatron_args(model, parallel, context))
+        return list(sched.megatron_args(model, parallel))
+    return pipeline_layout_arguments(model, parallel) + list(sched.megatron_args)
+
+
 def megatron_arguments(model: ModelSpec, cand: Candidate, registry) -> tuple[list[str], list[str]]:
     """Megatron-LM arguments for a candidate, one ``--flag value`` per item, and notes (what
     Megatron-LM mainline cannot express). Features and schedules contribute their own."""
@@ -1739,12 +1750,7 @@ def megatron_arguments(model: ModelSpec, cand: Candidate, registry) -> tuple[lis
     sched = registry.schedules[cand.schedule]
     tokens = ["--tensor-model-parallel-size", str(p["tp"]), "--pipeline-model-parallel-size", str(p["pp"])]
     context = MegatronContext(model=model, parallel=p, features=cand.features, schedule=cand.schedule)
-    # a schedule with its own arguments function places its chunks itself (ZB-V's V)
-    if callable(sched.megatron_args):
-        tokens += list(sched.megatron_args(model, p, context) if positional_count(sched.megatron_args) >= 3
-                       else sched.megatron_args(model, p))
-    else:
-        tokens += pipeline_layout_arguments(model, p) + list(sched.megatron_args)
+    tokens += schedule_arguments(sched, model, p, context)
     if p["cp"] > 1:
         tokens += ["--context-parallel-size", str(p["cp"])]
     if model.is_moe:

@@ -45,6 +45,17 @@ class PpOverlapOptions(ContentionOptions):
     pass
 
 
+#: Megatron-LM's flag that turns off the p2p overlap its interleaved schedule (and the ZeroBubble fork)
+#: runs by default since 2023-10
+NO_P2P_OVERLAP = "--no-overlap-p2p-communication"
+
+
+def priced_without(context) -> bool:
+    """Whether a configuration (a ``MegatronContext``) was priced without PP overlap: a schedule
+    that overlaps by default then writes :data:`NO_P2P_OVERLAP` in its Megatron line."""
+    return "pp_overlap" not in context.features
+
+
 def overlapping_schedules(state) -> np.ndarray:
     """Per row: whether its schedule's implementation can overlap p2p (``overlaps_p2p``)."""
     registry = state.ctx.pm.registry

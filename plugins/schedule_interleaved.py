@@ -25,6 +25,7 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.types import PipelineSchedule
+from mofa_plugins.pp_overlap import NO_P2P_OVERLAP, priced_without
 from mofa_plugins.schedule_1f1b import phase_times
 from mofa_framework.engine import Inflight, PipelineTimes
 
@@ -82,10 +83,6 @@ def op_order(p, v, m):
     return out
 
 
-#: Megatron-LM overlaps the interleaved schedule's p2p by default (since 2023-10); this turns it off
-NO_P2P_OVERLAP = "--no-overlap-p2p-communication"
-
-
 def megatron_args(model, parallel, context) -> list[str]:
     """The layer placement (the core's), the group size when pp does not divide the step's
     micro-batches (Megatron-Core's default, pp, would refuse the run), and ``--no-overlap-p2p-communication``
@@ -100,7 +97,7 @@ def megatron_args(model, parallel, context) -> list[str]:
     n = int(group_size(m, p)[0])
     out = pipeline_layout_arguments(model, parallel) + (
         ["--microbatch-group-size-per-virtual-pipeline-stage", str(n)] if n != p else [])
-    if "pp_overlap" not in context.features:
+    if priced_without(context):
         if p == 2:  # Megatron-LM refuses the flag here: the run overlaps, as its default
             out.append(f"# p2p overlap on (Megatron-LM's default): it asserts pp > 2 for interleaving with "
                        f"{NO_P2P_OVERLAP}; this configuration was priced without the overlap (pp_overlap)")

@@ -55,6 +55,7 @@ from mofa_framework.simulate import greedy_order
 from mofa_framework.types import ConstraintResult, PipelineSchedule
 
 from ._attention_kernels import resolve
+from .pp_overlap import NO_P2P_OVERLAP, priced_without
 
 
 def _zb_times(x, n_w, chunks, w_credit, adaptive: bool = False) -> PipelineTimes:
@@ -218,13 +219,10 @@ FORK_FEATURES = {
 #: to that feature's own rules: DeepSpeed's pipeline engine runs ZB-H1 in Megatron-DeepSpeed
 #: (``--enable-zbh1-pipeline``)
 OTHER_CODE_BASES = ("deepspeed_zero",)
-#: the fork overlaps the pipeline's sends and receives by default (Megatron-LM's behaviour since
-#: 2023-10); a configuration priced without ``pp_overlap`` turns it off with this flag
-FORK_NO_P2P_OVERLAP = "--no-overlap-p2p-communication"
-
-
 def _p2p_flag(context) -> str:
-    return "" if "pp_overlap" in context.features else f" {FORK_NO_P2P_OVERLAP}"
+    """The fork overlaps the pipeline's sends and receives by default (Megatron-LM's behaviour since
+    2023-10): a configuration priced without ``pp_overlap`` turns it off."""
+    return f" {NO_P2P_OVERLAP}" if priced_without(context) else ""
 
 
 def fork_model_reason(model) -> str:

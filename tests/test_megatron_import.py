@@ -829,6 +829,8 @@ def _option_space(feat) -> list[dict]:
 def _printed_flags(registry) -> dict[str, set[str]]:
     """flag → who prints it, over every feature's option space and every schedule (pp 1 / 4, with
     and without its companions), end stages set and a micro-batch group pp does not divide."""
+    from mofa_framework.tuner import schedule_arguments
+
     out: dict[str, set[str]] = {}
 
     def add(tokens, who):
@@ -859,15 +861,7 @@ def _printed_flags(registry) -> dict[str, set[str]]:
                    "first_stage_layers": 2 * (2 if sched.supports_vpp else 1), "last_stage_layers": 0}
             for feats in ({}, {"pp_overlap": {}}):
                 ctx = MegatronContext(model=model, parallel=par, features=feats, schedule=sched.name)
-                if callable(sched.megatron_args):
-                    from mofa_framework.types import positional_count
-
-                    toks = sched.megatron_args(model, par, ctx) if positional_count(sched.megatron_args) >= 3 \
-                        else sched.megatron_args(model, par)
-                else:
-                    from mofa_framework.tuner import pipeline_layout_arguments
-
-                    toks = pipeline_layout_arguments(model, par) + list(sched.megatron_args)
+                toks = schedule_arguments(sched, model, par, ctx)
                 add([t for t in toks if t.split()[0] not in sched.megatron_unsupported], f"schedule {sched.name}")
     return out
 

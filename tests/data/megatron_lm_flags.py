@@ -85,6 +85,10 @@ def flags(megatron_lm: Path) -> list[str]:
 
 
 def main() -> None:
+    if len(sys.argv) < 2 or not (Path(sys.argv[1]) / "megatron" / "training" / "arguments.py").is_file():
+        print(f"error: usage: python {Path(__file__).name} PATH/TO/Megatron-LM [COMMIT-LABEL] (a Megatron-LM checkout: "
+                 "the folder holding megatron/training/arguments.py)", file=sys.stderr)
+        sys.exit(2)
     root = Path(sys.argv[1])
     label = sys.argv[2] if len(sys.argv) > 2 else "(unlabelled checkout)"
     out = Path(__file__).with_suffix(".txt")
