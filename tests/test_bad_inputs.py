@@ -281,6 +281,10 @@ flag_case("--feature-activation-offload-pp2", ["--pp", "2", "--feature", "activa
           "features.activation_offload", "pp = 1")
 flag_case("--feature-activation-offload-recompute", ["--feature", "activation_offload", "--feature", "recompute"],
           "features.activation_offload", "recompute")
+flag_case("--feature-ep-overlap-1f1b-pp2", ["--pp", "2", "--feature", "ep_overlap"], "features.ep_overlap",
+          "interleaved-1f1b", base=MOE_FLAGS)
+flag_case("--feature-ep-overlap-full-recompute", ["--feature", "ep_overlap", "--feature", "recompute:granularity=full"],
+          "features.ep_overlap", "full", base=MOE_FLAGS)
 flag_case("--schedule-unknown", ["--schedule", "nonesuch"], "pipeline.schedule")
 flag_case("--vpp-with-1f1b", ["--pp", "2", "--vpp", "2", "--schedule", "1f1b"], "does not interleave")
 flag_case("--model-unknown", ["--model", "llama9-1t"], "model.name")
