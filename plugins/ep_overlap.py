@@ -97,8 +97,17 @@ def unpaired_schedule_rule(schedule: str):
 
 
 def from_megatron(args):
-    """On with ``--overlap-moe-expert-parallel-comm``."""
+    """On with ``--overlap-moe-expert-parallel-comm``; ``--delay-wgrad-compute``, which Megatron-LM takes
+    only beside it, is what the overlap prices anyway (the backward's weight gradients hide the
+    forward's all-to-alls) and is read as part of it."""
+    args.has("--delay-wgrad-compute")
     return {} if args.has("--overlap-moe-expert-parallel-comm") else None
+
+
+#: the A2A overlap as Megatron-Core's MoE guide configures it (``megatron/core/transformer/moe/README.md``,
+#: "EP A2A Overlap": ``--overlap-moe-expert-parallel-comm --delay-wgrad-compute``), as the
+#: Megatron-MoE-ModelZoo's and Megatron-Bridge's launches the feature is calibrated on run it
+MEGATRON_ARGS = ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
 
 
 FEATURE = OverlapStrategy(
@@ -108,7 +117,7 @@ FEATURE = OverlapStrategy(
     options_type=EpOverlapOptions,
     layer=layer,
     applies=lambda batch, model, hardware: (batch.ep > 1) & model.is_moe,
-    megatron_args=lambda o: ["--overlap-moe-expert-parallel-comm"],
+    megatron_args=lambda o: list(MEGATRON_ARGS),
     feasible=feasible,
     from_megatron=from_megatron,
 )
