@@ -11,8 +11,9 @@ it builds anything. Prints one line per configuration: ``ok`` or the assertion M
 Needs torch (CPU is enough: the device queries Megatron-LM makes while validating — the GPU
 generation — are answered from the case's hardware profile) and the checkout; the GPU-only
 packages it imports are stood in for as in ``tests/data/megatron_lm_flags.py``. The environment
-Megatron-LM reads (``CUDA_DEVICE_MAX_CONNECTIONS``: 1 for tensor or context parallelism, unset
-with Megatron-FSDP or the MoE all-to-all overlap) is set per line as a launch would set it.
+Megatron-LM reads is MoFa's own for the line (``tuner.megatron_environment``, what ``mofa tune`` prints
+beside it: ``CUDA_DEVICE_MAX_CONNECTIONS=1`` for tensor or context parallelism before Blackwell, unset
+under Megatron-FSDP, 32 with the MoE all-to-all overlap), so the audit checks it too.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: a hardware profile's ``compute.architecture`` → the CUDA major version Megatron-LM's device queries see
+ARCH_MAJOR = {"ampere": 8, "ada": 8, "hopper": 9, "blackwell": 10, "blackwell-ultra": 10}
 #: (name, model, hardware, GPUs, global batch, sequence, precision)
 CASES = [
     ("llama3.1-405b-16k", "llama3.1-405b", "h100-sxm5-80gb", 16384, 2048, 8192, "bf16"),
@@ -98,13 +101,15 @@ def model_arguments(model) -> list[str]:
     return out
 
 
-def check(arguments, words: list[str], gpus: int) -> str:
-    """"ok", or the first error Megatron-LM's parse_args / validate_args raises for `words`."""
+def check(arguments, words: list[str], gpus: int, environment) -> str:
+    """"ok", or the first error Megatron-LM's parse_args / validate_args raises for `words`, run in the
+    environment MoFa prints for the line (``tuner.megatron_environment``: a ``LaunchEnvironment``)."""
     os.environ.update(WORLD_SIZE=str(gpus), RANK="0")
-    if "--use-megatron-fsdp" in words or "--overlap-moe-expert-parallel-comm" in words:
-        os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
-    else:
-        os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    for name, value in environment.settings.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     argv, sys.argv = sys.argv, ["megatron", *words]
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # Megatron-LM prints every argument it validated
@@ -136,7 +141,7 @@ def main() -> None:
         ap.error("torch is not installed: `pip install torch` (a CPU build is enough)")
     sys.path.insert(0, str(ROOT))
     from mofa_framework import Predictor
-    from mofa_framework.tuner import megatron_arguments
+    from mofa_framework.tuner import megatron_arguments, megatron_environment
 
     arch = {"major": 9}
     arguments = load_megatron(args.megatron_lm, arch)
@@ -146,19 +151,21 @@ def main() -> None:
     for name, model_name, hw, gpus, gbs, seq, precision in CASES:
         if args.case and name not in args.case:
             continue
-        arch["major"] = 10 if hw.startswith(("b", "gb")) else 8 if hw.startswith("a") else 9
+        profile = reg.hardware_profile(hw)
+        arch["major"] = ARCH_MAJOR[profile.compute.architecture]
         job = predictor.job({"model": {"name": model_name}, "hardware": {"name": hw, "num_gpus": gpus},
                              "parallel": {"global_batch_size": gbs, "sequence_length": seq, "precision": precision}})
         model = reg.model(model_name)
         for cand in predictor.tune(job, top_k=args.top).best:
-            line, _ = megatron_arguments(model, cand, reg)
+            line, _ = megatron_arguments(model, cand, reg, profile)
+            environment = megatron_environment(model, cand, reg, profile)
             words = " ".join(line).split()
-            verdict = check(arguments, model_arguments(model) + words, gpus)
+            verdict = check(arguments, model_arguments(model) + words, gpus, environment)
             failed += verdict != "ok"
             print(f"{name}: {cand.schedule} TP{cand.parallel['tp']} PP{cand.parallel['pp']} "
                   f"VPP{cand.parallel['vpp']} {'+'.join(sorted(cand.features))}: {verdict}")
             if verdict != "ok":
-                print(f"    {' '.join(words)}")
+                print(f"    {'; '.join(environment.shell())}; {' '.join(words)}")
     print(f"{failed} configuration(s) Megatron-LM refuses")
     sys.exit(1 if failed else 0)
 

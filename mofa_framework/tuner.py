@@ -59,7 +59,7 @@ from .engine import Prediction
 from .errors import ConfigError
 from .invariants import feature_rules, schedule_rules
 from .limits import short
-from .types import HardwareProfile, MegatronContext, ModelSpec, Phase, positional_count
+from .types import EnvRequirement, HardwareProfile, MegatronContext, ModelSpec, Phase, positional_count
 from .units import GIB
 
 OBJECTIVES = ("step_time", "e2e_time", "gpu_hours")
@@ -1743,13 +1743,22 @@ def schedule_arguments(sched, model: ModelSpec, parallel: Mapping[str, Any], con
     return pipeline_layout_arguments(model, parallel) + list(sched.megatron_args)
 
 
-def megatron_arguments(model: ModelSpec, cand: Candidate, registry) -> tuple[list[str], list[str]]:
+def megatron_context(model: ModelSpec, cand: Candidate, hardware: HardwareProfile | None = None) -> MegatronContext:
+    """What a feature's Megatron-LM hooks (``megatron_args``, ``megatron_env``) read of a candidate."""
+    arch = hardware.compute.architecture if hardware is not None else ""
+    return MegatronContext(model=model, parallel=cand.parallel, features=cand.features, schedule=cand.schedule,
+                           architecture=arch)
+
+
+def megatron_arguments(model: ModelSpec, cand: Candidate, registry,
+                       hardware: HardwareProfile | None = None) -> tuple[list[str], list[str]]:
     """Megatron-LM arguments for a candidate, one ``--flag value`` per item, and notes (what
-    Megatron-LM mainline cannot express). Features and schedules contribute their own."""
+    Megatron-LM mainline cannot express). Features and schedules contribute their own; `hardware`
+    (optional) tells them the GPU architecture (``MegatronContext.architecture``)."""
     p = cand.parallel
     sched = registry.schedules[cand.schedule]
     tokens = ["--tensor-model-parallel-size", str(p["tp"]), "--pipeline-model-parallel-size", str(p["pp"])]
-    context = MegatronContext(model=model, parallel=p, features=cand.features, schedule=cand.schedule)
+    context = megatron_context(model, cand, hardware)
     tokens += schedule_arguments(sched, model, p, context)
     if p["cp"] > 1:
         tokens += ["--context-parallel-size", str(p["cp"])]
@@ -1797,3 +1806,103 @@ def megatron_arguments(model: ModelSpec, cand: Candidate, registry) -> tuple[lis
     unsupported = sched.megatron_unsupported
     notes += [f"{ln}: {unsupported[ln.split()[0]]}" for ln in lines if ln and ln.split()[0] in unsupported]
     return [ln for ln in lines if ln and ln.split()[0] not in unsupported], notes
+
+
+#: GPU architectures on which Megatron-LM asserts ``CUDA_DEVICE_MAX_CONNECTIONS=1`` with tensor or context
+#: parallelism: a device major version below 10 (``validate_args``: ``get_device_arch_version() < 10``,
+#: "no longer exists since the Blackwell architecture"), where one hardware queue keeps a layer's
+#: communication kernels in issue order with its GEMMs — NVIDIA before Blackwell, and AMD's CDNA GPUs,
+#: whose gfx9 devices report major 9 under ROCm. A profile that names no architecture gets it too (the
+#: launch then runs anywhere but under a feature that forbids it)
+SINGLE_QUEUE_ARCHITECTURES = ("", "volta", "turing", "ampere", "ada", "hopper", "cdna2", "cdna3")
+#: the variable
+MAX_CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
+
+
+@attrs.frozen(kw_only=True)
+class LaunchEnvironment:
+    """The environment a Megatron-LM launch of a candidate needs (:func:`megatron_environment`).
+
+    ``settings``: variable → value, or None where the launch must leave it unset (a requirement that
+    it be anything but a value, with none asking for one). ``reasons``: variable → why, one line.
+    ``notes``: requirements that could not all be met (two features asking different values)."""
+
+    settings: Mapping[str, str | None] = attrs.field(factory=dict)
+    reasons: Mapping[str, str] = attrs.field(factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def shell(self) -> list[str]:
+        """``export NAME=VALUE`` / ``unset NAME`` lines, in name order."""
+        return [f"export {k}={v}" if v is not None else f"unset {k}" for k, v in sorted(self.settings.items())]
+
+    def to_dict(self) -> dict:
+        return {k: self.settings[k] for k in sorted(self.settings)}
+
+
+def core_environment(cand: Candidate, architecture: str) -> list[EnvRequirement]:
+    """The core's own requirement: ``CUDA_DEVICE_MAX_CONNECTIONS=1`` with tensor or context parallelism
+    before Blackwell (:data:`SINGLE_QUEUE_ARCHITECTURES`), which Megatron-LM asserts."""
+    p = cand.parallel
+    if (p["tp"] > 1 or p["cp"] > 1) and architecture in SINGLE_QUEUE_ARCHITECTURES:
+        return [EnvRequirement(name=MAX_CONNECTIONS, value="1", reason=(
+            "asserted by Megatron-LM's validate_args with tensor or context parallelism before Blackwell"))]
+    return []
+
+
+def compose_environment(core: Iterable[EnvRequirement],
+                        features: Iterable[tuple[str, EnvRequirement]]) -> LaunchEnvironment:
+    """One launch environment from the core's requirements and the features' (feature name, requirement).
+
+    A feature's requirement on a variable replaces the core's on it (Megatron-LM waives its own where
+    the feature's code needs otherwise). Per variable: the first required value, else the first
+    recommended one (features in name order), unless a requirement forbids it; no value asked and
+    one forbidden: unset. A value asked against another or against a forbidding requirement is kept
+    out and said in a note."""
+    by: dict[str, list[tuple[str, EnvRequirement]]] = {}
+    for who, req in features:
+        by.setdefault(req.name, []).append((who, req))
+    waived: dict[str, EnvRequirement] = {}
+    for req in core:
+        if req.name in by:
+            waived[req.name] = req
+        else:
+            by[req.name] = [("core", req)]
+    settings: dict[str, str | None] = {}
+    reasons: dict[str, str] = {}
+    notes: list[str] = []
+    for name in sorted(by):
+        reqs = by[name]
+        forbid = [(w, r) for w, r in reqs if not r.equal]
+        ask = sorted(((w, r) for w, r in reqs if r.equal), key=lambda wr: not wr[1].required)
+        value, why = None, []
+        for who, req in ask:
+            against = [w for w, r in forbid if r.value == req.value]
+            if against:
+                notes.append(f"{name}={req.value} ({who}) left out: {', '.join(against)} cannot run with it")
+            elif value is None:
+                value, why = req.value, [f"{who}: {req.reason}" if req.reason else who]
+            elif req.value != value:
+                notes.append(f"{name}={req.value} ({who}: {req.reason}) left out: {value} kept")
+        settings[name] = value
+        reasons[name] = "; ".join(why + [f"{w}: {r.reason}" if r.reason else f"{w}: not {r.value}" for w, r in forbid])
+        core_req = waived.get(name)
+        if core_req is not None and core_req.equal and value != core_req.value:
+            notes.append(f"{name}: {', '.join(sorted({w for w, _ in reqs}))} overrides the core's {core_req.value} "
+                         f"({core_req.reason}); Megatron-LM waives its assertion there but warns that the two "
+                         "run best at different values")
+    return LaunchEnvironment(settings=settings, reasons=reasons, notes=tuple(notes))
+
+
+def megatron_environment(model: ModelSpec, cand: Candidate, registry,
+                         hardware: HardwareProfile | None = None) -> LaunchEnvironment:
+    """The environment variables a Megatron-LM launch of `cand` (its :func:`megatron_arguments` line)
+    needs: the core's (:func:`core_environment`, on `hardware`'s architecture; unknown without it)
+    and every feature's ``megatron_env`` (:class:`~mofa_framework.types.EnvRequirement`), composed by
+    :func:`compose_environment`."""
+    context = megatron_context(model, cand, hardware)
+    wanted: list[tuple[str, EnvRequirement]] = []
+    for name, opts in sorted(cand.features.items()):
+        feat = registry.features[name]
+        opt_obj = feat.options_type(**opts) if attrs.has(feat.options_type) else None
+        wanted += [(name, r) for r in feat.megatron_env_requirements(opt_obj, context)]
+    return compose_environment(core_environment(cand, context.architecture), wanted)

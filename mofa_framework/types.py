@@ -854,6 +854,27 @@ def _components(x) -> frozenset[str] | None:
     return out
 
 
+#: an environment variable's name as a shell takes it
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@attrs.frozen(kw_only=True)
+class EnvRequirement:
+    """One environment variable a Megatron-LM launch of a configuration needs
+    (``Feature.megatron_env``; the core adds its own: :func:`mofa_framework.tuner.megatron_environment`).
+
+    ``equal``: the variable must hold ``value``; else it may hold anything but ``value`` (the launch
+    leaves it unset). ``required``: Megatron-LM asserts it, and a launch without it stops before its
+    first step; else it is what the feature's published launches set for speed. ``reason``: one line
+    saying which code or launch asks for it."""
+
+    name: str = attrs.field(validator=v.matches_re(_ENV_NAME))
+    value: str = attrs.field(validator=v.instance_of(str))
+    equal: bool = attrs.field(default=True, validator=v.instance_of(bool))
+    required: bool = attrs.field(default=True, validator=v.instance_of(bool))
+    reason: str = attrs.field(default="", validator=v.instance_of(str))
+
+
 @attrs.frozen(kw_only=True)
 class Feature:
     """An optimization feature: a cost transform per phase it acts in.
@@ -895,6 +916,13 @@ class Feature:
     megatron_requires: Mapping[str, tuple[str, ...]] = attrs.field(
         factory=dict, converter=lambda d: {str(k): tuple(v) for k, v in dict(d).items()},
         validator=attrs.validators.deep_mapping(attrs.validators.instance_of(str), attrs.validators.instance_of(tuple)))
+    #: optional ``(options) -> Iterable[EnvRequirement]``, or ``(options, context)`` (a
+    #: :class:`MegatronContext`): the environment its Megatron-LM flags need at launch (Megatron-FSDP:
+    #: ``CUDA_DEVICE_MAX_CONNECTIONS`` anything but 1, which Megatron-LM asserts). A feature's
+    #: requirement on a variable replaces the core's on it, as Megatron-LM waives its tensor-parallel
+    #: ``CUDA_DEVICE_MAX_CONNECTIONS=1`` under Megatron-FSDP and the MoE all-to-all overlap
+    #: (:func:`mofa_framework.tuner.megatron_environment` composes them)
+    megatron_env: Callable | None = None
     #: optional ``(args: MegatronArgs) -> dict | None``, the inverse of ``megatron_args``: given a
     #: launch's parsed Megatron-LM arguments (:class:`mofa_framework.megatron.MegatronArgs`), the
     #: feature's options (a ``[features.<name>]`` table, ``{}`` for the defaults) when they turn it
@@ -948,6 +976,18 @@ class Feature:
         return list(self.megatron_args(options, context) if positional_count(self.megatron_args) >= 2
                     else self.megatron_args(options))
 
+    def megatron_env_requirements(self, options, context: MegatronContext) -> list[EnvRequirement]:
+        """The environment its Megatron-LM flags need for one configuration (none without
+        ``megatron_env``): ``megatron_env(options)``, or ``megatron_env(options, context)``."""
+        if self.megatron_env is None:
+            return []
+        got = list(self.megatron_env(options, context) if positional_count(self.megatron_env) >= 2
+                   else self.megatron_env(options))
+        bad = [g for g in got if not isinstance(g, EnvRequirement)]
+        if bad:
+            raise TypeError(f"feature {self.name!r}: megatron_env returned {bad[0]!r}; return EnvRequirement records")
+        return got
+
 
 @functools.lru_cache(maxsize=256)
 def positional_count(fn: Callable) -> int:
@@ -969,6 +1009,9 @@ class MegatronContext:
     features: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
     #: the configuration's pipeline schedule (a registry name; "" when not known)
     schedule: str = ""
+    #: the GPU architecture of the hardware profile (``compute.architecture``: "hopper", "blackwell",
+    #: …; "" when not known)
+    architecture: str = ""
 
 
 @attrs.frozen(kw_only=True)

@@ -51,7 +51,7 @@ import numpy as np
 from mofa_framework import hookimpl
 from mofa_framework.decompose import ALL_GATHER, REDUCE_SCATTER, Coll
 from mofa_framework.engine import ADAM_BYTES_PER_PARAM, _dp_groups, _grad_bytes_per_param, dp_param_groups
-from mofa_framework.types import MemoryOptimizer, option
+from mofa_framework.types import EnvRequirement, MemoryOptimizer, option
 from mofa_plugins.fp8 import fp8_param_rows
 
 #: optimizer state bytes per parameter (fp32 master + Adam m + v)
@@ -195,6 +195,10 @@ def memory(state, rows):
 #: 2025-08, now deprecated) with the checkpoint format it asserts since 2026-04 ("Megatron-FSDP requires
 #: the `fsdp_dtensor` checkpointing format", megatron/training/arguments.py)
 MEGATRON_FSDP = ("--use-megatron-fsdp", "--ckpt-format", "fsdp_dtensor")
+#: the environment Megatron-FSDP asserts ("FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset.",
+#: megatron/training/arguments.py): a launch exporting 1 for tensor parallelism stops there
+MEGATRON_FSDP_ENV = EnvRequirement(name="CUDA_DEVICE_MAX_CONNECTIONS", value="1", equal=False,
+                                   reason="Megatron-FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset (validate_args)")
 
 
 def megatron_args(options) -> list[str]:
@@ -243,6 +247,8 @@ FEATURE = MemoryOptimizer(
                 "reduce-scattered and bf16 parameters all-gathered",
     equation="[25],[26]",
     megatron_args=megatron_args,
+    # Megatron-FSDP (shard_gradients) asserts the environment; the distributed optimizer needs none
+    megatron_env=lambda options: [MEGATRON_FSDP_ENV] if options is not None and options.shard_gradients else [],
     from_megatron=from_megatron,
     options_type=DistributedOptimizerOptions,
     optimizer=optimizer,

@@ -34,7 +34,7 @@ import attrs
 import numpy as np
 
 from mofa_framework import hookimpl
-from mofa_framework.types import ConstraintResult, OverlapStrategy, option
+from mofa_framework.types import ConstraintResult, EnvRequirement, OverlapStrategy, option
 from mofa_plugins._overlap import ContentionOptions, contention
 
 HIDE_WITH = ("layer", "experts")
@@ -110,6 +110,19 @@ def from_megatron(args):
 MEGATRON_ARGS = ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
 
 
+def megatron_env(options) -> list[EnvRequirement]:
+    """More than one hardware queue, so the all-to-alls run beside the other micro-batch's compute
+    (the MoE guide's requirement; at 1 the streams serialise and nothing is hidden), and the SM margin
+    the normalisation kernels leave to them: what Megatron-MoE-ModelZoo's ``A2A_OVERLAP=1`` exports."""
+    zoo = "Megatron-MoE-ModelZoo's A2A-overlap launch (sbatch_benchmarking.sh)"
+    return [EnvRequirement(name="CUDA_DEVICE_MAX_CONNECTIONS", value="32", required=False,
+                           reason="the MoE A2A overlap needs more than one hardware queue (Megatron-Core MoE "
+                                  "README); " + zoo + " sets 32"),
+            *(EnvRequirement(name=f"NVTE_{d}_LAYERNORM_SM_MARGIN", value="20", required=False,
+                             reason="SMs the normalisation kernels leave to the overlapped all-to-alls: " + zoo)
+              for d in ("FWD", "BWD"))]
+
+
 FEATURE = OverlapStrategy(
     name="ep_overlap",
     description="forward compute of one micro-batch hides another's backward all-to-all, and vice versa",
@@ -118,6 +131,7 @@ FEATURE = OverlapStrategy(
     layer=layer,
     applies=lambda batch, model, hardware: (batch.ep > 1) & model.is_moe,
     megatron_args=lambda o: list(MEGATRON_ARGS),
+    megatron_env=megatron_env,
     feasible=feasible,
     from_megatron=from_megatron,
 )

@@ -65,7 +65,7 @@ from mofa_framework.engine import _grad_bytes_per_param, dp_param_groups, frozen
 from mofa_framework.limits import MAX_LAYERS, between
 from mofa_framework.types import MemoryOptimizer, option
 from mofa_plugins._overlap import ContentionOptions, contention, opt
-from mofa_plugins.distributed_optimizer import GRAD_REDUCE_DTYPES, MEGATRON_FSDP, dp_sizes, shard_fraction
+from mofa_plugins.distributed_optimizer import GRAD_REDUCE_DTYPES, MEGATRON_FSDP, MEGATRON_FSDP_ENV, dp_sizes, shard_fraction
 
 #: bytes per parameter of the all-gathered bf16 weights
 PARAM_BYTES = 2.0
@@ -266,6 +266,7 @@ FEATURE = MemoryOptimizer(
     optimizer=optimizer,
     memory=memory,
     megatron_args=megatron_args,
+    megatron_env=lambda options: [MEGATRON_FSDP_ENV],
     from_megatron=from_megatron,
     before=("dp_overlap",),
     after=("fp8", "kernel_scaling", "memfine", "recompute"),

@@ -16,7 +16,7 @@ from ..cli import (ATTENTION_KERNEL_OPTION, DOCUMENT_LENGTH_OPTION, GBS_OPTION, 
 from ..config import own_network, with_power_limit, with_scaleout_bandwidth
 from ..errors import ConfigError
 from ..limits import LIMITS, check, short
-from ..tuner import OBJECTIVES, TuneRequest, job_request, megatron_arguments, stage_layers, tune
+from ..tuner import OBJECTIVES, TuneRequest, job_request, megatron_arguments, megatron_environment, stage_layers, tune
 
 
 def _ints(text: str | None, flag: str, minimum: int = 1) -> tuple[int, ...] | None:
@@ -342,6 +342,8 @@ def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, token
     if not result.proven_optimal and fmt not in ("table", "markdown"):
         click.echo(f"mofa tune: time budget reached after {result.elapsed_s:.1f} s: the best found so far, not proven "
                    f"optimal ({result.unexplored:,} candidates not explored)", err=True)
+    line, notes = megatron_arguments(req.model, result.best[0], reg, req.hardware)
+    env = megatron_environment(req.model, result.best[0], reg, req.hardware)
     if fmt == "json":
         _emit_json({"model": req.model.name, "hardware": req.hardware.name, "num_gpus": req.num_gpus,
                     "power_limit_w": float(req.hardware.compute.power_limit_w),
@@ -355,8 +357,8 @@ def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, token
                     "memory_headroom_gib": result.memory_headroom_gib,
                     "unexplored": result.unexplored,
                     "best": [c.to_dict() for c in result.best], "pareto": [c.to_dict() for c in result.pareto],
-                    "megatron_args": megatron_arguments(req.model, result.best[0], reg)[0],
-                    "megatron_notes": megatron_arguments(req.model, result.best[0], reg)[1]})
+                    "megatron_args": line, "megatron_env": env.to_dict(), "megatron_env_reasons": dict(env.reasons),
+                    "megatron_notes": notes + list(env.notes)})
     elif fmt == "csv":
         rows = [_row(c, reg) for c in result.best]
         buf = io.StringIO()
@@ -365,11 +367,15 @@ def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, token
         w.writerows(rows)
         click.echo(buf.getvalue(), nl=False)
     elif fmt == "megatron":
-        args, notes = megatron_arguments(req.model, result.best[0], reg)
-        for n in notes:
+        for n in notes + list(env.notes):
             click.echo(f"# {n}")
-        click.echo(" \\\n".join(args))
+        for sh in env.shell():
+            click.echo(sh)
+        click.echo(" \\\n".join(line))
     else:
         _print_table(result, req, reg, fmt)
-        args, notes = megatron_arguments(req.model, result.best[0], reg)
-        click.echo("Megatron-LM: " + " ".join(args) + "".join(f"\n  note: {n}" for n in notes))
+        click.echo("Megatron-LM: " + " ".join(line) + "".join(f"\n  note: {n}" for n in notes))
+        if env.settings:
+            click.echo("environment: " + "; ".join(env.shell())
+                       + "".join(f"\n  {k}: {env.reasons[k]}" for k in sorted(env.settings))
+                       + "".join(f"\n  note: {n}" for n in env.notes))
