@@ -86,12 +86,30 @@ class MofaGroup(click.Group):
             ctx.exit(2)
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
+        except BrokenPipeError:  # the reader left (`mofa … | head`): stop quietly, as a SIGPIPE'd tool does
+            _silence_stdout()
+            ctx.exit(SIGPIPE_STATUS)
         except Exception as exc:  # noqa: BLE001
             if os.environ.get("MOFA_DEBUG"):
                 raise
             click.echo(f"internal error: {type(exc).__name__}: {one_line(str(exc))} (set MOFA_DEBUG=1 for the "
                        "traceback and please report it)", err=True)
             ctx.exit(1)
+
+
+#: the exit status of a command whose output's reader went away (128 + SIGPIPE, as the shell reports
+#: a tool the signal stopped)
+SIGPIPE_STATUS = 141
+
+
+def _silence_stdout() -> None:
+    """Point stdout at the null device, so the interpreter's last flush of the closed pipe raises
+    nothing more (the recipe of Python's signal documentation, "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real stdout (captured in tests): nothing to silence
+        pass
 
 
 #: the longest error line the CLI prints (a message listing 200,000 keys is cut, not 1.7 MB long)
