@@ -715,8 +715,9 @@ def write_trace_outputs(predictor, job, trace_path: Path | None, plot_path: Path
 @click.option("--megatron-args", "megatron_args", metavar="ARGS|SCRIPT",
               help="Read the job from Megatron-LM arguments (quoted) or a launch script's path; with --hardware "
                    "and --gpus (unless its torchrun line says), optionally --model.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "jsonl", "csv", "markdown"]), default="table",
-              show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "jsonl", "csv", "markdown", "megatron"]),
+              default="table", show_default=True,
+              help="megatron: each job as a Megatron-LM launch — notes, its environment and its arguments.")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE.json",
               help="Also write the step as a Chrome trace-event timeline (open in ui.perfetto.dev).")
 @click.option("--all-stages", is_flag=True, help="With --trace/--plot-timeline: every pipeline stage, not only "
@@ -745,7 +746,10 @@ def predict(state: State, job_files, fmt, megatron_args, trace_path, all_stages,
         write_trace_outputs(predictor, jobs[0], trace_path, plot_timeline, all_stages)
     dicts = [{**r.to_dict(), **({"sensitivity": [attrs.asdict(x) for x in sens[i]]} if sens else {})}
              for i, r in enumerate(results)]
-    if fmt == "json":
+    if fmt == "megatron":
+        for job in jobs:
+            _echo_launch(job, predictor.registry, header=len(jobs) > 1)
+    elif fmt == "json":
         _emit_json(dicts if len(results) > 1 else dicts[0])
     elif fmt == "jsonl":
         for d in dicts:
@@ -761,6 +765,15 @@ def predict(state: State, job_files, fmt, megatron_args, trace_path, all_stages,
             if sens:
                 _table(sensitivity_rows(sens[i][:SENSITIVITY_TOP]), SENSITIVITY_HEADERS,
                        title="sensitivity of the step time (largest first)", fmt=fmt)
+
+
+def _echo_launch(job, registry, header: bool) -> None:
+    """A job as a Megatron-LM launch (:func:`mofa_framework.tuner.megatron_launch`)."""
+    from .tuner import LaunchConfig, megatron_launch
+
+    if header:
+        click.echo(f"# job: {job.name}")
+    click.echo("\n".join(megatron_launch(job.model, LaunchConfig.of_job(job), registry, job.hardware)))
 
 
 def assemble() -> click.Group:

@@ -1743,14 +1743,38 @@ def schedule_arguments(sched, model: ModelSpec, parallel: Mapping[str, Any], con
     return pipeline_layout_arguments(model, parallel) + list(sched.megatron_args)
 
 
-def megatron_context(model: ModelSpec, cand: Candidate, hardware: HardwareProfile | None = None) -> MegatronContext:
+@attrs.frozen(kw_only=True)
+class LaunchConfig:
+    """What a Megatron-LM launch line describes of a configuration: its parallel settings (the keys of
+    ``Candidate.parallel``), pipeline schedule and features (name → options). A :class:`Candidate`
+    has the same three; :meth:`of_job` makes one of a resolved job, so :func:`megatron_arguments` and
+    :func:`megatron_environment` write a job's launch as they write a tuned candidate's."""
+
+    parallel: Mapping[str, Any]
+    schedule: str
+    features: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
+
+    @classmethod
+    def of_job(cls, job) -> LaunchConfig:
+        p = job.parallel
+        parallel = {"tp": p.tp, "pp": p.pp, "vpp": p.vpp, "cp": p.cp, "ep": p.ep, "etp": p.etp, "dp": job.dp,
+                    "micro_batch_size": p.micro_batch_size, "global_batch_size": p.global_batch_size,
+                    "sequence_length": p.sequence_length, "sequence_parallel": bool(p.sequence_parallel),
+                    "precision": p.precision, "first_stage_layers": p.first_stage_layers,
+                    "last_stage_layers": p.last_stage_layers}
+        feats = {n: attrs.asdict(o) if attrs.has(type(o)) else {} for n, o in job.features.items()}
+        return cls(parallel=parallel, schedule=job.schedule, features=feats)
+
+
+def megatron_context(model: ModelSpec, cand: Candidate | LaunchConfig,
+                     hardware: HardwareProfile | None = None) -> MegatronContext:
     """What a feature's Megatron-LM hooks (``megatron_args``, ``megatron_env``) read of a candidate."""
     arch = hardware.compute.architecture if hardware is not None else ""
     return MegatronContext(model=model, parallel=cand.parallel, features=cand.features, schedule=cand.schedule,
                            architecture=arch)
 
 
-def megatron_arguments(model: ModelSpec, cand: Candidate, registry,
+def megatron_arguments(model: ModelSpec, cand: Candidate | LaunchConfig, registry,
                        hardware: HardwareProfile | None = None) -> tuple[list[str], list[str]]:
     """Megatron-LM arguments for a candidate, one ``--flag value`` per item, and notes (what
     Megatron-LM mainline cannot express). Features and schedules contribute their own; `hardware`
@@ -1839,7 +1863,7 @@ class LaunchEnvironment:
         return {k: self.settings[k] for k in sorted(self.settings)}
 
 
-def core_environment(cand: Candidate, architecture: str) -> list[EnvRequirement]:
+def core_environment(cand: Candidate | LaunchConfig, architecture: str) -> list[EnvRequirement]:
     """The core's own requirement: ``CUDA_DEVICE_MAX_CONNECTIONS=1`` with tensor or context parallelism
     before Blackwell (:data:`SINGLE_QUEUE_ARCHITECTURES`), which Megatron-LM asserts."""
     p = cand.parallel
@@ -1893,7 +1917,7 @@ def compose_environment(core: Iterable[EnvRequirement],
     return LaunchEnvironment(settings=settings, reasons=reasons, notes=tuple(notes))
 
 
-def megatron_environment(model: ModelSpec, cand: Candidate, registry,
+def megatron_environment(model: ModelSpec, cand: Candidate | LaunchConfig, registry,
                          hardware: HardwareProfile | None = None) -> LaunchEnvironment:
     """The environment variables a Megatron-LM launch of `cand` (its :func:`megatron_arguments` line)
     needs: the core's (:func:`core_environment`, on `hardware`'s architecture; unknown without it)
@@ -1906,3 +1930,14 @@ def megatron_environment(model: ModelSpec, cand: Candidate, registry,
         opt_obj = feat.options_type(**opts) if attrs.has(feat.options_type) else None
         wanted += [(name, r) for r in feat.megatron_env_requirements(opt_obj, context)]
     return compose_environment(core_environment(cand, context.architecture), wanted)
+
+
+def megatron_launch(model: ModelSpec, cand: Candidate | LaunchConfig, registry,
+                    hardware: HardwareProfile | None = None) -> list[str]:
+    """A configuration as a Megatron-LM launch fragment, one line each: ``#`` notes (the line's and
+    the environment's), ``export`` / ``unset`` lines, then the arguments joined by ``\\`` line
+    continuations (``mofa tune`` and ``mofa predict --format megatron``)."""
+    line, notes = megatron_arguments(model, cand, registry, hardware)
+    env = megatron_environment(model, cand, registry, hardware)
+    args = [f"{a} \\" for a in line[:-1]] + line[-1:]
+    return [f"# {n}" for n in [*notes, *env.notes]] + env.shell() + args

@@ -174,3 +174,39 @@ def test_mofa_tune_prints_the_environment_in_every_format(run_cli):
     table = run_cli(*base).stdout
     assert "environment: " + shell[0] in table
     assert isinstance(LaunchEnvironment(settings=env).shell(), list)
+
+
+def test_a_jobs_launch_is_the_tuned_candidates_launch(tuned):
+    """``LaunchConfig.of_job`` of the job a candidate stands for gives the candidate's own Megatron
+    line and environment (the round trip `mofa predict --format megatron` relies on)."""
+    from mofa_framework.commands.tune import candidate_job
+    from mofa_framework.tuner import LaunchConfig, megatron_arguments
+
+    p = Predictor()
+    reg = p.registry
+    for key, model_name, gpus, gbs in (("dense", "llama3-70b", 64, 64), ("moe", "qwen3-30b-a3b", 32, 256)):
+        model, cand = tuned[key]
+        job = p.job({"model": {"name": model_name}, "hardware": {"name": "h100-sxm5-80gb", "num_gpus": gpus},
+                     "parallel": {"global_batch_size": gbs, "sequence_length": 4096}})
+        launch = LaunchConfig.of_job(candidate_job(job, cand, reg))
+        assert launch.schedule == cand.schedule
+        assert megatron_arguments(model, launch, reg, job.hardware) == megatron_arguments(model, cand, reg, job.hardware)
+        assert (megatron_environment(model, launch, reg, job.hardware)
+                == megatron_environment(model, cand, reg, job.hardware))
+
+
+def test_mofa_predict_writes_each_job_as_a_megatron_launch(run_cli):
+    out = run_cli("predict", "examples/deepseek-v3-h800.toml", "examples/gpt3-175b-a100.toml",
+                  "--format", "megatron").stdout.splitlines()
+    heads = [i for i, ln in enumerate(out) if ln.startswith("# job: ")]
+    assert [out[i] for i in heads] == ["# job: deepseek-v3-2048xh800", "# job: gpt3-175b-768xa100"]
+    first = out[heads[0]:heads[1]]
+    # DeepSeek-V3's example runs the MoE all-to-all overlap: the environment its launches export
+    assert {f"export {MAX_CONNECTIONS}=32", "export NVTE_FWD_LAYERNORM_SM_MARGIN=20"} <= set(first)
+    assert "--overlap-moe-expert-parallel-comm \\" in first and "--delay-wgrad-compute \\" in first
+    second = out[heads[1]:]
+    args = [ln for ln in second if ln.startswith("--")]
+    assert args[0] == "--tensor-model-parallel-size 8 \\" and not args[-1].endswith("\\")
+    # GPT-3 175B on A100s at TP 8: the core's CUDA_DEVICE_MAX_CONNECTIONS=1 unless a feature waives it
+    env = [ln for ln in second if ln.startswith(("export ", "unset "))]
+    assert env in ([f"export {MAX_CONNECTIONS}=1"], [f"unset {MAX_CONNECTIONS}"])
