@@ -654,7 +654,7 @@ def source_text(source: str) -> tuple[str, str]:
 
 def _megatron_job(state: State, source: str, flags: dict):
     """A job from ``--megatron-args`` (an argument string, or the path of a launch script)."""
-    from .megatron import read_source
+    from .megatron import read_source, with_environment_findings
 
     others = [k for k, v in flags.items() if k not in ("model", "hardware", "gpus") and v not in (None, (), False)]
     if others:
@@ -664,8 +664,9 @@ def _megatron_job(state: State, source: str, flags: dict):
     predictor = state.predictor()
     res = read_source(text, predictor.registry, kind="megatron", hardware=flags.get("hardware"),
                       num_gpus=flags.get("gpus"), model=flags.get("model"), name="megatron")
-    report_import(res)
-    return predictor.job(res.job, name=res.job["name"])
+    job = predictor.job(res.job, name=res.job["name"])
+    report_import(with_environment_findings(res, job, predictor.registry))
+    return job
 
 
 def report_import(res) -> None:

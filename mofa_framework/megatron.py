@@ -374,6 +374,12 @@ class ImportResult:
     ignored: tuple[str, ...]
     unknown: tuple[str, ...]
     notes: tuple[str, ...]
+    #: the variables a launch script sets before its launch line (name, value): its environment, which
+    #: :func:`mofa_framework.tuner.environment_findings` holds against what the line needs
+    exported: tuple[tuple[str, str], ...] = ()
+    #: whether the source is a launch script whose environment can be read (argument lists and
+    #: configs say nothing of it)
+    script: bool = False
 
 
 def _moe_layers(pattern: str | None, num_layers: int) -> tuple[int, int, list[str]]:
@@ -745,8 +751,9 @@ def read_source(text: str, registry, *, kind: str, hardware: str | None, num_gpu
     notes = list(launch.notes)
     if num_gpus and gpus and num_gpus != gpus:
         notes.append(f"--gpus {num_gpus} overrides the launcher's {gpus} GPUs")
-    return from_args(launch.arguments, registry, hardware=hardware, num_gpus=num_gpus or gpus, model=model,
-                     name=name, notes=notes)
+    res = from_args(launch.arguments, registry, hardware=hardware, num_gpus=num_gpus or gpus, model=model,
+                    name=name, notes=notes)
+    return attrs.evolve(res, exported=launch.variables, script=bool(launch.program))
 
 
 # ---------------------------------------------------------------------- writing TOML
@@ -783,3 +790,15 @@ def to_toml(job: Mapping[str, Any], header: Sequence[str] = ()) -> str:
 
 __all__ = ["IGNORED_FLAGS", "ImportResult", "MegatronArgs", "flags_from_config", "from_args", "match_model",
            "parse_flags", "read_source", "to_toml"]
+
+
+def with_environment_findings(res: ImportResult, job, registry) -> ImportResult:
+    """`res` with a note for each variable the launch script sets against (or leaves out of) what the
+    imported job's Megatron line needs (:func:`mofa_framework.tuner.environment_findings`); `job` is
+    the imported job resolved. Argument lists and configs carry no environment: unchanged."""
+    if not res.script:
+        return res
+    from .tuner import LaunchConfig, environment_findings, megatron_environment
+
+    env = megatron_environment(job.model, LaunchConfig.of_job(job), registry, job.hardware)
+    return attrs.evolve(res, notes=res.notes + tuple(environment_findings(env, dict(res.exported))))

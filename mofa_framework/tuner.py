@@ -1854,6 +1854,10 @@ class LaunchEnvironment:
     settings: Mapping[str, str | None] = attrs.field(factory=dict)
     reasons: Mapping[str, str] = attrs.field(factory=dict)
     notes: tuple[str, ...] = ()
+    #: variables whose setting Megatron-LM asserts (a launch without it stops before its first step)
+    asserted: frozenset[str] = attrs.field(factory=frozenset, converter=frozenset)
+    #: variable → the values a requirement forbids it to hold
+    forbidden: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
 
     def shell(self) -> list[str]:
         """``export NAME=VALUE`` / ``unset NAME`` lines, in name order."""
@@ -1894,6 +1898,8 @@ def compose_environment(core: Iterable[EnvRequirement],
     settings: dict[str, str | None] = {}
     reasons: dict[str, str] = {}
     notes: list[str] = []
+    asserted: set[str] = set()
+    forbidden: dict[str, tuple[str, ...]] = {}
     for name in sorted(by):
         reqs = by[name]
         forbid = [(w, r) for w, r in reqs if not r.equal]
@@ -1905,8 +1911,14 @@ def compose_environment(core: Iterable[EnvRequirement],
                 notes.append(f"{name}={req.value} ({who}) left out: {', '.join(against)} cannot run with it")
             elif value is None:
                 value, why = req.value, [f"{who}: {req.reason}" if req.reason else who]
+                if req.required:
+                    asserted.add(name)
             elif req.value != value:
                 notes.append(f"{name}={req.value} ({who}: {req.reason}) left out: {value} kept")
+        if any(r.required for _, r in forbid):
+            asserted.add(name)
+        if forbid:
+            forbidden[name] = tuple(dict.fromkeys(r.value for _, r in forbid))
         settings[name] = value
         reasons[name] = "; ".join(why + [f"{w}: {r.reason}" if r.reason else f"{w}: not {r.value}" for w, r in forbid])
         core_req = waived.get(name)
@@ -1914,7 +1926,33 @@ def compose_environment(core: Iterable[EnvRequirement],
             notes.append(f"{name}: {', '.join(sorted({w for w, _ in reqs}))} overrides the core's {core_req.value} "
                          f"({core_req.reason}); Megatron-LM waives its assertion there but warns that the two "
                          "run best at different values")
-    return LaunchEnvironment(settings=settings, reasons=reasons, notes=tuple(notes))
+    return LaunchEnvironment(settings=settings, reasons=reasons, notes=tuple(notes), asserted=asserted,
+                             forbidden=forbidden)
+
+
+def environment_findings(env: LaunchEnvironment, exported: Mapping[str, str]) -> list[str]:
+    """What a launch's own environment (`exported`: the variables its script sets) does against what
+    its line needs (`env`), one line each: a value Megatron-LM asserts against stops the run before
+    its first step; a recommended one missed runs slower than MoFa prices; a needed one the script
+    leaves to its surroundings is named."""
+    out = []
+    for name in sorted(env.settings):
+        want, have = env.settings[name], exported.get(name)
+        stops = name in env.asserted
+        why = env.reasons.get(name, "")
+        if have is not None and have in env.forbidden.get(name, ()):
+            out.append(f"the launch exports {name}={have} against {why} — "
+                       + ("Megatron-LM stops there before its first step: unset it" if stops else
+                          "unset it, or the step runs slower than predicted"))
+        elif want is not None and have is not None and have != want:
+            out.append(f"the launch exports {name}={have}; the line needs {want} ({why}) — "
+                       + ("Megatron-LM stops there before its first step" if stops else
+                          "MoFa prices what the needed value gives"))
+        elif want is not None and have is None:
+            out.append(f"the launch does not set {name}; the line needs {want} ({why}) "
+                       + ("— Megatron-LM stops without it, unless the job's environment sets it" if stops else
+                          "for the speed MoFa prices"))
+    return out
 
 
 def megatron_environment(model: ModelSpec, cand: Candidate | LaunchConfig, registry,

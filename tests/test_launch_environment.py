@@ -210,3 +210,63 @@ def test_mofa_predict_writes_each_job_as_a_megatron_launch(run_cli):
     # GPT-3 175B on A100s at TP 8: the core's CUDA_DEVICE_MAX_CONNECTIONS=1 unless a feature waives it
     env = [ln for ln in second if ln.startswith(("export ", "unset "))]
     assert env in ([f"export {MAX_CONNECTIONS}=1"], [f"unset {MAX_CONNECTIONS}"])
+
+
+def test_environment_findings_hold_a_launchs_exports_against_the_line():
+    from mofa_framework.tuner import environment_findings
+
+    fsdp = compose_environment([ONE], [("fsdp", NOT_ONE)])
+    stop = environment_findings(fsdp, {MAX_CONNECTIONS: "1"})
+    assert len(stop) == 1 and "exports CUDA_DEVICE_MAX_CONNECTIONS=1 against fsdp: fsdp rule" in stop[0]
+    assert "stops there before its first step" in stop[0]
+    assert environment_findings(fsdp, {}) == []                       # unset, as needed
+    assert environment_findings(fsdp, {MAX_CONNECTIONS: "8"}) == []   # anything but 1
+    core = compose_environment([ONE], [])
+    assert environment_findings(core, {MAX_CONNECTIONS: "1", "TP": "8"}) == []
+    missing = environment_findings(core, {})
+    assert len(missing) == 1 and "does not set CUDA_DEVICE_MAX_CONNECTIONS; the line needs 1" in missing[0]
+    wrong = environment_findings(core, {MAX_CONNECTIONS: "32"})
+    assert len(wrong) == 1 and "needs 1" in wrong[0] and "stops" in wrong[0]
+    overlap = compose_environment([], [("ep_overlap", ASK_32)])  # recommended only: slower, not stopped
+    slow = environment_findings(overlap, {MAX_CONNECTIONS: "1"})
+    assert len(slow) == 1 and "stops" not in slow[0] and "MoFa prices" in slow[0]
+
+
+SCRIPT = """#!/bin/bash
+{export}
+TP=2
+torchrun --nproc_per_node 8 --nnodes 4 pretrain_gpt.py \\
+  --tensor-model-parallel-size $TP --pipeline-model-parallel-size 1 --sequence-parallel \\
+  --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --ffn-hidden-size 14336 \\
+  --group-query-attention --num-query-groups 8 --swiglu --normalization RMSNorm \\
+  --position-embedding-type rope --untie-embeddings-and-output-weights --seq-length 8192 \\
+  --micro-batch-size 1 --global-batch-size 128 --bf16 {optimizer}
+"""
+FSDP_FLAGS = "--use-megatron-fsdp --ckpt-format fsdp_dtensor --data-parallel-sharding-strategy optim_grads_params"
+
+
+@pytest.mark.parametrize("export, optimizer, finding", [
+    ("export CUDA_DEVICE_MAX_CONNECTIONS=1", FSDP_FLAGS, "exports CUDA_DEVICE_MAX_CONNECTIONS=1 against fsdp"),
+    ("", "--use-distributed-optimizer", "does not set CUDA_DEVICE_MAX_CONNECTIONS; the line needs 1"),
+    ("export CUDA_DEVICE_MAX_CONNECTIONS=1", "--use-distributed-optimizer", None),
+    ("", FSDP_FLAGS, None),
+])
+def test_mofa_import_notes_a_launch_environment_the_line_cannot_run_in(tmp_path, run_cli, export, optimizer, finding):
+    script = tmp_path / "launch.sh"
+    script.write_text(SCRIPT.format(export=export, optimizer=optimizer))
+    r = CliRunner().invoke(cli, ["import", "megatron", str(script), "--hardware", "h100-sxm5-80gb"],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    env_notes = [ln for ln in r.stderr.splitlines() if "CUDA_DEVICE_MAX_CONNECTIONS" in ln]
+    if finding is None:
+        assert env_notes == []
+    else:
+        assert len(env_notes) == 1 and finding in env_notes[0]
+        assert finding in r.stdout  # the written job's header carries the note too
+    # an argument list carries no environment: nothing to hold against
+    args = SCRIPT.format(export="", optimizer=optimizer).split("pretrain_gpt.py", 1)[1].replace("\\\n", " ")
+    r2 = CliRunner().invoke(cli, ["import", "megatron", args.replace("$TP", "2"), "--hardware", "h100-sxm5-80gb",
+                                  "--gpus", "32"],
+                            catch_exceptions=False)
+    assert r2.exit_code == 0, r2.output
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in r2.stderr

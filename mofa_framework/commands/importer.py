@@ -8,7 +8,7 @@ import click
 
 from ..cli import pass_state, report_import, source_text
 from ..errors import ConfigError
-from ..megatron import read_source, to_toml
+from ..megatron import read_source, to_toml, with_environment_findings
 
 
 def _import(state, kind: str, source: str, hardware, gpus, model, name, output, fmt) -> None:
@@ -17,7 +17,8 @@ def _import(state, kind: str, source: str, hardware, gpus, model, name, output, 
     res = read_source(text, predictor.registry, kind=kind, hardware=hardware, num_gpus=gpus, model=model,
                       name=name or (Path(source).stem if where not in ("standard input", "the command line")
                                     else kind))
-    predictor.job(res.job, name=f"{where} (as imported)")  # the job must load, or nothing is written
+    job = predictor.job(res.job, name=f"{where} (as imported)")  # the job must load, or nothing is written
+    res = with_environment_findings(res, job, predictor.registry)
     report_import(res)
     origin = Path(where).name if where not in ("standard input", "the command line") else where
     header = [f"imported by `mofa import {kind}` from {origin}", *(f"note: {n}" for n in res.notes)]
