@@ -10,8 +10,9 @@ forwards the copies to the domain's other ranks over the scale-up links. Per rou
 
     P0 = Π_{i<k} (E − E/D − i)/(E − i)        P(a given other domain gets none of them)
     R  = (D − 1)·(1 − P0)                     remote domains the token is sent to
+    ρ  = n·(1 − Π_{i<k} (E − E/n − i)/(E − i))  EP ranks the token reaches (n ranks of E/n experts)
     scale-out:  R · tokens · h · dt
-    scale-up:   (1 − D/n) · S                 copies forwarded inside a domain (S = k copies)
+    scale-up:   (1 − D/n) · S·ρ/k             tokens forwarded inside a domain, once per rank
 
 The two run concurrently: ``t = max(t_up, t_out)``, each priced by the
 ``mofa_collective_latency`` provider (an all-to-all inside one domain over n/D ranks, and one
@@ -25,19 +26,26 @@ routing, unless the job says otherwise; NVIDIA's MoE benchmarks force balance). 
 (``moe_router_num_groups`` / ``moe_router_group_topk``: DeepSeek-V3 picks a token's experts from
 its best 4 of 8 groups) whose groups tile the domains caps the domains a token reaches: j of the
 chosen groups fall in a given domain with hypergeometric probability, and the k experts are drawn
-among the chosen groups' experts only.
+among the chosen groups' experts only; groups spanning several domains (more domains than groups)
+put a given domain among the chosen with probability ``group_topk/groups``.
 
-Inside one scale-up domain both backends send what the alltoall dispatcher sends, so the flex
-dispatcher changes nothing there — except DeepEP across more than 8 ranks of one NVLink domain.
+**Once per rank** (since 2026-11-30). Both backends send a token once to each EP rank holding any of
+its experts — the rank lays out the copies for its own experts (DeepEP's ``is_token_in_rank``
+layout; Megatron-LM's DeepSeek-V3 GB200 guide, §2.1.1: the flex dispatcher "fuses the global
+permute into the communication kernel, eliminating the need to explicitly copy the tokens top-k
+times") — so where a rank holds several experts, fewer than k copies move: S·ρ/k, ρ the expected
+ranks reached (by the same draws, with every rank a domain of E/n experts; DeepSeek-V3 at EP 8,
+one group per rank, reaches 3.6 ranks, not 8 copies; Qwen3-235B at EP 8, 5.3). Inside one
+scale-up domain that is the only difference from the alltoall dispatcher (the same all-to-all,
+NCCL's efficiency kept: **choice**) — and DeepEP across more than 8 ranks of one NVLink domain.
 DeepEP's NVLink kernels address at most ``NUM_MAX_NVL_PEERS = 8`` peers; on a GB200 NVL72 at EP 32
 NVIDIA ran it through a community patch that reached about 400 GB/s (dispatch) and 190 GB/s
 (combine) of algorithm bandwidth with 24 SMs, against the links' 900 GB/s per direction
 (Megatron-LM ``docs/discussions/deepseek-v3-gb200-optimization``, §2.2.1; HybridEP, built for
-NVL72, removed the gap, §2.5). Those rows price the scale-up leg as the k copies over those
+NVL72, removed the gap, §2.5). Those rows price the scale-up leg as the tokens sent over those
 measured fractions of the profile's link rate — a dispatch and a combine per pass, each counted
-as their mean, ``S/B_up · (900/400 + 900/190)/2 = 3.49·S/B_up`` — with no NCCL efficiency or
-latency term (**choice**: the fractions scale with another domain's link rate; two of a token's
-experts on one rank still count as two copies, as the alltoall dispatcher sends them).
+as their mean, ``(S·ρ/k)/B_up · (900/400 + 900/190)/2 = 3.49·(S·ρ/k)/B_up`` — with no NCCL
+efficiency or latency term (**choice**: the fractions scale with another domain's link rate).
 
 It changes the EP dispatch/combine all-to-alls (both passes) and nothing else: the expert-TP
 gathers, compute and memory are unchanged (its communication buffers, ≈ 1–2 GiB, are not
@@ -85,7 +93,13 @@ def _none_of(pool: float, away: float, k: int) -> float:
 def _remote_one(e: float, k: int, d: float, groups: int, group_topk: int) -> float:
     if d <= 1.0:
         return 0.0
-    if not groups or group_topk >= groups or groups % d or d > groups:
+    restricted = groups and group_topk < groups
+    if restricted and d > groups and not d % groups:
+        # each group spans d/groups domains: a given domain's group is chosen with probability
+        # group_topk/groups, and then the k experts are drawn among the chosen groups' experts
+        pool = group_topk * e / groups
+        return (d - 1.0) * group_topk / groups * (1.0 - _none_of(pool, e / d, k))
+    if not restricted or groups % d or d > groups:
         return (d - 1.0) * (1.0 - _none_of(e, e / d, k))
     g_d, per_group = int(groups // d), e / groups
     pool = group_topk * per_group
@@ -109,6 +123,16 @@ def remote_domains(num_experts: int, k: int, domains, groups: int = 0, group_top
     return vals[inv].reshape(d.shape)
 
 
+def ranks_reached(moe_model, e) -> np.ndarray:
+    """Expected EP ranks one token's k experts lie on (each rank holding E/e of them), by the same
+    draw as :func:`remote_domains` with every rank a domain of its own: ``e·P(a given rank)``; with
+    group-limited routing whose groups tile the ranks, at most the chosen groups' ranks."""
+    e = np.maximum(np.asarray(e, dtype=np.float64), 1.0)
+    other = remote_domains(moe_model.num_experts, moe_model.experts_per_token, e, moe_model.moe_router_num_groups,
+                           moe_model.moe_router_group_topk)
+    return np.where(e > 1.0, other * e / np.maximum(e - 1.0, 1.0), 1.0)
+
+
 def _a2a_seconds(ctx, moe_model, g) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One dispatch (or combine) all-to-all: (alltoall dispatcher, flex dispatcher, DeepEP) seconds;
     the last differs from the flex one where more than 8 EP ranks share a scale-up domain."""
@@ -116,22 +140,26 @@ def _a2a_seconds(ctx, moe_model, g) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     tok = g.tokens / g.sp_div
     load = moe_load(moe_model, g)  # the busiest EP rank receives `load` times the mean
     copies = tok * k * h * g.dt * load  # S: the k copies the alltoall dispatcher sends
+    # the flex dispatcher sends a token once to each rank holding any of its experts (the rank lays
+    # out the copies for its own experts): S·(ranks reached)/k
+    sent = copies * ranks_reached(moe_model, g.e) / k
     d = nodes_spanned(g.e, g.etp, ctx.hardware.scaleup_domain_gpus)
     local = np.maximum(g.e / d, 1.0)
     r = remote_domains(moe_model.num_experts, k, d, moe_model.moe_router_num_groups, moe_model.moe_router_group_topk)
     one = np.ones_like(g.e)
     colls = [
         Coll(name="ep_a2a", parallel="ep", kind=ALL_TO_ALL, bytes=copies, group_size=g.e, stride=g.etp),
-        Coll(name="ep_a2a_intra", parallel="ep", kind=ALL_TO_ALL, bytes=copies, group_size=local, stride=g.etp),
+        Coll(name="ep_a2a_flex", parallel="ep", kind=ALL_TO_ALL, bytes=sent, group_size=g.e, stride=g.etp),
+        Coll(name="ep_a2a_intra", parallel="ep", kind=ALL_TO_ALL, bytes=sent, group_size=local, stride=g.etp),
         # one rank per domain: (D−1)/D of the bytes leave the domain, = R·tok·h·dt
         Coll(name="ep_a2a_inter", parallel="ep", kind=ALL_TO_ALL,
              bytes=r * tok * h * g.dt * load * d / np.maximum(d - 1.0, 1.0), group_size=d,
              stride=np.maximum(ctx.hardware.scaleup_domain_gpus * one, local * g.etp)),
     ]
-    plain = price_collectives(ctx, colls[:1])[0]
-    intra, inter = price_collectives(_line_rate(ctx), colls[1:])
-    flex = np.where(d > 1.0, np.maximum(intra, inter), plain)
-    wide = copies / ctx.hardware.scaleup_bandwidth_bytes_per_s * DEEPEP_WIDE_NVL_SLOWDOWN
+    plain, inside = price_collectives(ctx, colls[:2])
+    intra, inter = price_collectives(_line_rate(ctx), colls[2:])
+    flex = np.where(d > 1.0, np.maximum(intra, inter), inside)
+    wide = sent / ctx.hardware.scaleup_bandwidth_bytes_per_s * DEEPEP_WIDE_NVL_SLOWDOWN
     deepep = np.where(local > DEEPEP_NVL_PEERS, np.where(d > 1.0, np.maximum(wide, inter), wide), flex)
     return plain, flex, deepep
 
@@ -167,11 +195,13 @@ def layer(state, rows):
 
 
 def _applies(batch, model, hardware):
-    """Rows where it can help: EP groups spanning scale-up domains. Inside one domain HybridEP
-    changes nothing and DeepEP only slows (beyond 8 peers), so the tuner does not try it there."""
+    """Rows where it changes anything: expert parallelism across scale-up domains, or where a rank
+    holds several experts and a token reaches fewer ranks than it has experts (inside one domain the
+    tokens sent once per rank are all that differs)."""
     if not model.is_moe:
         return np.zeros(len(batch), bool)
-    return (batch.ep > 1) & (nodes_spanned(batch.ep, batch.etp, hardware.scaleup_domain_gpus) > 1)
+    fewer = ranks_reached(model, batch.ep) < model.experts_per_token - 1e-9
+    return (batch.ep > 1) & ((nodes_spanned(batch.ep, batch.etp, hardware.scaleup_domain_gpus) > 1) | fewer)
 
 
 def megatron_args(options) -> list[str]:
@@ -193,8 +223,9 @@ def from_megatron(args):
 FEATURE = CostTransform(
     name="flex_dispatcher",
     description="DeepEP / HybridEP token dispatch: each token crosses the scale-out network once per "
-                "remote domain holding its experts, then fans out over the scale-up links",
-    equation="t_a2a = max((1 − D/n)·S / B_up, (D−1)(1−P0)·T·h·dt / B_out)",
+                "remote domain holding its experts, then fans out over the scale-up links once per rank "
+                "holding them",
+    equation="t_a2a = max((1 − D/n)·S·ρ/k / B_up, (D−1)(1−P0)·T·h·dt / B_out)",
     options_type=FlexDispatcherOptions,
     layer=layer,
     megatron_args=megatron_args,

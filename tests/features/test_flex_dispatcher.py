@@ -59,8 +59,12 @@ def test_group_limited_routing_reaches_fewer_domains():
     p2 = comb(2, 2) * comb(6, 2) / comb(8, 4)
     expect = 3 * (p1 * (1 - comb(96, 8) / comb(128, 8)) + p2 * (1 - comb(64, 8) / comb(128, 8)))
     assert remote_domains(256, 8, [4.0], 8, 4)[0] == pytest.approx(expect, rel=1e-9)
-    # groups that do not tile the domains (16 domains, 8 groups): unrestricted formula
-    assert remote_domains(256, 8, [16.0], 8, 4)[0] == remote_domains(256, 8, [16.0])[0]
+    # groups spanning two domains each (16 domains, 8 groups): a given domain's group is chosen with
+    # probability 4/8, and then the 8 experts are drawn among the 4 chosen groups' 128, 16 of them there
+    assert remote_domains(256, 8, [16.0], 8, 4)[0] == pytest.approx(
+        15 * (4 / 8) * (1 - comb(112, 8) / comb(128, 8)), rel=1e-12)
+    # neither tiling: 12 domains, 8 groups: unrestricted formula
+    assert remote_domains(256, 8, [12.0], 8, 4)[0] == remote_domains(256, 8, [12.0])[0]
     # every group chosen = unrestricted
     assert remote_domains(256, 8, [4.0], 8, 8)[0] == pytest.approx(remote_domains(256, 8, [4.0])[0])
 
@@ -95,26 +99,62 @@ def test_cross_node_all_to_all_is_priced_once_per_remote_node(mofa_predictor):
     assert np.array_equal(on.state.layers["dense"].ep_fwd_s, off.state.layers["dense"].ep_fwd_s)
 
 
-def test_ep_inside_one_domain_is_a_no_op(mofa_predictor):
-    """HybridEP inside one NVL72, and DeepEP within its 8 NVLink peers, send what the alltoall
-    dispatcher sends at its speed."""
-    off, _ = _evaluate(mofa_predictor, INSIDE)
-    on, _ = _evaluate(mofa_predictor, INSIDE, {"flex_dispatcher": {"backend": "hybridep"}})
-    assert_same_row(on, 0, off, 0)
-    eight = {**INSIDE, "parallel": {**INSIDE["parallel"], "ep": 8}}
-    off, _ = _evaluate(mofa_predictor, eight)
-    on, _ = _evaluate(mofa_predictor, eight, {"flex_dispatcher": {"backend": "deepep"}})
-    assert_same_row(on, 0, off, 0)
+def test_ranks_reached_counts_each_rank_once():
+    """A token goes once to each rank holding any of its k experts (hypergeometric, each rank a
+    domain of E/n experts); group-limited routing narrows the ranks to the chosen groups'."""
+    from mofa_framework.types import ModelSpec
+    from mofa_plugins.flex_dispatcher import ranks_reached
+
+    def moe(e, k, groups=0, topk=0):
+        return ModelSpec(name="m", num_layers=2, hidden_size=256, num_attention_heads=4, num_kv_heads=4, ffn_hidden_size=512,
+                         vocab_size=1000, num_experts=e, experts_per_token=k, moe_ffn_hidden_size=128,
+                         moe_router_num_groups=groups, moe_router_group_topk=topk)
+
+    # Qwen3-235B's routing (128 experts, top 8) at EP 8: 16 experts per rank
+    assert ranks_reached(moe(128, 8), 8.0) == pytest.approx(8 * (1 - comb(112, 8) / comb(128, 8)), rel=1e-12)
+    # one expert per rank: every copy to its own rank
+    assert ranks_reached(moe(8, 2), 8.0) == pytest.approx(2.0, rel=1e-12)
+    assert ranks_reached(moe(8, 2), 1.0) == 1.0
+    # DeepSeek-V3's routing at EP 8, one group of 32 experts per rank: the 4 chosen ranks, each hit
+    # unless none of the 8 experts (drawn among the chosen 128) lands there
+    assert ranks_reached(moe(256, 8, 8, 4), 8.0) == pytest.approx(4 * (1 - comb(96, 8) / comb(128, 8)), rel=1e-9)
+    # ... at EP 32, a group over 4 ranks of 8 experts: 16 candidate ranks
+    assert ranks_reached(moe(256, 8, 8, 4), 32.0) == pytest.approx(16 * (1 - comb(120, 8) / comb(128, 8)), rel=1e-9)
+
+
+def test_inside_one_domain_the_flex_dispatcher_sends_each_token_once_per_rank(mofa_predictor):
+    """HybridEP inside one NVL72 (EP 32), and DeepEP within its 8 NVLink peers: the alltoall
+    dispatcher's all-to-all at its own speed, of the tokens sent once per rank, S·ρ/k."""
+    from mofa_framework.decompose import ALL_TO_ALL, Coll
+    from mofa_framework.engine import Context, price_collectives
+    from mofa_framework.decompose import Geometry
+
+    for ep, backend, rho in ((32, "hybridep", 16 * (1 - comb(120, 8) / comb(128, 8))),
+                             (8, "deepep", 4 * (1 - comb(96, 8) / comb(128, 8)))):
+        base = {**INSIDE, "parallel": {**INSIDE["parallel"], "ep": ep}}
+        off, job = _evaluate(mofa_predictor, base)
+        on, _ = _evaluate(mofa_predictor, base, {"flex_dispatcher": {"backend": backend}})
+        s = 4096 * 8 * 7168 * 2.0
+        ctx = Context(model=job.model, hardware=job.hardware,
+                      geometry=Geometry.of(jobs_to_batch([job], mofa_predictor.registry)), pm=mofa_predictor.pm)
+        plain, sent = (f0(t) for t in price_collectives(ctx, [
+            Coll(name="a", parallel="ep", kind=ALL_TO_ALL, bytes=np.array([b]), group_size=np.array([float(ep)]),
+                 stride=np.array([1.0])) for b in (s, s * rho / 8)]))
+        lc_off, lc_on = off.state.layers["moe"], on.state.layers["moe"]
+        assert f0(lc_on.ep_fwd_s) - f0(lc_off.ep_fwd_s) == pytest.approx(2 * (sent - plain), rel=1e-9)
+        assert f0(on.step_time_s) < f0(off.step_time_s)
+        assert np.array_equal(on.peak_memory_bytes, off.peak_memory_bytes)
 
 
 def test_deepep_beyond_eight_nvlink_peers_runs_at_its_measured_bandwidth(mofa_predictor):
     """DeepEP at EP 32 inside a GB200 NVL72: NVIDIA's DeepSeek-V3 guide measured about 400 GB/s for
     the dispatch and 190 GB/s for the combine, of the links' 900 GB/s per direction. Per pass one
-    dispatch and one combine of the k copies S = 4096 tokens · 8 · 7168 · 2 bytes."""
+    dispatch and one combine of the tokens sent once per rank, S·ρ/k, S = 4096 tokens · 8 · 7168 ·
+    2 bytes and ρ = 16·(1 − C(120,8)/C(128,8)) = 6.6 ranks (DeepSeek-V3's best 4 of 8 groups)."""
     off, job = _evaluate(mofa_predictor, INSIDE)
     on, _ = _evaluate(mofa_predictor, INSIDE, {"flex_dispatcher": {"backend": "deepep"}})
-    s = 4096 * 8 * 7168 * 2.0
-    per_pass = s / 400e9 + s / 190e9  # = 3.647 ms
+    s = 4096 * 8 * 7168 * 2.0 * 16 * (1 - comb(120, 8) / comb(128, 8)) / 8
+    per_pass = s / 400e9 + s / 190e9  # = 3.007 ms
     lc_off, lc_on = off.state.layers["moe"], on.state.layers["moe"]
     assert f0(lc_on.ep_fwd_s) == pytest.approx(per_pass, rel=1e-9)
     assert f0(lc_on.ep_bwd_s) - f0(lc_off.ep_bwd_s) == pytest.approx(per_pass - f0(lc_off.ep_fwd_s), rel=1e-9)
