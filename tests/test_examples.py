@@ -42,7 +42,7 @@ def test_deepseek_v3_pre_training_hours_are_a_documented_miss(mofa_predictor):
     DualPipe, EP 64 over 8 nodes, blockwise FP8, BF16 moments, DeepEP's node-limited dispatch — and
     `mofa e2e` prices the whole run (step time, failures, checkpoints). The H800 profile carries H100
     SXM5's coefficients, fitted on Megatron-Core / NeMo runs; DeepSeek trained with its own stack,
-    and the prediction is 12 % under the published GPU hours (2.35 M against 2.664 M;
+    and the prediction is 12 % under the published GPU hours (2.34 M against 2.664 M;
     docs/validation.md, "H800"). This test pins the miss so a change to it is seen and the doc
     updated: the step throughput above the published average (its lower bound), the whole run
     within 16 % under the report's hours; without DeepEP's dispatch the step is 1.7× slower."""
