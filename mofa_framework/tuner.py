@@ -5,7 +5,9 @@ The space is TP × PP × VPP × CP × EP × ETP × micro-batch × schedule × en
 value of its options' ``search`` tuples). Structures are pruned first with every plugin's
 ``mofa_candidate_constraints`` and the paper's rules (§4.1: TP within a scale-up domain,
 m ≥ the schedule's minimum, GBS divisibility); a feature whose ``applies`` is false on a
-structure is only tried off there (on and off are the same row).
+structure is only tried off there (on and off are the same row), and one whose ``never_slower``
+is true there is only tried on (unless a feature it conflicts with is on): its off leaves cannot
+be the only optimum (:func:`_never_off`; counted under :data:`NEVER_SLOWER`).
 
 The rest is a best-first branch and bound over levels of partial decisions, each with a lower
 bound of the objective of every configuration below it:
@@ -626,12 +628,16 @@ class _Group:
     n_on: np.ndarray  #: features on per leaf (ties go to fewer)
     #: the node of the level above of each node of the last level (its layer-feature setting)
     layer_parent: np.ndarray
+    #: leaves not searched because a feature never slower here was off in them (:func:`_never_off`)
+    dominated: int = 0
 
     @classmethod
     def build(cls, req: TuneRequest, registry, all_names: list[str], names: list[str],
-              levels: tuple) -> _Group:
+              levels: tuple, always_on: list[str] = ()) -> _Group:
         feats = registry.features
         grid = _combos(req, registry, names)
+        keep = _never_off(req, registry, names, grid, always_on)
+        dominated, grid = int((~keep).sum()), grid[keep]
         cols = np.array([all_names.index(n) for n in names], np.int64)
 
         def spread(sub: np.ndarray, pos) -> np.ndarray:
@@ -665,7 +671,29 @@ class _Group:
             n_on += np.array([o is not None for o in req.space.features[n]])[grid[:, j]]
         return cls(leaf_choice=spread(grid, list(range(len(names)))), level_choice=choice, children=children,
                    same_as_parent=same, leaves_below=[np.bincount(i, minlength=len(c)) for i, c in zip(ids, choice)],
-                   n_on=n_on, layer_parent=layer_parent)
+                   n_on=n_on, layer_parent=layer_parent, dominated=dominated)
+
+
+def _never_off(req: TuneRequest, registry, names: list[str], grid: np.ndarray, always_on) -> np.ndarray:
+    """Leaves (rows of `grid`, choices of `names`) to search: not those with a feature of `always_on`
+    (``Feature.never_slower`` on these structures) off while none it conflicts with is on — turning
+    it on there gives a leaf no slower, with the same memory; beside a conflicting feature it stays
+    off. A feature the space searches only off (or only on) is left as it is."""
+    keep = np.ones(len(grid), bool)
+    for n in always_on:
+        if n not in names:
+            continue
+        j = names.index(n)
+        on = np.array([o is not None for o in req.space.features[n]])
+        if on.all() or not on.any():
+            continue
+        rivals = [names.index(o) for o in names if o != n and (
+            o in registry.features[n].conflicts or n in registry.features[o].conflicts)]
+        busy = np.zeros(len(grid), bool)
+        for i in rivals:
+            busy |= np.array([o is not None for o in req.space.features[names[i]]])[grid[:, i]]
+        keep &= on[grid[:, j]] | busy
+    return keep
 
 
 class _Nodes:
@@ -747,6 +775,8 @@ def _objective(req: TuneRequest, step, batch) -> np.ndarray:
 
 #: why configurations that pass every rule are dropped: they do not fit
 OVER_HBM = "peak memory exceeds the GPU's HBM"
+#: the removed-by reason of leaves with a feature off where it is never slower on (Feature.never_slower)
+NEVER_SLOWER = "off where a feature is never slower on (Feature.never_slower)"
 OVER_HOST = "offloaded host memory exceeds the node's CPU memory per GPU"
 
 
@@ -1511,18 +1541,26 @@ def tune(predictor, req: TuneRequest, progress: Callable[[TuneProgress], None] |
             removed[reason] = removed.get(reason, 0) + int((~ok & keep).sum()) * n_combo_full
             keep &= ok
     structs = sb.take(np.flatnonzero(keep))
-    # which features can change each structure: one group per pattern
+    # which features can change each structure, and which are never slower there: one group per pattern
     applic = np.ones((len(structs), len(all_names)), bool)
+    always = np.zeros((len(structs), len(all_names)), bool)
     for j, name in enumerate(all_names):
-        fn = registry.features[name].applies
-        if fn is not None and len(structs):
-            applic[:, j] = np.asarray(fn(structs, req.model, req.hardware), bool)
-    first, group_of = distinct_rows(applic) if len(structs) else (np.zeros(0, np.int64), [])
-    sigs = applic[first]
+        feat = registry.features[name]
+        if feat.applies is not None and len(structs):
+            applic[:, j] = np.asarray(feat.applies(structs, req.model, req.hardware), bool)
+        if feat.never_slower is not None and len(structs):
+            always[:, j] = applic[:, j] & np.asarray(feat.never_slower(structs, req.model, req.hardware), bool)
+    sig_rows = np.concatenate([applic, always], axis=1)
+    first, group_of = distinct_rows(sig_rows) if len(structs) else (np.zeros(0, np.int64), [])
     levels = _levels(registry, all_names)
-    groups = [_Group.build(req, registry, all_names, [n for n, on in zip(all_names, sig) if on], levels)
-              for sig in sigs]
+    groups = [_Group.build(req, registry, all_names, [n for n, on in zip(all_names, applic[i]) if on], levels,
+                           always_on=[n for n, on in zip(all_names, always[i]) if on]) for i in first]
     group_of = np.asarray(group_of, np.int64).reshape(-1)
+    if len(structs):
+        per_group = np.bincount(group_of, minlength=len(groups))
+        dominated = sum(int(g.dominated) * int(k) for g, k in zip(groups, per_group))
+        if dominated:
+            removed[NEVER_SLOWER] = removed.get(NEVER_SLOWER, 0) + dominated
     total = int(np.array([len(g.leaf_choice) for g in groups], np.int64)[group_of].sum()) if len(group_of) else 0
     proven, unexplored, skipped = True, 0, 0
     search = None

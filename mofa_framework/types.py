@@ -931,6 +931,13 @@ class Feature:
     #: optional ``(batch, model, hardware) -> BoolArray``: rows where turning the feature on
     #: can change anything (the tuner skips it elsewhere, as on ≡ off there); None = all rows
     applies: Callable | None = None
+    #: optional ``(batch, model, hardware) -> BoolArray``: rows where every option setting of the
+    #: feature, on, is feasible, changes no memory and is no slower than off in every phase — a cheaper
+    #: collective of the same kind, say. There `mofa tune` does not try it off (beside features it
+    #: conflicts with it still does), so its off setting never costs a branch where it cannot win: the
+    #: optimum is unchanged, and a top-k lists no strictly dominated copy of a row with the feature off.
+    #: None (the default) is always safe; ``tests/test_tuner.py`` checks the built-ins' declarations
+    never_slower: Callable | None = None
     #: whether `mofa tune` searches it by default (False for what-if knobs such as faster kernels)
     tunable: bool = True
     #: whether it can make compute faster than the base model's (FP8, faster kernels); the

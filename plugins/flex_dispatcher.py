@@ -204,6 +204,17 @@ def _applies(batch, model, hardware):
     return (batch.ep > 1) & ((nodes_spanned(batch.ep, batch.etp, hardware.scaleup_domain_gpus) > 1) | fewer)
 
 
+def _never_slower(batch, model, hardware):
+    """Rows where it is never slower than the alltoall dispatcher: an EP group inside one scale-up
+    domain of at most DeepEP's 8 NVLink peers, where either backend runs the alltoall dispatcher's
+    all-to-all with the tokens sent once per rank — the same collective with no more bytes, memory
+    unchanged (beyond 8 peers DeepEP's own kernels are slower)."""
+    if not model.is_moe:
+        return np.zeros(len(batch), bool)
+    inside = nodes_spanned(batch.ep, batch.etp, hardware.scaleup_domain_gpus) <= 1
+    return (batch.ep > 1) & inside & (batch.ep <= DEEPEP_NVL_PEERS)
+
+
 def megatron_args(options) -> list[str]:
     return ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", options.backend]
 
@@ -231,6 +242,7 @@ FEATURE = CostTransform(
     megatron_args=megatron_args,
     from_megatron=from_megatron,
     applies=_applies,
+    never_slower=_never_slower,
     before=("kernel_scaling", "ep_overlap", "recompute", "memfine", "activation_offload"),
 )
 

@@ -1833,3 +1833,75 @@ def test_rows_of_one_structure_with_other_dp_bytes_are_priced_as_predict_prices_
     assert fastest == (True, "bf16")
     assert best.step_time_s == pytest.approx(predicted[fastest], rel=1e-12)
     assert (best.features["fp8"]["fp8_params"], best.features["distributed_optimizer"]["grad_reduce_dtype"]) == fastest
+
+
+_FLEX_SPACE = dict(_MOE_SPACE, tp=(1, 2), pp=(1, 2), vpp=(1,), ep=(1, 2, 4, 8), schedules=("1f1b",), lighter_ends=(0,),
+                   lighter_last=(0,))
+_FLEX_FEATURES = ("distributed_optimizer", "ep_overlap", "flex_dispatcher", "recompute")
+
+
+def test_a_feature_never_slower_is_tried_on_only_and_the_optimum_stays_brute_force(mofa_predictor):
+    """flex_dispatcher declares itself never slower inside one node of at most 8 EP ranks (the same
+    all-to-all, the tokens sent once per rank): Mixtral 8×7B on 16 H100s, EP 2 and 4 within a node
+    (EP 8: one expert per rank, nothing to save, not searched), the tuner skips its off leaves there
+    and its optimum equals brute force over every setting, off included."""
+    from mofa_framework.tuner import NEVER_SLOWER
+
+    reg = mofa_predictor.registry
+    jobs, pred, ok = _oracle(mofa_predictor, "h100-sxm5-80gb", 16, 32, 4096, _FLEX_SPACE, _FLEX_FEATURES)
+    fits = ok & pred.fits_in_memory
+    best = float(pred.step_time_s[int(np.argmin(np.where(fits, pred.step_time_s, np.inf)))])
+    space = SearchSpace(**_FLEX_SPACE, features={n: feature_choices(reg, n) for n in _FLEX_FEATURES})
+    req = TuneRequest(model=jobs[0].model, hardware=jobs[0].hardware, num_gpus=16, global_batch_size=32,
+                      sequence_length=4096, space=space, top_k=3)
+    result = tune(mofa_predictor, req)
+    assert result.best[0].step_time_s == pytest.approx(best, rel=1e-12)
+    assert result.removed_by.get(NEVER_SLOWER, 0) > 0
+    # EP 2 and 4 alone (the optimum above is EP 8): brute force's best there is reached with the
+    # dispatcher on (off at most ties it), and the tuner's, which never tries it off there, is that
+    inside = np.array([j.parallel.ep in (2, 4) for j in jobs]) & fits
+    flex = np.array(["flex_dispatcher" in j.features for j in jobs])
+    best_inside = float(np.min(np.where(inside, pred.step_time_s, np.inf)))
+    assert np.isfinite(best_inside)
+    assert float(np.min(np.where(inside & flex, pred.step_time_s, np.inf))) == best_inside
+    assert np.any(inside & ~flex & (pred.step_time_s > best_inside))  # off does cost somewhere
+    only = tune(mofa_predictor, attrs.evolve(req, space=attrs.evolve(space, ep=(2, 4))))
+    assert only.best[0].step_time_s == pytest.approx(best_inside, rel=1e-12)
+    assert "flex_dispatcher" in only.best[0].features
+
+
+@pytest.mark.parametrize("model_name", ["qwen3-30b-a3b", "mixtral-8x7b"])
+def test_never_slower_declarations_hold(mofa_predictor, model_name):
+    """Where a built-in feature declares ``never_slower``, each of its option settings on is
+    feasible, no slower in step time and equal in peak memory to the feature off (random layouts and
+    companion features on 8 and 16 H100s)."""
+    from mofa_framework.config import jobs_to_batch
+
+    reg = mofa_predictor.registry
+    rng = np.random.default_rng(1)
+    declared = [n for n, f in reg.features.items() if f.never_slower is not None]
+    assert "flex_dispatcher" in declared
+    for name in declared:
+        feat = reg.features[name]
+        settings = [c for c in feature_choices(reg, name) if c is not None]
+        settings += [{"backend": b} for b in ("hybridep", "deepep") if name == "flex_dispatcher"]
+        for _ in range(12):
+            gpus = int(rng.choice([8, 16]))
+            tp, ep = int(rng.choice([1, 2])), int(rng.choice([2, 4, 8]))
+            base = {"model": {"name": model_name}, "hardware": {"name": "h100-sxm5-80gb", "num_gpus": gpus},
+                    "parallel": {"tp": tp, "pp": 1, "ep": ep, "micro_batch_size": 1, "global_batch_size": 64,
+                                 "sequence_length": 4096},
+                    "features": {k: {} for k in rng.choice(["ep_overlap", "recompute", "distributed_optimizer"],
+                                                           size=int(rng.integers(0, 3)), replace=False)}}
+            try:
+                off = mofa_predictor.job(base)
+            except ConfigError:
+                continue
+            if not feat.never_slower(jobs_to_batch([off], reg), off.model, off.hardware)[0]:
+                continue
+            r_off = mofa_predictor.predict(off)[0]
+            for opts in settings:
+                on = mofa_predictor.job({**base, "features": {**base["features"], name: dict(opts)}})
+                r_on = mofa_predictor.predict(on)[0]
+                assert r_on.step_time_s <= r_off.step_time_s * (1 + 1e-12), (name, opts, base)
+                assert r_on.peak_memory_gib == pytest.approx(r_off.peak_memory_gib, rel=1e-12), (name, opts, base)
