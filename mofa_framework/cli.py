@@ -740,6 +740,9 @@ def predict(state: State, job_files, fmt, megatron_args, trace_path, all_stages,
         jobs = load_jobs(state, job_files, flags)
     if (trace_path or plot_timeline) and len(jobs) != 1:
         raise ConfigError("--trace and --plot-timeline draw one job: give a single job")
+    if sensitivity and fmt == "megatron":
+        raise ConfigError("--sensitivity lists coefficients in a table, JSON or CSV; --format megatron writes "
+                          "launch lines: drop one of them")
     predictor = state.predictor()
     results = predictor.predict(jobs)
     sens = predictor.sensitivity(jobs) if sensitivity else None
@@ -774,7 +777,7 @@ def _echo_launch(job, registry, header: bool) -> None:
 
     if header:
         click.echo(f"# job: {job.name}")
-    click.echo("\n".join(megatron_launch(job.model, LaunchConfig.of_job(job), registry, job.hardware)))
+    click.echo("\n".join(megatron_launch(job.model, LaunchConfig.of_job(job, registry), registry, job.hardware)))
 
 
 def assemble() -> click.Group:

@@ -800,5 +800,5 @@ def with_environment_findings(res: ImportResult, job, registry) -> ImportResult:
         return res
     from .tuner import LaunchConfig, environment_findings, megatron_environment
 
-    env = megatron_environment(job.model, LaunchConfig.of_job(job), registry, job.hardware)
+    env = megatron_environment(job.model, LaunchConfig.of_job(job, registry), registry, job.hardware)
     return attrs.evolve(res, notes=res.notes + tuple(environment_findings(env, dict(res.exported))))

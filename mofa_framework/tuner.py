@@ -56,7 +56,7 @@ import numpy as np
 from . import engine
 from .batch import (ATTENTION_KERNELS, PRECISIONS, CandidateBatch, FeatureRows, GatheredOptions, distinct_rows,
                     taken)
-from .config import SearchSection, structure
+from .config import SearchSection, jobs_to_batch, structure
 from .engine import Prediction
 from .errors import ConfigError
 from .invariants import feature_rules, schedule_rules
@@ -1668,6 +1668,16 @@ def _pareto(time_s: np.ndarray, mem: np.ndarray, tie: np.ndarray | None = None) 
     return [int(i) for i in order[pick[first]]]
 
 
+def _parallel_of(b: CandidateBatch, row: int) -> dict[str, Any]:
+    """``Candidate.parallel`` of one row of a batch: its layout, batch shape and precision."""
+    return {"tp": int(b.tp[row]), "pp": int(b.pp[row]), "vpp": int(b.vpp[row]), "cp": int(b.cp[row]),
+            "ep": int(b.ep[row]), "etp": int(b.etp[row]), "dp": int(b.dp[row]),
+            "micro_batch_size": int(b.micro_batch_size[row]), "global_batch_size": int(b.global_batch_size[row]),
+            "sequence_length": int(b.sequence_length[row]), "sequence_parallel": bool(b.sequence_parallel[row]),
+            "precision": PRECISIONS[int(b.precision[row])],
+            "first_stage_layers": int(b.first_stage_layers[row]), "last_stage_layers": int(b.last_stage_layers[row])}
+
+
 def _candidate(rank, pred: Prediction, row: int, names, registry, req: TuneRequest, value, e2e=None) -> Candidate:
     b = pred.batch
     f = lambda a: float(np.asarray(a)[row])  # noqa: E731
@@ -1683,12 +1693,7 @@ def _candidate(rank, pred: Prediction, row: int, names, registry, req: TuneReque
                 opts[fld.name] = ch[int(x)] if ch else (type(fld.default)(x) if fld.default is not None else x)
             feats[name] = opts
     bd = {k: f(v) for k, v in pred.breakdown.items()}
-    parallel = {"tp": int(b.tp[row]), "pp": int(b.pp[row]), "vpp": int(b.vpp[row]), "cp": int(b.cp[row]),
-                "ep": int(b.ep[row]), "etp": int(b.etp[row]), "dp": int(b.dp[row]),
-                "micro_batch_size": int(b.micro_batch_size[row]), "global_batch_size": int(b.global_batch_size[row]),
-                "sequence_length": int(b.sequence_length[row]), "sequence_parallel": bool(b.sequence_parallel[row]),
-                "precision": PRECISIONS[int(b.precision[row])],
-                "first_stage_layers": int(b.first_stage_layers[row]), "last_stage_layers": int(b.last_stage_layers[row])}
+    parallel = _parallel_of(b, row)
     compute = bd["compute_fwd"] + bd["compute_bwd_input"] + bd["compute_bwd_weight"] + bd["recompute"]
     interval = ettr = None
     if e2e is not None and hasattr(e2e, "checkpoint_interval_steps"):
@@ -1793,15 +1798,11 @@ class LaunchConfig:
     features: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
 
     @classmethod
-    def of_job(cls, job) -> LaunchConfig:
-        p = job.parallel
-        parallel = {"tp": p.tp, "pp": p.pp, "vpp": p.vpp, "cp": p.cp, "ep": p.ep, "etp": p.etp, "dp": job.dp,
-                    "micro_batch_size": p.micro_batch_size, "global_batch_size": p.global_batch_size,
-                    "sequence_length": p.sequence_length, "sequence_parallel": bool(p.sequence_parallel),
-                    "precision": p.precision, "first_stage_layers": p.first_stage_layers,
-                    "last_stage_layers": p.last_stage_layers}
+    def of_job(cls, job, registry) -> LaunchConfig:
+        """A resolved job's layout (as the tuner reads a candidate's off its batch row), schedule and
+        features."""
         feats = {n: attrs.asdict(o) if attrs.has(type(o)) else {} for n, o in job.features.items()}
-        return cls(parallel=parallel, schedule=job.schedule, features=feats)
+        return cls(parallel=_parallel_of(jobs_to_batch([job], registry), 0), schedule=job.schedule, features=feats)
 
 
 def megatron_context(model: ModelSpec, cand: Candidate | LaunchConfig,
@@ -1810,6 +1811,13 @@ def megatron_context(model: ModelSpec, cand: Candidate | LaunchConfig,
     arch = hardware.compute.architecture if hardware is not None else ""
     return MegatronContext(model=model, parallel=cand.parallel, features=cand.features, schedule=cand.schedule,
                            architecture=arch)
+
+
+def _feature_options(registry, cand: Candidate | LaunchConfig):
+    """(feature, its options object or None) of every feature on in `cand`, in name order."""
+    for name, opts in sorted(cand.features.items()):
+        feat = registry.features[name]
+        yield feat, (feat.options_type(**opts) if attrs.has(feat.options_type) else None)
 
 
 def megatron_arguments(model: ModelSpec, cand: Candidate | LaunchConfig, registry,
@@ -1832,9 +1840,7 @@ def megatron_arguments(model: ModelSpec, cand: Candidate | LaunchConfig, registr
                "--seq-length", str(p["sequence_length"])]
     tokens += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp8": ["--bf16", "--fp8-format", "hybrid"],
                "fp4": ["--bf16", "--fp4-format", "e2m1"]}[p["precision"]]
-    for name, opts in sorted(cand.features.items()):
-        feat = registry.features[name]
-        opt_obj = feat.options_type(**opts) if attrs.has(feat.options_type) else None
+    for feat, opt_obj in _feature_options(registry, cand):
         tokens += feat.megatron_tokens(opt_obj, context)
     lines: list[str] = []
     notes: list[str] = []
@@ -2001,10 +2007,8 @@ def megatron_environment(model: ModelSpec, cand: Candidate | LaunchConfig, regis
     :func:`compose_environment`."""
     context = megatron_context(model, cand, hardware)
     wanted: list[tuple[str, EnvRequirement]] = []
-    for name, opts in sorted(cand.features.items()):
-        feat = registry.features[name]
-        opt_obj = feat.options_type(**opts) if attrs.has(feat.options_type) else None
-        wanted += [(name, r) for r in feat.megatron_env_requirements(opt_obj, context)]
+    for feat, opt_obj in _feature_options(registry, cand):
+        wanted += [(feat.name, r) for r in feat.megatron_env_requirements(opt_obj, context)]
     return compose_environment(core_environment(cand, context.architecture), wanted)
 
 
@@ -2014,6 +2018,10 @@ def megatron_launch(model: ModelSpec, cand: Candidate | LaunchConfig, registry,
     the environment's), ``export`` / ``unset`` lines, then the arguments joined by ``\\`` line
     continuations (``mofa tune`` and ``mofa predict --format megatron``)."""
     line, notes = megatron_arguments(model, cand, registry, hardware)
-    env = megatron_environment(model, cand, registry, hardware)
+    return launch_lines(line, notes, megatron_environment(model, cand, registry, hardware))
+
+
+def launch_lines(line: list[str], notes: list[str], env: LaunchEnvironment) -> list[str]:
+    """A Megatron line, its notes and its environment as a launch fragment (:func:`megatron_launch`)."""
     args = [f"{a} \\" for a in line[:-1]] + line[-1:]
     return [f"# {n}" for n in [*notes, *env.notes]] + env.shell() + args

@@ -317,6 +317,8 @@ for flag, value in (("--tp-values", "0"), ("--tp-values", "99999999999999999999"
 case("tune:--schedules-unknown", [*TUNE, "--schedules", "nonesuch"], "--schedules")
 case("tune:--power-limit-w-above-tdp", [*TUNE, "--power-limit-w", "900"], "--power-limit-w", "at most 700")
 case("predict:--power-limit-w-idle", [*FLAGS, "--power-limit-w", "40"], "power_limit_w", "idle draw")
+case("predict:--sensitivity-with-megatron-format", [*FLAGS, "--format", "megatron", "--sensitivity"], "--sensitivity",
+     "--format megatron")
 case("tune:--features-unknown", [*TUNE, "--features", "nonesuch"], "--features")
 
 # ---------------------------------------------------------------------- 4. environment variables

@@ -188,7 +188,7 @@ def test_a_jobs_launch_is_the_tuned_candidates_launch(tuned):
         model, cand = tuned[key]
         job = p.job({"model": {"name": model_name}, "hardware": {"name": "h100-sxm5-80gb", "num_gpus": gpus},
                      "parallel": {"global_batch_size": gbs, "sequence_length": 4096}})
-        launch = LaunchConfig.of_job(candidate_job(job, cand, reg))
+        launch = LaunchConfig.of_job(candidate_job(job, cand, reg), reg)
         assert launch.schedule == cand.schedule
         assert megatron_arguments(model, launch, reg, job.hardware) == megatron_arguments(model, cand, reg, job.hardware)
         assert (megatron_environment(model, launch, reg, job.hardware)
@@ -254,9 +254,7 @@ FSDP_FLAGS = "--use-megatron-fsdp --ckpt-format fsdp_dtensor --data-parallel-sha
 def test_mofa_import_notes_a_launch_environment_the_line_cannot_run_in(tmp_path, run_cli, export, optimizer, finding):
     script = tmp_path / "launch.sh"
     script.write_text(SCRIPT.format(export=export, optimizer=optimizer))
-    r = CliRunner().invoke(cli, ["import", "megatron", str(script), "--hardware", "h100-sxm5-80gb"],
-                           catch_exceptions=False)
-    assert r.exit_code == 0, r.output
+    r = run_cli("import", "megatron", str(script), "--hardware", "h100-sxm5-80gb")
     env_notes = [ln for ln in r.stderr.splitlines() if "CUDA_DEVICE_MAX_CONNECTIONS" in ln]
     if finding is None:
         assert env_notes == []
@@ -265,8 +263,5 @@ def test_mofa_import_notes_a_launch_environment_the_line_cannot_run_in(tmp_path,
         assert finding in r.stdout  # the written job's header carries the note too
     # an argument list carries no environment: nothing to hold against
     args = SCRIPT.format(export="", optimizer=optimizer).split("pretrain_gpt.py", 1)[1].replace("\\\n", " ")
-    r2 = CliRunner().invoke(cli, ["import", "megatron", args.replace("$TP", "2"), "--hardware", "h100-sxm5-80gb",
-                                  "--gpus", "32"],
-                            catch_exceptions=False)
-    assert r2.exit_code == 0, r2.output
+    r2 = run_cli("import", "megatron", args.replace("$TP", "2"), "--hardware", "h100-sxm5-80gb", "--gpus", "32")
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in r2.stderr

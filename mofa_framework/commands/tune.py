@@ -16,7 +16,7 @@ from ..cli import (ATTENTION_KERNEL_OPTION, DOCUMENT_LENGTH_OPTION, GBS_OPTION, 
 from ..config import own_network, with_power_limit, with_scaleout_bandwidth
 from ..errors import ConfigError
 from ..limits import LIMITS, check, short
-from ..tuner import (OBJECTIVES, TuneRequest, job_request, megatron_arguments, megatron_environment, megatron_launch,
+from ..tuner import (OBJECTIVES, TuneRequest, job_request, launch_lines, megatron_arguments, megatron_environment,
                      stage_layers, tune)
 
 
@@ -368,7 +368,7 @@ def tune_cmd(state, job_files, model, hardware, gpus, gbs, seq, precision, token
         w.writerows(rows)
         click.echo(buf.getvalue(), nl=False)
     elif fmt == "megatron":
-        click.echo("\n".join(megatron_launch(req.model, result.best[0], reg, req.hardware)))
+        click.echo("\n".join(launch_lines(line, notes, env)))
     else:
         _print_table(result, req, reg, fmt)
         click.echo("Megatron-LM: " + " ".join(line) + "".join(f"\n  note: {n}" for n in notes))
