@@ -48,7 +48,7 @@ def _out_proj_input(model, g, block) -> np.ndarray:
 
 
 def reprice_gemms(state, target: int, efficiency, cast_bytes, saved_fraction, share=1.0, weight_cast_bytes=0.0,
-                  recast_input_bytes=0.0):
+                  recast_input_bytes=0.0, measured=None):
     """Every layer's GEMMs but the attention core re-priced at numeric format ``target``.
 
     ``Δt_op = t_op(target) / efficiency − t_op(row precision)`` is applied to the layer fields
@@ -61,6 +61,11 @@ def reprice_gemms(state, target: int, efficiency, cast_bytes, saved_fraction, sh
     per element. Saved GEMM inputs
     shrink by ``saved_fraction`` of their bf16 bytes. ``share`` (0–1) scales all of it: the share
     of the layers that run quantised.
+
+    ``measured(op)``, when given, is a measured speedup of the quantised GEMM (its casts included)
+    over its time at the row's own precision, per row (NaN where none applies): there
+    ``Δt_op = t_op(row precision) / (speedup · efficiency) − t_op(row precision)`` instead (the caller
+    passes zero cast bytes for those rows).
     """
     ctx = state.ctx
     g = ctx.geometry
@@ -81,6 +86,9 @@ def reprice_gemms(state, target: int, efficiency, cast_bytes, saved_fraction, sh
             cast_b += mult * (o.m * o.n * cast_bytes + o.k * o.n * weight_cast_bytes
                               + o.m * o.k * recast_input_bytes) / bw
         saved_cut = saved_fraction * gemm_input_bytes(ctx.model, g, kind) * share
+        if measured is not None:  # a measured speedup replaces the re-priced time where it applies
+            fast = [np.where(np.isfinite(sp), t0 / np.where(np.isfinite(sp), sp, 1.0), tq)
+                    for o, t0, tq in zip(ops, base, fast) for sp in (measured(o),)]
         c = with_op_deltas(c, ops, [(tq / efficiency - t0) * share for t0, tq in zip(base, fast)])
         out[kind] = attrs.evolve(
             c,

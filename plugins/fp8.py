@@ -58,7 +58,17 @@ FP8 parameters (NeMo turns it off there): with ``fsdp`` the option is refused.
 Engine in three ways the options carry. ``recipe = "rowwise"``: one fp32 scale per row along the
 reduction dimension (negligible bytes), so the backward needs the column-wise copy too, and torchao
 makes each orientation with its own cast: ``2 · 3`` bytes per element instead of one fused
-cast-transpose (its rowwise-scaled GEMMs stay at the fp8 rate: no shared measurement of them).
+cast-transpose. Where torchao has published the recipe's speed (``float8_rowwise.toml``: on Hopper,
+a compiled LayerNorm → Linear → Sigmoid unit forward and backward, rowwise float8 over bf16, by the
+forward's M, K, N) each GEMM instead takes its time at the row's own precision over that measured
+speedup, the casts included (none added)::
+
+    t_op = t_op(row precision) / (s(M, K, N) · efficiency)
+
+with ``s`` interpolated in log2 of each size and held at the grid's faces, and a fused MoFa
+operator split into the ``nn.Linear`` modules torchao converts (``wq``/``wk``/``wv``, a SwiGLU's
+``w1``/``w3``): ``1/s = Σ_i f_i / s(M, K, f_i·N)`` over their shares ``f_i`` of N. Elsewhere the
+GEMMs stay at the fp8 rate with the casts above.
 ``weight_cache = false``: no quantised weight is kept — each GEMM weight (``k·n`` elements) is cast
 in every forward and, transposed, in every backward, one orientation each, ``2 + (1 + s)`` bytes per
 element per pass, and the weights' memory gains no copy. ``fp8_activations = false``: the bf16
@@ -74,8 +84,10 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.batch import PRECISIONS
-from mofa_framework.types import ConstraintResult, CostTransform, option
+from mofa_framework.decompose import kv_projections
+from mofa_framework.types import Activation, ConstraintResult, CostTransform, option
 from mofa_plugins._lowp import REPRICE_BEFORE, needs_format, reprice_gemms, with_weight_copies
+from mofa_plugins._rowwise_table import speedup as rowwise_speedup
 
 FP8 = PRECISIONS.index("fp8")
 #: bytes moved per element by a bf16 → fp8 quantisation kernel
@@ -134,8 +146,49 @@ def layer(state, rows):
     # two-orientation recipe's cast above already counts the column-wise copy the weight gradient reads
     recast = np.where((rows.options["fp8_activations"] > 0.5) | block, 0.0, CAST_BYTES)
     mx = np.where(rows.choice("recipe", "mxfp8"), state.ctx.hardware.efficiency.mxfp8_gemm_relative_efficiency, 1.0)
+    measured, tabled = _rowwise_measured(state, rows)
+    # torchao's measured rowwise linears include their casts
+    cast, weight_cast, recast = (np.where(tabled, 0.0, x) for x in (cast, weight_cast, recast))
     return reprice_gemms(state, FP8, rows.options["efficiency"] * mx, cast, saved, weight_cast_bytes=weight_cast,
-                         recast_input_bytes=recast)
+                         recast_input_bytes=recast, measured=measured)
+
+
+def _rowwise_measured(state, rows):
+    """(op → the measured rowwise speedup over the row's own precision, NaN elsewhere; the rows it
+    prices): torchao's rowwise rows on an architecture with a measured table (``float8_rowwise.toml``)."""
+    arch = state.ctx.hardware.compute.architecture
+    tabled = rows.choice("recipe", "rowwise") & (rowwise_speedup(arch, 1024, 1024, 1024) is not None)
+    if not tabled.any():
+        return None, tabled
+
+    def measured(op):
+        return np.where(tabled, linear_speedup(arch, state.ctx.model, op), np.nan)
+    return measured, tabled
+
+
+def linear_parts(model, op) -> tuple[float, ...]:
+    """The output widths of the separate ``nn.Linear`` modules that make up operator `op`, as fractions
+    of its N. torchao converts modules, and the Llama-style models it trains (torchtitan, Hugging Face)
+    keep the query, key and value projections apart (``wq``, ``wk``, ``wv``) and a gated MLP's gate and
+    up projections apart (``w1``, ``w3``), where MoFa prices each fused: ``qkv_proj`` splits by
+    heads (a·d_q with an output gate's a·d_q on the query, kv·d per key and value projection) and a
+    SwiGLU ``*_fc1`` into two halves. Anything else is one linear."""
+    if op.name == "qkv_proj":
+        gated = any(model.block(kind).output_gate for kind in model.block_kinds)
+        q = model.num_attention_heads * (2.0 if gated else 1.0)
+        kv = [float(model.num_kv_heads)] * int(kv_projections(model))
+        total = q + sum(kv)
+        return tuple(x / total for x in (q, *kv))
+    if op.name.endswith("_fc1") and model.activation is Activation.swiglu:
+        return (0.5, 0.5)
+    return (1.0,)
+
+
+def linear_speedup(arch: str, model, op) -> np.ndarray:
+    """The measured rowwise speedup of operator `op` over bf16: each of its linears (:func:`linear_parts`)
+    at its own N, their bf16 times (∝ N) summed over their float8 times."""
+    fp8_time = sum(f / rowwise_speedup(arch, op.m, op.k, f * np.asarray(op.n, float)) for f in linear_parts(model, op))
+    return 1.0 / fp8_time
 
 
 def memory(state, rows):
