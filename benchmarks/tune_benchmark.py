@@ -10,9 +10,13 @@ of the whole process or of the search alone: `resource.getrusage`, `time.process
 wall time; CPU time is what the targets are checked against. Peak memory is the process's
 maximum resident set. The first row is one `mofa tune` process, start-up included.
 
-Evaluator throughput: every candidate of a sub-space priced with no bound (``pareto=True``
-evaluates them all), in candidates per CPU-second; and, for the full searches, the candidates
-the search settled (evaluated, or ruled out by an exact bound) per CPU-second of search.
+Evaluator throughput, two ways. The evaluator itself (the ``flat-`` cases): every candidate of a
+sub-space that passes every rule (``tuner.every_candidate``, what brute force prices), in batches of
+131,072 rows, priced by ``Predictor.evaluate`` — the cost function that one prediction and a search
+share — in candidates per CPU-second of ``evaluate`` alone (building the batches is not counted). And
+the search without bounds (the ``exhaustive-`` cases, ``pareto=True``): the leaves it evaluates, which
+exclude the variants that change nothing, per CPU-second of search; for the full searches, the
+candidates the search settled (evaluated, or ruled out by an exact bound) per CPU-second of search.
 """
 
 from __future__ import annotations
@@ -50,7 +54,8 @@ EXHAUSTIVE = [
 #: the installed package names whose folders differ (pyproject's package-dir): another checkout's are
 #: linked under these names, else its plugins would run on this checkout's profiles and models
 TREE_PACKAGES = {"mofa_plugins": "plugins", "mofa_hardware_profiles": "hardware_profiles", "mofa_model_zoo": "model_zoo"}
-CASES = [c[0] for c in (CLI_CASE, *SEARCHES)] + [f"exhaustive-{i}" for i in range(len(EXHAUSTIVE))]
+CASES = ([c[0] for c in (CLI_CASE, *SEARCHES)] + [f"exhaustive-{i}" for i in range(len(EXHAUSTIVE))]
+         + [f"flat-{i}" for i in range(len(EXHAUSTIVE))])
 
 
 # ---------------------------------------------------------------------- one case (child process)
@@ -102,6 +107,9 @@ def run_case(name: str) -> dict:
                         f"{b['schedule']}, {b['step_time_s']:.2f} s, MFU {b['mfu']:.1%}"}
     from mofa_framework.tuner import tune
 
+    if name.startswith("flat-"):
+        spec = EXHAUSTIVE[int(name.split("-")[1])]
+        return _flat(*_request(spec, spec[6]))
     if name.startswith("exhaustive-"):
         spec = EXHAUSTIVE[int(name.split("-")[1])]
         predictor, req = _request(spec, spec[6], pareto=True)
@@ -110,6 +118,30 @@ def run_case(name: str) -> dict:
     c0, w0 = time.process_time(), time.perf_counter()
     result = tune(predictor, req)
     return _summary(result, time.process_time() - c0, time.perf_counter() - w0)
+
+
+def _flat(predictor, req) -> dict:
+    """Every candidate that passes the rules, priced batch by batch; only ``evaluate`` is timed."""
+    import numpy as np
+
+    from mofa_framework.tuner import _parallel_of, every_candidate
+
+    n, cpu, wall, best = 0, 0.0, 0.0, (np.inf, "none feasible")
+    schedules = list(predictor.registry.schedules)
+    for batch, structure in every_candidate(predictor, req):
+        c0, w0 = time.process_time(), time.perf_counter()
+        pred = predictor.evaluate(batch, req.model, req.hardware, structure=structure)
+        cpu, wall = cpu + time.process_time() - c0, wall + time.perf_counter() - w0
+        n += len(batch)
+        step = np.where(pred.fits_in_memory, pred.step_time_s, np.inf)
+        i = int(np.argmin(step))
+        if step[i] < best[0]:
+            p = _parallel_of(batch, i)
+            best = (float(step[i]), f"TP{p['tp']} PP{p['pp']} VPP{p['vpp']} CP{p['cp']} EP{p['ep']} "
+                                    f"mbs{p['micro_batch_size']} {schedules[int(batch.schedule[i])]}, {step[i]:.2f} s, "
+                                    f"MFU {float(pred.mfu[i]):.1%}")
+    return {"search_cpu_s": cpu, "search_wall_s": wall, "space": req.space.size, "evaluated": n, "ruled_out": 0,
+            "floored": 0, "best": best[1]}
 
 
 # ---------------------------------------------------------------------- the table (parent)
@@ -162,7 +194,10 @@ def _label(name: str) -> str:
         _, model, hw, gpus, *_ = CLI_CASE
         return f"`mofa tune` {model} on {gpus:,} × {hw} (one process, start-up included)"
     if name.startswith("exhaustive-"):
-        return "evaluator, " + EXHAUSTIVE[int(name.split("-")[1])][0] + " (every candidate, no bound)"
+        return "search without bounds, " + EXHAUSTIVE[int(name.split("-")[1])][0] + " (every candidate, no bound)"
+    if name.startswith("flat-"):
+        return ("evaluator itself (`Predictor.evaluate`), " + EXHAUSTIVE[int(name.split("-")[1])][0]
+                + ": every candidate that passes the rules")
     _, model, hw, gpus, gbs, seq = next(c for c in SEARCHES if c[0] == name)
     return f"{model} on {gpus:,} × {hw}, gbs {gbs:,}, seq {seq:,}"
 

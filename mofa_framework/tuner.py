@@ -1586,6 +1586,43 @@ def tune(predictor, req: TuneRequest, progress: Callable[[TuneProgress], None] |
                       floored=search.floored if search else 0)
 
 
+def every_candidate(predictor, req: TuneRequest, chunk_rows: int = 1 << 17):
+    """Every configuration of `req.space` that passes every rule — brute force's candidates, the search's
+    reference — as batches of about `chunk_rows` rows (a structure's feature combinations never split),
+    each with its rows' structures ``(first_rows, inverse)`` for :func:`engine.evaluate`. Whether each
+    fits in memory is the prediction's to say (``fits_in_memory``), not a rule here. The benchmark of the
+    evaluator itself prices these (``benchmarks/tune_benchmark.py``, the ``flat-`` cases)."""
+    registry = predictor.registry
+    req = _with_headroom(req)
+    names = sorted(req.space.features)
+    structs, _ = _structure_batch(req, registry)
+    if not len(structs):
+        return
+    keep = _passes(predictor, req, structs)
+    for _, ok in _paper_rules(req, registry, structs):
+        keep &= ok
+    structs = structs.take(np.flatnonzero(keep))
+    grid = _combos(req, registry, names)
+    tables = _feature_tables(req, registry, names, grid)
+    per = max(1, chunk_rows // max(len(grid), 1))
+    for lo in range(0, len(structs), per):
+        n_s = min(per, len(structs) - lo)
+        s_idx = np.repeat(np.arange(n_s), len(grid))
+        batch = attrs.evolve(structs.take(lo + s_idx), features=_feature_rows(tables, np.tile(np.arange(len(grid)), n_s)))
+        rows = np.flatnonzero(_passes(predictor, req, batch))
+        if len(rows):
+            _, first, inverse = np.unique(s_idx[rows], return_index=True, return_inverse=True)
+            yield batch.take(rows), (first, np.asarray(inverse, np.int64).reshape(-1))
+
+
+def _passes(predictor, req: TuneRequest, batch: CandidateBatch) -> np.ndarray:
+    """Rows of `batch` that pass every rule of every plugin (:meth:`Predictor.constraints`)."""
+    ok = np.ones(len(batch), bool)
+    for r in predictor.constraints(batch, req.model, req.hardware):
+        ok &= np.asarray(r.feasible, bool)
+    return ok
+
+
 def _with_headroom(req: TuneRequest) -> TuneRequest:
     """`req` searched on a GPU whose HBM is less by the request's headroom: every memory check of the
     search (the floors, each leaf's fit) then leaves that much free. Pricing does not read the HBM's
