@@ -61,7 +61,7 @@ makes each orientation with its own cast: ``2 · 3`` bytes per element instead o
 cast-transpose. Where torchao has published the recipe's speed (``float8_rowwise.toml``: on Hopper,
 a compiled LayerNorm → Linear → Sigmoid unit forward and backward, rowwise float8 over bf16, by the
 forward's M, K, N) each GEMM instead takes its time at the row's own precision over that measured
-speedup, the casts included (none added)::
+speedup, the casts included (none added), on rows whose own precision is the table's bf16::
 
     t_op = t_op(row precision) / (s(M, K, N) · efficiency)
 
@@ -90,6 +90,7 @@ from mofa_plugins._lowp import REPRICE_BEFORE, needs_format, reprice_gemms, with
 from mofa_plugins._rowwise_table import speedup as rowwise_speedup
 
 FP8 = PRECISIONS.index("fp8")
+BF16 = PRECISIONS.index("bf16")
 #: bytes moved per element by a bf16 → fp8 quantisation kernel
 CAST_BYTES = 3.0
 #: scaling recipes (Megatron ``--fp8-recipe``) → scale-factor bytes per element of a block-scaled
@@ -155,9 +156,11 @@ def layer(state, rows):
 
 def _rowwise_measured(state, rows):
     """(op → the measured rowwise speedup over the row's own precision, NaN elsewhere; the rows it
-    prices): torchao's rowwise rows on an architecture with a measured table (``float8_rowwise.toml``)."""
+    prices): torchao's rowwise rows on an architecture with a measured table (``float8_rowwise.toml``)
+    whose own precision is the table's baseline, bf16."""
     arch = state.ctx.hardware.compute.architecture
-    tabled = rows.choice("recipe", "rowwise") & (rowwise_speedup(arch, 1024, 1024, 1024) is not None)
+    tabled = (rows.choice("recipe", "rowwise") & (rowwise_speedup(arch, 1024, 1024, 1024) is not None)
+              & (np.asarray(state.batch.precision) == BF16))
     if not tabled.any():
         return None, tabled
 

@@ -114,3 +114,24 @@ def test_rowwise_on_hopper_prices_each_gemm_at_its_measured_speedup(mofa_predict
     close(L.fwd_compute_s[1] - L.fwd_compute_s[0], sum(delta))
     close(L.bwd_input_s[1] - L.bwd_input_s[0], sum(d * float(np.ravel(o.bwd_input)[0]) for d, o in zip(delta, ops)))
     close(L.bwd_weight_s[1] - L.bwd_weight_s[0], sum(d * float(np.ravel(o.bwd_weight)[0]) for d, o in zip(delta, ops)))
+
+
+def test_the_table_prices_bf16_rows_only(mofa_predictor, monkeypatch):
+    """The speedups are over bf16: a row whose own precision is already fp8 keeps the fp8-rate pricing
+    (as on an architecture without a table), while its bf16 twin moves."""
+    import mofa_plugins.fp8 as fp8
+
+    base = {"model": {"name": "llama3.1-8b"}, "hardware": {"name": "h100-sxm5-80gb", "num_gpus": 8},
+            "parallel": {"micro_batch_size": 2, "global_batch_size": 16, "sequence_length": 8192},
+            "features": {"fp8": {"recipe": "rowwise"}}}
+    jobs = [mofa_predictor.job({**base, "parallel": {**base["parallel"], "precision": p}}) for p in ("fp8", "bf16")]
+
+    def layers():
+        batch = jobs_to_batch(jobs, mofa_predictor.registry)
+        return mofa_predictor.evaluate(batch, jobs[0].model, jobs[0].hardware).state.layers["dense"].fwd_compute_s
+
+    with_table = layers()
+    monkeypatch.setattr(fp8, "rowwise_speedup", lambda *a, **k: None)
+    without = layers()
+    close(with_table[0], without[0])
+    assert abs(with_table[1] - without[1]) > 1e-6
