@@ -727,6 +727,10 @@ def _init_fields(cls) -> tuple[tuple[str, str], ...]:
 _PHASE_FIELD = {Phase.layer: "layers", Phase.pipeline: "pipe", Phase.optimizer: "opt", Phase.memory: "mem"}
 
 
+#: a feature on at most this share of the rows is applied to those rows alone (:func:`_on_rows`)
+_SUBSET_SHARE = 0.5
+
+
 def _apply_phase(state: CostState, registry, phase: Phase, trail: dict) -> CostState:
     field = _PHASE_FIELD[phase]
     for feat in registry.features_in_phase(phase):
@@ -734,15 +738,19 @@ def _apply_phase(state: CostState, registry, phase: Phase, trail: dict) -> CostS
         if not rows.enabled.any():
             continue
         try:
-            new = feat.acts_in(phase)(state, rows)
+            made: list = []
+            merged = _on_rows(state, feat.acts_in(phase), feat.name, field, made)
+            if merged is _WHOLE:
+                new = feat.acts_in(phase)(state, rows)
         except Exception as exc:  # noqa: BLE001
             plugin = registry.provided_by.get(("features", feat.name), feat.name)
             raise PluginError(f"feature {feat.name!r} (plugin {plugin!r}) failed in its {phase.value} transform: "
                               f"{type(exc).__name__}: {exc}") from exc
         mask = rows.enabled if field != "mem" else rows.enabled[None, :]
         try:
-            made: list = []
-            merged = _merge(mask, getattr(new, field), getattr(state, field), bool(rows.enabled.all()), made)
+            if merged is _WHOLE:
+                made = []
+                merged = _merge(mask, getattr(new, field), getattr(state, field), bool(rows.enabled.all()), made)
         except Exception as exc:  # noqa: BLE001 - a malformed answer (a missing field, a wrong shape)
             plugin = registry.provided_by.get(("features", feat.name), feat.name)
             raise PluginResultError(f"plugin {plugin!r}: feature {feat.name!r}'s {phase.value} transform returned a "
@@ -755,6 +763,93 @@ def _apply_phase(state: CostState, registry, phase: Phase, trail: dict) -> CostS
     return state
 
 
+#: :func:`_on_rows`'s answer when the transform is to run on the whole state instead
+_WHOLE = object()
+
+
+def _on_rows(state: CostState, fn, name: str, field: str, made: list):
+    """A feature's transform `fn` run on the rows where the feature is on alone, its `field` merged
+    back (every other row keeps the state's, bit for bit, as :func:`_merge` keeps it); :data:`_WHOLE`
+    when the feature is on in more than :data:`_SUBSET_SHARE` of the rows (taking them would cost
+    more than it saves) or the answer cannot be merged row by row. Transforms compute each row from
+    that row alone (the engine's premise, as in pricing per structure), so the rows' numbers are the
+    same either way; a search's leaves turn on ZeRO, FSDP or an offload on a few rows each."""
+    enabled = state.batch.feature(name).enabled
+    n = len(enabled)
+    on = np.flatnonzero(enabled)
+    if len(on) > _SUBSET_SHARE * n:
+        return _WHOLE
+    sub = _state_rows(state, on)
+    new = fn(sub, sub.batch.feature(name))
+    try:
+        return _scatter(on, n, getattr(new, field), getattr(sub, field), getattr(state, field), made)
+    except _Unmergeable:
+        return _WHOLE
+
+
+class _Unmergeable(Exception):
+    """A transform's answer that is not rows of the state's (:func:`_scatter`)."""
+
+
+def _scatter(on: np.ndarray, n: int, new, sub, old, made: list):
+    """`old` with rows `on` replaced by `new`, a transform's answer on the state `sub` of those rows:
+    what ``_merge(enabled, new on every row, old)`` gives (a part the transform kept, ``new is sub``,
+    stays `old`; rows on the last axis; the dtype ``np.where`` would give). Changed arrays go to
+    `made`."""
+    if new is sub or new is None:
+        return old
+    if isinstance(old, np.ndarray) or isinstance(new, np.ndarray):
+        new = np.asarray(new)
+        if new.dtype.kind == "f" and new.dtype != np.float64:
+            new = new.astype(np.float64)
+        if not isinstance(old, np.ndarray) or old.shape[-1:] != (n,) or (new.ndim and new.shape[-1] not in (1, len(on))):
+            raise _Unmergeable
+        shape = np.broadcast_shapes(old.shape, new.shape[:-1] + (n,) if new.ndim else (n,))
+        out = np.empty(shape, np.result_type(new, old))
+        out[...] = old
+        out[..., on] = new
+        made.append(out)
+        return out
+    if isinstance(old, Mapping):
+        return {k: _scatter(on, n, new[k], sub[k], old[k], made) for k in old}
+    if attrs.has(type(old)) and attrs.has(type(new)):
+        return type(old)(**{a: _scatter(on, n, getattr(new, k), getattr(sub, k), getattr(old, k), made)
+                            for k, a in _init_fields(type(old))})
+    raise _Unmergeable
+
+
+def _state_rows(state: CostState, idx: np.ndarray) -> CostState:
+    """`state` at rows `idx`: every per-row value taken when first read (:func:`_taken`), the
+    structures renumbered for those rows."""
+    ctx = state.ctx
+    ctx = attrs.evolve(ctx, geometry=_taken(ctx.geometry, idx), structure=_rows_structure(ctx.structure, idx))
+    lay = state.layout
+    if lay is not None:
+        total = lay.total.take(idx, axis=-1)
+        lay = StageLayout(counts={k: total if c is lay.total else c.take(idx, axis=-1) for k, c in lay.counts.items()},
+                          total=total)
+    some = lambda x: None if x is None else _taken(x, idx)  # noqa: E731
+    return CostState(batch=_taken_batch(state.batch, idx), ctx=ctx,
+                     layers={k: _taken(c, idx) for k, c in state.layers.items()}, layout=lay,
+                     pipe=some(state.pipe), opt=some(state.opt), mem=some(state.mem))
+
+
+def _rows_structure(structure, idx: np.ndarray):
+    """``(first, inverse)`` structures of rows `idx` of a batch whose structures are `structure`
+    (any row of a structure stands for it: they share what is priced per structure)."""
+    if structure is None:
+        return None
+    first, inverse = structure
+    of = inverse[idx]
+    seen = np.zeros(len(first), bool)
+    seen[of] = True
+    ids = np.cumsum(seen) - 1
+    sub_inv = ids[of]
+    sub_first = np.empty(int(ids[-1]) + 1, np.int64)
+    sub_first[sub_inv] = np.arange(len(idx))
+    return sub_first, sub_inv
+
+
 class _Taken:
     """Mixin of a value object whose rows are another's rows ``inverse`` (:func:`_expand`), each field
     taken on first read: a search repeats per-structure and per-node results to every leaf, whose
@@ -763,11 +858,16 @@ class _Taken:
     repeated. A transform that evolves one gets a whole object (``attrs.evolve`` reads every field)."""
 
     def __getattr__(self, name: str):
-        if name.startswith("_"):
-            raise AttributeError(name)
+        if name.startswith("_") or "_src" not in self.__dict__:
+            # a whole object of the lazy class (``attrs.evolve`` of a lazy one): its class's own
+            # lookup (attrs' cached properties on slotted classes), if it has one
+            fallback = getattr(super(), "__getattr__", None)
+            if fallback is None:
+                raise AttributeError(name)
+            return fallback(name)
         src, inverse = self.__dict__["_src"], self.__dict__["_inverse"]
         value = getattr(src, name)
-        if isinstance(value, np.ndarray):
+        if isinstance(value, np.ndarray) and value.ndim:
             value = value.take(inverse, axis=-1)
         object.__setattr__(self, name, value)
         return value
@@ -789,6 +889,44 @@ def _taken(obj, inverse: np.ndarray):
     out = object.__new__(lazy)
     out.__dict__.update(_src=obj, _inverse=inverse)
     return out
+
+
+def _taken_batch(batch: CandidateBatch, idx: np.ndarray) -> CandidateBatch:
+    """Rows `idx` of `batch`, each field and each feature's flags and options taken when first read."""
+    out = _taken(batch, idx)
+    object.__setattr__(out, "features", {k: _taken_feature(r, idx) for k, r in batch.features.items()})
+    return out
+
+
+def _taken_feature(rows: FeatureRows, idx: np.ndarray) -> FeatureRows:
+    out = _taken(rows, idx)
+    opts = rows.options
+    object.__setattr__(out, "options", opts.take(idx) if isinstance(opts, GatheredOptions) else _TakenOptions(opts, idx))
+    object.__setattr__(out, "choices", rows.choices)
+    return out
+
+
+class _TakenOptions(Mapping):
+    """A feature's options at rows `idx`, each taken when first read."""
+
+    def __init__(self, src: Mapping, idx: np.ndarray):
+        self._src, self._idx, self._got = src, idx, {}
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        got = self._got.get(key)
+        if got is None:
+            got = self._got[key] = np.asarray(self._src[key]).take(self._idx, axis=-1)
+            got.setflags(write=False)
+        return got
+
+    def __contains__(self, key) -> bool:
+        return key in self._src
+
+    def __iter__(self):
+        return iter(self._src)
+
+    def __len__(self) -> int:
+        return len(self._src)
 
 
 def _expand(obj, inverse: np.ndarray):
