@@ -783,7 +783,8 @@ def _on_rows(state: CostState, fn, name: str, field: str, made: list):
     new = fn(sub, sub.batch.feature(name))
     try:
         return _scatter(on, n, getattr(new, field), getattr(sub, field), getattr(state, field), made)
-    except _Unmergeable:
+    except Exception:  # noqa: BLE001 - unmergeable or malformed: the whole state's run says which
+        made.clear()
         return _WHOLE
 
 
@@ -1087,6 +1088,22 @@ def layer_phase(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfi
     return _apply_phase(state, pm.registry, Phase.layer, {} if trail is None else trail), priced
 
 
+def stage_picker(stage: np.ndarray):
+    """``pick(a)``: each row's value on its stage `stage` (0 first, 1 middle, 2 last) of a (3, N)
+    per-stage array — ``np.take_along_axis(a, stage[None, :], axis=0)[0]`` as one gather of the flat
+    array, its index computed once for the many arrays picked on the same stages."""
+    n = len(stage)
+    flat = np.asarray(stage, dtype=np.intp) * n + np.arange(n)
+
+    def pick(a):
+        a = np.asarray(a)
+        if a.shape != (3, n):
+            return np.take_along_axis(a, np.asarray(stage)[None, :], axis=0)[0]
+        return a.reshape(-1).take(flat)
+
+    return pick
+
+
 def stages_present(batch: CandidateBatch) -> BoolArray:
     """(3, N): whether the first, a middle and a last stage exist (p > 2 has middle stages, p > 1 a last)."""
     return np.stack([np.ones(len(batch), bool), batch.pp > 2, batch.pp > 1])
@@ -1378,7 +1395,7 @@ def _staged(state: CostState, priced: Mapping) -> tuple[dict, dict, dict, Pipeli
     mid_count = np.maximum(p - 2.0, 0.0)
     exists = stages_present(batch)
     crit = np.argmax(np.where(exists, work, -np.inf), axis=0)
-    pick = lambda arr: np.take_along_axis(arr, crit[None, :], axis=0)[0]  # noqa: E731
+    pick = stage_picker(crit)
     total_of = lambda arr: np.where(p > 1, arr[0] + arr[2] + mid_count * arr[1], arr[0])  # noqa: E731
 
     tau = priced["tau"]
@@ -1510,7 +1527,7 @@ def finish(pl: Pipelined, trail: dict | None = None, lean: bool = False, check: 
     lay = state.layout
     m = batch.num_microbatches.astype(np.float64)
     exists = stages_present(batch)
-    pick = lambda arr: np.take_along_axis(arr, pl.crit[None, :], axis=0)[0]  # noqa: E731
+    pick = stage_picker(pl.crit)
 
     state = _optimizer_and_memory(pl, trail)
 
@@ -1528,7 +1545,7 @@ def finish(pl: Pipelined, trail: dict | None = None, lean: bool = False, check: 
     if lean:
         return Outcome(batch=batch, step_time_s=step, peak_memory_bytes=peak, fits_in_memory=fits)
     worst = np.argmax(gpu, axis=0)
-    wpick = lambda arr: np.take_along_axis(arr, worst[None, :], axis=0)[0]  # noqa: E731
+    wpick = stage_picker(worst)
     mem_bd = memory_breakdown(mem, wpick, np.full(n, hardware.reserved_memory_bytes))
     stage_memory = np.where(exists, mem.gpu_bytes + hardware.reserved_memory_bytes, np.nan)
     mem_bd["host"] = wpick(mem.host_bytes)
@@ -1766,7 +1783,7 @@ def _optimizer_costs(ctx: Context, batch: CandidateBatch, lay: StageLayout) -> O
     # the busiest stage sets the step (stages reduce concurrently)
     stage_total = dense + expert
     worst = np.argmax(stage_total, axis=0)
-    pick = lambda a: np.take_along_axis(a, worst[None, :], axis=0)[0]  # noqa: E731
+    pick = stage_picker(worst)
     dp_dense, dp_expert = pick(dense), pick(expert)
     colls = [Coll(name="dp_grad_ar", parallel="dp", kind=ALL_REDUCE, bytes=dp_dense * gb, group_size=d_size,
                   stride=d_stride),
