@@ -278,6 +278,8 @@ class Context:
 
 
 def _take_geometry(g: Geometry, rows: np.ndarray) -> Geometry:
+    if isinstance(g, _Taken) and "_src" in g.__dict__:  # rows of a lazily taken one: from its source
+        g, rows = g.__dict__["_src"], g.__dict__["_inverse"][rows]
     return attrs.evolve(g, **{f.name: getattr(g, f.name)[rows] if np.ndim(getattr(g, f.name)) else getattr(g, f.name)
                               for f in attrs.fields(Geometry)})
 
@@ -902,7 +904,11 @@ def _taken_batch(batch: CandidateBatch, idx: np.ndarray) -> CandidateBatch:
 def _taken_feature(rows: FeatureRows, idx: np.ndarray) -> FeatureRows:
     out = _taken(rows, idx)
     opts = rows.options
-    object.__setattr__(out, "options", opts.take(idx) if isinstance(opts, GatheredOptions) else _TakenOptions(opts, idx))
+    if isinstance(opts, _TakenOptions):  # rows of rows: one index, one source
+        opts = _TakenOptions(opts._src, opts._idx[idx])
+    else:
+        opts = opts.take(idx) if isinstance(opts, GatheredOptions) else _TakenOptions(opts, idx)
+    object.__setattr__(out, "options", opts)
     object.__setattr__(out, "choices", rows.choices)
     return out
 
@@ -1078,7 +1084,7 @@ def layer_phase(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfi
         priced = _priced(ctx, batch, layers_only)
     else:
         first, inverse = structure
-        sub = batch.take(first)
+        sub = _taken_batch(batch, first)  # pricing reads a few fields (a lazily taken batch's from its source)
         priced = _priced(attrs.evolve(ctx, geometry=Geometry.of(sub), structure=None), sub, layers_only)
     priced = dict(priced)
     lay = priced.pop("layout")
@@ -1239,28 +1245,62 @@ def pipeline_phase(batch: CandidateBatch, model: ModelSpec, hardware: HardwarePr
         state, priced = layer_phase(batch, model, hardware, pm, structure, trail, shared=shared)
         staged = _staged(state, priced)
     else:
-        first, inv = layer_key
-        sub = batch.take(first)
-        sub_structure = None
-        if structure is not None:
-            _, s_first, s_inv = np.unique(structure[1][first], return_index=True, return_inverse=True)
-            sub_structure = (s_first, np.asarray(s_inv).reshape(-1))
-        sub_shared = None if shared is None else (shared[0], np.asarray(shared[1])[first])
-        st, priced = layer_phase(sub, model, hardware, pm, sub_structure, trail, shared=sub_shared)
-        comp, hidden, stage_parts, pipe, crit = _staged(st, priced)
-        ctx = Context(model=model, hardware=hardware, geometry=Geometry.of(batch), pm=pm, structure=structure)
-        state = CostState(batch=batch, ctx=ctx, layers=_expand(st.layers, inv), layout=_expand_layout(st.layout, inv),
-                          pipe=_expand(pipe, inv))
-        parts = (lambda d: {}) if lean else (lambda d: _expand(d, inv))  # noqa: E731
-        priced = {"opt": _expand(priced["opt"], inv)} if lean else _expand(priced, inv)
-        staged = parts(comp), parts(hidden), parts(stage_parts), state.pipe, crit[inv]
-        state = attrs.evolve(state, pipe=None)
+        return _shared_pipeline(batch, model, hardware, pm, structure, trail, shared, layer_key, lean)
     comp, hidden, stage_parts, pipe, crit = staged
     state = attrs.evolve(state, pipe=pipe)
     state = _apply_phase(state, registry, Phase.pipeline, trail)
     times, inflight = run_schedules(state, registry)
     return Pipelined(state=state, priced=priced, comp=comp, times=times, inflight=inflight, crit=crit,
                      stage_parts=stage_parts, hidden=hidden)
+
+
+def _shared_pipeline(batch, model, hardware, pm, structure, trail, shared, layer_key, lean) -> Pipelined:
+    """:func:`pipeline_phase` with a `layer_key`: the layer phase and the stage sums once per layer
+    group; the pipeline phase and the schedules once per pipeline group (:func:`pipeline_rows`: a
+    layer group and one setting of the pipeline-phase features), both repeated to the rows."""
+    registry = pm.registry
+    first, inv = layer_key
+    sub = _taken_batch(batch, first)  # the layer phase reads a few of the batch's features
+    sub_shared = None if shared is None else (shared[0], np.asarray(shared[1])[first])
+    st, priced = layer_phase(sub, model, hardware, pm, _rows_structure(structure, first), trail, shared=sub_shared)
+    comp, hidden, stage_parts, pipe, crit = _staged(st, priced)
+    ctx = Context(model=model, hardware=hardware, geometry=Geometry.of(batch), pm=pm, structure=structure)
+    groups = pipeline_rows(batch, registry, inv, len(first))
+    if groups is None:  # every row its own pipeline: the pipeline phase on all of them
+        p_first, p_inv, at = None, None, inv
+        p_state = CostState(batch=batch, ctx=ctx, layers=_expand(st.layers, inv), layout=_expand_layout(st.layout, inv),
+                            pipe=_expand(pipe, inv))
+    else:
+        p_first, p_inv = groups
+        at = inv[p_first]  # each pipeline group's layer group
+        p_ctx = attrs.evolve(ctx, geometry=_taken(ctx.geometry, p_first), structure=_rows_structure(structure, p_first))
+        p_state = CostState(batch=_taken_batch(batch, p_first), ctx=p_ctx, layers=_expand(st.layers, at),
+                            layout=_expand_layout(st.layout, at), pipe=_expand(pipe, at))
+    p_state = _apply_phase(p_state, registry, Phase.pipeline, trail)
+    times, inflight = run_schedules(p_state, registry)
+    state = p_state
+    if p_inv is not None:
+        state = CostState(batch=batch, ctx=ctx, layers=_expand(st.layers, inv), layout=_expand_layout(st.layout, inv),
+                          pipe=_taken(p_state.pipe, p_inv))
+        times, inflight = _expand(times, p_inv), _expand(inflight, p_inv)
+    parts = (lambda d: {}) if lean else (lambda d: _expand(d, inv))  # noqa: E731
+    priced = {"opt": _expand(priced["opt"], inv)} if lean else _expand(priced, inv)
+    return Pipelined(state=state, priced=priced, comp=parts(comp), times=times, inflight=inflight, crit=crit[inv],
+                     stage_parts=parts(stage_parts), hidden=parts(hidden))
+
+
+def pipeline_rows(batch: CandidateBatch, registry, layer_group: np.ndarray, groups: int):
+    """(a row of each group, each row's group) of the rows that share the pipeline phase and the
+    schedule's answer: rows of one layer group (`layer_group`, of `groups`; :func:`layer_rows`) with
+    the same flags and options of every pipeline-phase feature — what the search's pipeline-level
+    nodes share with their leaves (:func:`expand_pipelined`); None when fewer than half repeat."""
+    key, bound = layer_group, groups
+    for feat in sorted(registry.features_in_phase(Phase.pipeline), key=lambda f: f.name):
+        rows = batch.features.get(feat.name)
+        if rows is not None:
+            for code, radix in _feature_codes(rows):
+                key, bound = _combined(key, bound, code, radix)
+    return _key_groups(key, bound)
 
 
 #: a key over rows is compacted to consecutive codes before it could pass this bound (int64 headroom)
