@@ -1283,10 +1283,49 @@ def _shared_pipeline(batch, model, hardware, pm, structure, trail, shared, layer
         state = CostState(batch=batch, ctx=ctx, layers=_expand(st.layers, inv), layout=_expand_layout(st.layout, inv),
                           pipe=_taken(p_state.pipe, p_inv))
         times, inflight = _expand(times, p_inv), _expand(inflight, p_inv)
-    parts = (lambda d: {}) if lean else (lambda d: _expand(d, inv))  # noqa: E731
-    priced = {"opt": _expand(priced["opt"], inv)} if lean else _expand(priced, inv)
+    # repeated to the rows when read: a prediction's per-stage parts are read by a trace, not by finish
+    parts = (lambda d: {}) if lean else (lambda d: _Expanded(d, inv))  # noqa: E731
+    priced = {"opt": _expand(priced["opt"], inv)} if lean else _Expanded(priced, inv)
     return Pipelined(state=state, priced=priced, comp=parts(comp), times=times, inflight=inflight, crit=crit[inv],
                      stage_parts=parts(stage_parts), hidden=parts(hidden))
+
+
+class _Expanded(Mapping):
+    """A mapping of per-structure (or per-group) values repeated to the batch's rows ``inverse``
+    (:func:`_expand`), each when first read."""
+
+    def __init__(self, src: Mapping, inverse: np.ndarray):
+        self._src, self._inverse, self._got = src, inverse, {}
+
+    def __getitem__(self, key: str):
+        if key not in self._got:
+            self._got[key] = _expand(self._src[key], self._inverse)
+        return self._got[key]
+
+    def __contains__(self, key) -> bool:
+        return key in self._src
+
+    def __iter__(self):
+        return iter(self._src)
+
+    def __len__(self) -> int:
+        return len(self._src)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
+def _critical_picks(comp: Mapping, crit: np.ndarray, pick) -> dict[str, FloatArray]:
+    """Each component of `comp` ((3, N) per stage) on each row's critical stage `crit`: on the
+    groups' rows before they are repeated when `comp` is :class:`_Expanded` (the rows of a group
+    share their stage times and critical stage), else with `pick` (:func:`stage_picker` of `crit`)."""
+    if not isinstance(comp, _Expanded):
+        return {k: pick(a) for k, a in comp.items()}
+    src, inverse = comp._src, comp._inverse
+    crit_src = np.zeros(len(next(iter(src.values()))[0]) if src else 0, crit.dtype)
+    crit_src[inverse] = crit
+    pick_src = stage_picker(crit_src)
+    return {k: pick_src(a).take(inverse) for k, a in src.items()}
 
 
 def pipeline_rows(batch: CandidateBatch, registry, layer_group: np.ndarray, groups: int):
@@ -1590,7 +1629,7 @@ def finish(pl: Pipelined, trail: dict | None = None, lean: bool = False, check: 
     stage_memory = np.where(exists, mem.gpu_bytes + hardware.reserved_memory_bytes, np.nan)
     mem_bd["host"] = wpick(mem.host_bytes)
 
-    breakdown = {k: m * pick(a) for k, a in comp.items()}
+    breakdown = {k: m * a for k, a in _critical_picks(comp, pl.crit, pick).items()}
     breakdown["pp_comm"] = times.pp_comm_s
     breakdown["bubble"] = times.bubble_s
     breakdown["dp_comm"] = opt.dp_exposed_s
