@@ -729,8 +729,13 @@ def _init_fields(cls) -> tuple[tuple[str, str], ...]:
 _PHASE_FIELD = {Phase.layer: "layers", Phase.pipeline: "pipe", Phase.optimizer: "opt", Phase.memory: "mem"}
 
 
-#: a feature on at most this share of the rows is applied to those rows alone (:func:`_on_rows`)
-_SUBSET_SHARE = 0.5
+#: a feature on at most this share of the rows is applied to those rows alone (:func:`_on_rows`), per
+#: state field its phase changes, in a batch of at least :data:`_SUBSET_ROWS` rows (below, taking the
+#: rows costs about what it saves: a search's batches). Measured break-even: a layer transform evolves
+#: every one of a layer's ~37 cost arrays, so taking and merging them back pays only on few rows; the
+#: optimizer and memory phases change a few arrays of a state mostly repeated from shared groups
+_SUBSET_SHARE = {"layers": 0.1, "pipe": 0.1, "opt": 0.45, "mem": 0.45}
+_SUBSET_ROWS = 32768
 
 
 def _apply_phase(state: CostState, registry, phase: Phase, trail: dict) -> CostState:
@@ -773,13 +778,13 @@ def _on_rows(state: CostState, fn, name: str, field: str, made: list):
     """A feature's transform `fn` run on the rows where the feature is on alone, its `field` merged
     back (every other row keeps the state's, bit for bit, as :func:`_merge` keeps it); :data:`_WHOLE`
     when the feature is on in more than :data:`_SUBSET_SHARE` of the rows (taking them would cost
-    more than it saves) or the answer cannot be merged row by row. Transforms compute each row from
+    more than it saves), the batch is small, or the answer cannot be merged row by row. Transforms compute each row from
     that row alone (the engine's premise, as in pricing per structure), so the rows' numbers are the
     same either way; a search's leaves turn on ZeRO, FSDP or an offload on a few rows each."""
     enabled = state.batch.feature(name).enabled
     n = len(enabled)
     on = np.flatnonzero(enabled)
-    if len(on) > _SUBSET_SHARE * n:
+    if n < _SUBSET_ROWS or len(on) > _SUBSET_SHARE[field] * n:
         return _WHOLE
     sub = _state_rows(state, on)
     new = fn(sub, sub.batch.feature(name))
