@@ -832,10 +832,10 @@ def _state_rows(state: CostState, idx: np.ndarray) -> CostState:
     ctx = state.ctx
     ctx = attrs.evolve(ctx, geometry=_taken(ctx.geometry, idx), structure=_rows_structure(ctx.structure, idx))
     lay = state.layout
-    if lay is not None:
-        total = lay.total.take(idx, axis=-1)
-        lay = StageLayout(counts={k: total if c is lay.total else c.take(idx, axis=-1) for k, c in lay.counts.items()},
-                          total=total)
+    if lay is not None:  # its totals and each kind's counts taken when read too
+        counts = lay.counts
+        lay = _taken(lay, idx)
+        object.__setattr__(lay, "counts", _Expanded(counts, idx))
     some = lambda x: None if x is None else _taken(x, idx)  # noqa: E731
     return CostState(batch=_taken_batch(state.batch, idx), ctx=ctx,
                      layers={k: _taken(c, idx) for k, c in state.layers.items()}, layout=lay,
