@@ -810,7 +810,8 @@ def _scatter(on: np.ndarray, n: int, new, sub, old, made: list):
         new = np.asarray(new)
         if new.dtype.kind == "f" and new.dtype != np.float64:
             new = new.astype(np.float64)
-        if not isinstance(old, np.ndarray) or old.shape[-1:] != (n,) or (new.ndim and new.shape[-1] not in (1, len(on))):
+        rows_ok = not new.ndim or new.shape[-1] in (1, len(on))
+        if not isinstance(old, np.ndarray) or old.shape[-1:] != (n,) or not rows_ok:
             raise _Unmergeable
         shape = np.broadcast_shapes(old.shape, new.shape[:-1] + (n,) if new.ndim else (n,))
         out = np.empty(shape, np.result_type(new, old))
@@ -1239,7 +1240,9 @@ def pipeline_phase(batch: CandidateBatch, model: ModelSpec, hardware: HardwarePr
     `layer_key` = ``(first_rows, inverse)`` says that rows share their structure and the setting of
     every feature acting in the layer phase with row ``first_rows[inverse[i]]``: everything up to
     the pipeline-phase features (layer costs, stage sums, the schedule's inputs) is computed once
-    per key and repeated; results are identical either way. With `lean` the per-component stage
+    per key and repeated; results are identical either way. Without one, :func:`layer_rows` looks for
+    such rows (a flat batch of structures × feature settings has many), and the pipeline phase and the
+    schedules then run once per :func:`pipeline_rows` group. With `lean` the per-component stage
     times are left out (as in :func:`expand_pipelined`).
     """
     registry = pm.registry
