@@ -735,7 +735,7 @@ _PHASE_FIELD = {Phase.layer: "layers", Phase.pipeline: "pipe", Phase.optimizer: 
 #: every one of a layer's ~37 cost arrays, so taking and merging them back pays only on few rows; the
 #: optimizer and memory phases change a few arrays of a state mostly repeated from shared groups
 _SUBSET_SHARE = {"layers": 0.1, "pipe": 0.1, "opt": 0.45, "mem": 0.45}
-_SUBSET_ROWS = 32768
+_SUBSET_ROWS = 4096
 
 
 def _apply_phase(state: CostState, registry, phase: Phase, trail: dict) -> CostState:
