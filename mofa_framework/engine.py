@@ -25,8 +25,8 @@ from types import SimpleNamespace
 import attrs
 import numpy as np
 
-from .batch import (PRECISIONS, CandidateBatch, CollectiveBatch, OperatorBatch, distinct_rows,
-                    sequence_shapes)
+from .batch import (PRECISIONS, CandidateBatch, CollectiveBatch, FeatureRows, GatheredOptions, OperatorBatch,
+                    distinct_rows, sequence_shapes)
 from .decompose import (
     ALL_REDUCE,
     Coll,
@@ -278,6 +278,8 @@ class Context:
 
 
 def _take_geometry(g: Geometry, rows: np.ndarray) -> Geometry:
+    if isinstance(g, _Taken) and "_src" in g.__dict__:  # rows of a lazily taken one: from its source
+        g, rows = g.__dict__["_src"], g.__dict__["_inverse"][rows]
     return attrs.evolve(g, **{f.name: getattr(g, f.name)[rows] if np.ndim(getattr(g, f.name)) else getattr(g, f.name)
                               for f in attrs.fields(Geometry)})
 
@@ -727,6 +729,15 @@ def _init_fields(cls) -> tuple[tuple[str, str], ...]:
 _PHASE_FIELD = {Phase.layer: "layers", Phase.pipeline: "pipe", Phase.optimizer: "opt", Phase.memory: "mem"}
 
 
+#: a feature on at most this share of the rows is applied to those rows alone (:func:`_on_rows`), per
+#: state field its phase changes, in a batch of at least :data:`_SUBSET_ROWS` rows (below, taking the
+#: rows costs about what it saves: a search's batches). Measured break-even: a layer transform evolves
+#: every one of a layer's ~37 cost arrays, so taking and merging them back pays only on few rows; the
+#: optimizer and memory phases change a few arrays of a state mostly repeated from shared groups
+_SUBSET_SHARE = {"layers": 0.1, "pipe": 0.1, "opt": 0.45, "mem": 0.45}
+_SUBSET_ROWS = 4096
+
+
 def _apply_phase(state: CostState, registry, phase: Phase, trail: dict) -> CostState:
     field = _PHASE_FIELD[phase]
     for feat in registry.features_in_phase(phase):
@@ -734,15 +745,19 @@ def _apply_phase(state: CostState, registry, phase: Phase, trail: dict) -> CostS
         if not rows.enabled.any():
             continue
         try:
-            new = feat.acts_in(phase)(state, rows)
+            made: list = []
+            merged = _on_rows(state, feat.acts_in(phase), feat.name, field, made)
+            if merged is _WHOLE:
+                new = feat.acts_in(phase)(state, rows)
         except Exception as exc:  # noqa: BLE001
             plugin = registry.provided_by.get(("features", feat.name), feat.name)
             raise PluginError(f"feature {feat.name!r} (plugin {plugin!r}) failed in its {phase.value} transform: "
                               f"{type(exc).__name__}: {exc}") from exc
         mask = rows.enabled if field != "mem" else rows.enabled[None, :]
         try:
-            made: list = []
-            merged = _merge(mask, getattr(new, field), getattr(state, field), bool(rows.enabled.all()), made)
+            if merged is _WHOLE:
+                made = []
+                merged = _merge(mask, getattr(new, field), getattr(state, field), bool(rows.enabled.all()), made)
         except Exception as exc:  # noqa: BLE001 - a malformed answer (a missing field, a wrong shape)
             plugin = registry.provided_by.get(("features", feat.name), feat.name)
             raise PluginResultError(f"plugin {plugin!r}: feature {feat.name!r}'s {phase.value} transform returned a "
@@ -755,6 +770,95 @@ def _apply_phase(state: CostState, registry, phase: Phase, trail: dict) -> CostS
     return state
 
 
+#: :func:`_on_rows`'s answer when the transform is to run on the whole state instead
+_WHOLE = object()
+
+
+def _on_rows(state: CostState, fn, name: str, field: str, made: list):
+    """A feature's transform `fn` run on the rows where the feature is on alone, its `field` merged
+    back (every other row keeps the state's, bit for bit, as :func:`_merge` keeps it); :data:`_WHOLE`
+    when the feature is on in more than :data:`_SUBSET_SHARE` of the rows (taking them would cost
+    more than it saves), the batch is small, or the answer cannot be merged row by row. Transforms compute each row from
+    that row alone (the engine's premise, as in pricing per structure), so the rows' numbers are the
+    same either way; a search's leaves turn on ZeRO, FSDP or an offload on a few rows each."""
+    enabled = state.batch.feature(name).enabled
+    n = len(enabled)
+    on = np.flatnonzero(enabled)
+    if n < _SUBSET_ROWS or len(on) > _SUBSET_SHARE[field] * n:
+        return _WHOLE
+    sub = _state_rows(state, on)
+    new = fn(sub, sub.batch.feature(name))
+    try:
+        return _scatter(on, n, getattr(new, field), getattr(sub, field), getattr(state, field), made)
+    except Exception:  # noqa: BLE001 - unmergeable or malformed: the whole state's run says which
+        made.clear()
+        return _WHOLE
+
+
+class _Unmergeable(Exception):
+    """A transform's answer that is not rows of the state's (:func:`_scatter`)."""
+
+
+def _scatter(on: np.ndarray, n: int, new, sub, old, made: list):
+    """`old` with rows `on` replaced by `new`, a transform's answer on the state `sub` of those rows:
+    what ``_merge(enabled, new on every row, old)`` gives (a part the transform kept, ``new is sub``,
+    stays `old`; rows on the last axis; the dtype ``np.where`` would give). Changed arrays go to
+    `made`."""
+    if new is sub or new is None:
+        return old
+    if isinstance(old, np.ndarray) or isinstance(new, np.ndarray):
+        new = np.asarray(new)
+        if new.dtype.kind == "f" and new.dtype != np.float64:
+            new = new.astype(np.float64)
+        rows_ok = not new.ndim or new.shape[-1] in (1, len(on))
+        if not isinstance(old, np.ndarray) or old.shape[-1:] != (n,) or not rows_ok:
+            raise _Unmergeable
+        shape = np.broadcast_shapes(old.shape, new.shape[:-1] + (n,) if new.ndim else (n,))
+        out = np.empty(shape, np.result_type(new, old))
+        out[...] = old
+        out[..., on] = new
+        made.append(out)
+        return out
+    if isinstance(old, Mapping):
+        return {k: _scatter(on, n, new[k], sub[k], old[k], made) for k in old}
+    if attrs.has(type(old)) and attrs.has(type(new)):
+        return type(old)(**{a: _scatter(on, n, getattr(new, k), getattr(sub, k), getattr(old, k), made)
+                            for k, a in _init_fields(type(old))})
+    raise _Unmergeable
+
+
+def _state_rows(state: CostState, idx: np.ndarray) -> CostState:
+    """`state` at rows `idx`: every per-row value taken when first read (:func:`_taken`), the
+    structures renumbered for those rows."""
+    ctx = state.ctx
+    ctx = attrs.evolve(ctx, geometry=_taken(ctx.geometry, idx), structure=_rows_structure(ctx.structure, idx))
+    lay = state.layout
+    if lay is not None:  # its totals and each kind's counts taken when read too
+        counts = lay.counts
+        lay = _taken(lay, idx)
+        object.__setattr__(lay, "counts", _Expanded(counts, idx))
+    some = lambda x: None if x is None else _taken(x, idx)  # noqa: E731
+    return CostState(batch=_taken_batch(state.batch, idx), ctx=ctx,
+                     layers={k: _taken(c, idx) for k, c in state.layers.items()}, layout=lay,
+                     pipe=some(state.pipe), opt=some(state.opt), mem=some(state.mem))
+
+
+def _rows_structure(structure, idx: np.ndarray):
+    """``(first, inverse)`` structures of rows `idx` of a batch whose structures are `structure`
+    (any row of a structure stands for it: they share what is priced per structure)."""
+    if structure is None:
+        return None
+    first, inverse = structure
+    of = inverse[idx]
+    seen = np.zeros(len(first), bool)
+    seen[of] = True
+    ids = np.cumsum(seen) - 1
+    sub_inv = ids[of]
+    sub_first = np.empty(int(ids[-1]) + 1, np.int64)
+    sub_first[sub_inv] = np.arange(len(idx))
+    return sub_first, sub_inv
+
+
 class _Taken:
     """Mixin of a value object whose rows are another's rows ``inverse`` (:func:`_expand`), each field
     taken on first read: a search repeats per-structure and per-node results to every leaf, whose
@@ -763,11 +867,16 @@ class _Taken:
     repeated. A transform that evolves one gets a whole object (``attrs.evolve`` reads every field)."""
 
     def __getattr__(self, name: str):
-        if name.startswith("_"):
-            raise AttributeError(name)
+        if name.startswith("_") or "_src" not in self.__dict__:
+            # a whole object of the lazy class (``attrs.evolve`` of a lazy one): its class's own
+            # lookup (attrs' cached properties on slotted classes), if it has one
+            fallback = getattr(super(), "__getattr__", None)
+            if fallback is None:
+                raise AttributeError(name)
+            return fallback(name)
         src, inverse = self.__dict__["_src"], self.__dict__["_inverse"]
         value = getattr(src, name)
-        if isinstance(value, np.ndarray):
+        if isinstance(value, np.ndarray) and value.ndim:
             value = value.take(inverse, axis=-1)
         object.__setattr__(self, name, value)
         return value
@@ -789,6 +898,48 @@ def _taken(obj, inverse: np.ndarray):
     out = object.__new__(lazy)
     out.__dict__.update(_src=obj, _inverse=inverse)
     return out
+
+
+def _taken_batch(batch: CandidateBatch, idx: np.ndarray) -> CandidateBatch:
+    """Rows `idx` of `batch`, each field and each feature's flags and options taken when first read."""
+    out = _taken(batch, idx)
+    object.__setattr__(out, "features", {k: _taken_feature(r, idx) for k, r in batch.features.items()})
+    return out
+
+
+def _taken_feature(rows: FeatureRows, idx: np.ndarray) -> FeatureRows:
+    out = _taken(rows, idx)
+    opts = rows.options
+    if isinstance(opts, _TakenOptions):  # rows of rows: one index, one source
+        opts = _TakenOptions(opts._src, opts._idx[idx])
+    else:
+        opts = opts.take(idx) if isinstance(opts, GatheredOptions) else _TakenOptions(opts, idx)
+    object.__setattr__(out, "options", opts)
+    object.__setattr__(out, "choices", rows.choices)
+    return out
+
+
+class _TakenOptions(Mapping):
+    """A feature's options at rows `idx`, each taken when first read."""
+
+    def __init__(self, src: Mapping, idx: np.ndarray):
+        self._src, self._idx, self._got = src, idx, {}
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        got = self._got.get(key)
+        if got is None:
+            got = self._got[key] = np.asarray(self._src[key]).take(self._idx, axis=-1)
+            got.setflags(write=False)
+        return got
+
+    def __contains__(self, key) -> bool:
+        return key in self._src
+
+    def __iter__(self):
+        return iter(self._src)
+
+    def __len__(self) -> int:
+        return len(self._src)
 
 
 def _expand(obj, inverse: np.ndarray):
@@ -939,7 +1090,7 @@ def layer_phase(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfi
         priced = _priced(ctx, batch, layers_only)
     else:
         first, inverse = structure
-        sub = batch.take(first)
+        sub = _taken_batch(batch, first)  # pricing reads a few fields (a lazily taken batch's from its source)
         priced = _priced(attrs.evolve(ctx, geometry=Geometry.of(sub), structure=None), sub, layers_only)
     priced = dict(priced)
     lay = priced.pop("layout")
@@ -947,6 +1098,22 @@ def layer_phase(batch: CandidateBatch, model: ModelSpec, hardware: HardwareProfi
         priced, lay = _expand(priced, inverse), _expand_layout(lay, inverse)
     state = CostState(batch=batch, ctx=ctx, layers=priced["layers"], layout=lay)
     return _apply_phase(state, pm.registry, Phase.layer, {} if trail is None else trail), priced
+
+
+def stage_picker(stage: np.ndarray):
+    """``pick(a)``: each row's value on its stage `stage` (0 first, 1 middle, 2 last) of a (3, N)
+    per-stage array — ``np.take_along_axis(a, stage[None, :], axis=0)[0]`` as one gather of the flat
+    array, its index computed once for the many arrays picked on the same stages."""
+    n = len(stage)
+    flat = np.asarray(stage, dtype=np.intp) * n + np.arange(n)
+
+    def pick(a):
+        a = np.asarray(a)
+        if a.shape != (3, n):
+            return np.take_along_axis(a, np.asarray(stage)[None, :], axis=0)[0]
+        return a.reshape(-1).take(flat)
+
+    return pick
 
 
 def stages_present(batch: CandidateBatch) -> BoolArray:
@@ -1073,37 +1240,223 @@ def pipeline_phase(batch: CandidateBatch, model: ModelSpec, hardware: HardwarePr
     `layer_key` = ``(first_rows, inverse)`` says that rows share their structure and the setting of
     every feature acting in the layer phase with row ``first_rows[inverse[i]]``: everything up to
     the pipeline-phase features (layer costs, stage sums, the schedule's inputs) is computed once
-    per key and repeated; results are identical either way. With `lean` the per-component stage
+    per key and repeated; results are identical either way. Without one, :func:`layer_rows` looks for
+    such rows (a flat batch of structures × feature settings has many), and the pipeline phase and the
+    schedules then run once per :func:`pipeline_rows` group. With `lean` the per-component stage
     times are left out (as in :func:`expand_pipelined`).
     """
     registry = pm.registry
     trail = {} if trail is None else trail
+    if layer_key is None:  # find the rows that share the layer phase ourselves (a flat batch's many)
+        layer_key = layer_rows(batch, registry)
     if layer_key is None:
         state, priced = layer_phase(batch, model, hardware, pm, structure, trail, shared=shared)
         staged = _staged(state, priced)
     else:
-        first, inv = layer_key
-        sub = batch.take(first)
-        sub_structure = None
-        if structure is not None:
-            _, s_first, s_inv = np.unique(structure[1][first], return_index=True, return_inverse=True)
-            sub_structure = (s_first, np.asarray(s_inv).reshape(-1))
-        sub_shared = None if shared is None else (shared[0], np.asarray(shared[1])[first])
-        st, priced = layer_phase(sub, model, hardware, pm, sub_structure, trail, shared=sub_shared)
-        comp, hidden, stage_parts, pipe, crit = _staged(st, priced)
-        ctx = Context(model=model, hardware=hardware, geometry=Geometry.of(batch), pm=pm, structure=structure)
-        state = CostState(batch=batch, ctx=ctx, layers=_expand(st.layers, inv), layout=_expand_layout(st.layout, inv),
-                          pipe=_expand(pipe, inv))
-        parts = (lambda d: {}) if lean else (lambda d: _expand(d, inv))  # noqa: E731
-        priced = {"opt": _expand(priced["opt"], inv)} if lean else _expand(priced, inv)
-        staged = parts(comp), parts(hidden), parts(stage_parts), state.pipe, crit[inv]
-        state = attrs.evolve(state, pipe=None)
+        return _shared_pipeline(batch, model, hardware, pm, structure, trail, shared, layer_key, lean)
     comp, hidden, stage_parts, pipe, crit = staged
     state = attrs.evolve(state, pipe=pipe)
     state = _apply_phase(state, registry, Phase.pipeline, trail)
     times, inflight = run_schedules(state, registry)
     return Pipelined(state=state, priced=priced, comp=comp, times=times, inflight=inflight, crit=crit,
                      stage_parts=stage_parts, hidden=hidden)
+
+
+def _shared_pipeline(batch, model, hardware, pm, structure, trail, shared, layer_key, lean) -> Pipelined:
+    """:func:`pipeline_phase` with a `layer_key`: the layer phase and the stage sums once per layer
+    group; the pipeline phase and the schedules once per pipeline group (:func:`pipeline_rows`: a
+    layer group and one setting of the pipeline-phase features), both repeated to the rows."""
+    registry = pm.registry
+    first, inv = layer_key
+    sub = _taken_batch(batch, first)  # the layer phase reads a few of the batch's features
+    sub_shared = None if shared is None else (shared[0], np.asarray(shared[1])[first])
+    st, priced = layer_phase(sub, model, hardware, pm, _rows_structure(structure, first), trail, shared=sub_shared)
+    comp, hidden, stage_parts, pipe, crit = _staged(st, priced)
+    ctx = Context(model=model, hardware=hardware, geometry=Geometry.of(batch), pm=pm, structure=structure)
+    groups = pipeline_rows(batch, registry, inv, len(first))
+    if groups is None:  # every row its own pipeline: the pipeline phase on all of them
+        p_first, p_inv, at = None, None, inv
+        p_state = CostState(batch=batch, ctx=ctx, layers=_expand(st.layers, inv), layout=_expand_layout(st.layout, inv),
+                            pipe=_expand(pipe, inv))
+    else:
+        p_first, p_inv = groups
+        at = inv[p_first]  # each pipeline group's layer group
+        p_ctx = attrs.evolve(ctx, geometry=_taken(ctx.geometry, p_first), structure=_rows_structure(structure, p_first))
+        p_state = CostState(batch=_taken_batch(batch, p_first), ctx=p_ctx, layers=_expand(st.layers, at),
+                            layout=_expand_layout(st.layout, at), pipe=_expand(pipe, at))
+    p_state = _apply_phase(p_state, registry, Phase.pipeline, trail)
+    times, inflight = run_schedules(p_state, registry)
+    state = p_state
+    if p_inv is not None:
+        state = CostState(batch=batch, ctx=ctx, layers=_expand(st.layers, inv), layout=_expand_layout(st.layout, inv),
+                          pipe=_taken(p_state.pipe, p_inv))
+        times, inflight = _expand(times, p_inv), _expand(inflight, p_inv)
+    # repeated to the rows when read: a prediction's per-stage parts are read by a trace, not by finish
+    parts = (lambda d: {}) if lean else (lambda d: _Expanded(d, inv))  # noqa: E731
+    priced = {"opt": _expand(priced["opt"], inv)} if lean else _Expanded(priced, inv)
+    return Pipelined(state=state, priced=priced, comp=parts(comp), times=times, inflight=inflight, crit=crit[inv],
+                     stage_parts=parts(stage_parts), hidden=parts(hidden))
+
+
+class _Expanded(Mapping):
+    """A mapping of per-structure (or per-group) values repeated to the batch's rows ``inverse``
+    (:func:`_expand`), each when first read."""
+
+    def __init__(self, src: Mapping, inverse: np.ndarray):
+        self._src, self._inverse, self._got = src, inverse, {}
+
+    def __getitem__(self, key: str):
+        if key not in self._got:
+            self._got[key] = _expand(self._src[key], self._inverse)
+        return self._got[key]
+
+    def __contains__(self, key) -> bool:
+        return key in self._src
+
+    def __iter__(self):
+        return iter(self._src)
+
+    def __len__(self) -> int:
+        return len(self._src)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
+def _critical_picks(comp: Mapping, crit: np.ndarray, pick) -> dict[str, FloatArray]:
+    """Each component of `comp` ((3, N) per stage) on each row's critical stage `crit`: on the
+    groups' rows before they are repeated when `comp` is :class:`_Expanded` (the rows of a group
+    share their stage times and critical stage), else with `pick` (:func:`stage_picker` of `crit`)."""
+    if not isinstance(comp, _Expanded):
+        return {k: pick(a) for k, a in comp.items()}
+    src, inverse = comp._src, comp._inverse
+    crit_src = np.zeros(len(next(iter(src.values()))[0]) if src else 0, crit.dtype)
+    crit_src[inverse] = crit
+    pick_src = stage_picker(crit_src)
+    return {k: pick_src(a).take(inverse) for k, a in src.items()}
+
+
+def pipeline_rows(batch: CandidateBatch, registry, layer_group: np.ndarray, groups: int):
+    """(a row of each group, each row's group) of the rows that share the pipeline phase and the
+    schedule's answer: rows of one layer group (`layer_group`, of `groups`; :func:`layer_rows`) with
+    the same flags and options of every pipeline-phase feature — what the search's pipeline-level
+    nodes share with their leaves (:func:`expand_pipelined`); None when fewer than half repeat."""
+    key, bound = layer_group, groups
+    for feat in sorted(registry.features_in_phase(Phase.pipeline), key=lambda f: f.name):
+        rows = batch.features.get(feat.name)
+        if rows is not None:
+            for code, radix in _feature_codes(rows):
+                key, bound = _combined(key, bound, code, radix)
+    return _key_groups(key, bound)
+
+
+#: a key over rows is compacted to consecutive codes before it could pass this bound (int64 headroom)
+_KEY_BOUND = 1 << 62
+
+
+def layer_rows(batch: CandidateBatch, registry) -> tuple[np.ndarray, np.ndarray] | None:
+    """(a row of each group, each row's group) of the rows that share every input of the layer phase
+    and the stage sums (:func:`pipeline_phase`'s `layer_key`): the batch's own fields (the structure)
+    and the flags and options of every feature acting in the layer phase or freezing weights (which
+    the stage sums read); None for a small batch or when fewer than half the rows repeat. Exact: rows
+    are grouped only where all of those are equal (floats bit for bit), so sharing changes no number.
+    A tuner's flat batch (structures × feature combinations) shares it across the later phases'
+    features."""
+    n = len(batch)
+    if n < _GEOMETRY_ROWS:
+        return None
+    key, bound = _structure_runs(batch)
+    if 2 * bound > n:
+        return None
+    names = {f.name for f in registry.features_in_phase(Phase.layer)}
+    names |= {f.name for f in registry.features.values() if f.frozen_weights}
+    for name in sorted(names):
+        rows = batch.features.get(name)
+        if rows is None:  # absent: off on every row
+            continue
+        for code, radix in _feature_codes(rows):
+            key, bound = _combined(key, bound, code, radix)
+    return _key_groups(key, bound)
+
+
+def _structure_runs(batch: CandidateBatch) -> tuple[np.ndarray, int]:
+    """(run id of each row, number of runs): runs of consecutive rows equal in every field of the
+    batch but its features. A flat batch is sorted by structure, so its runs are its structures;
+    a structure that comes back later gets a new run (less sharing, never a wrong one)."""
+    n = len(batch)
+    change = np.zeros(n, bool)
+    change[0] = True
+    for f in attrs.fields(CandidateBatch):
+        if f.name != "features":
+            col = getattr(batch, f.name)
+            change[1:] |= col[1:] != col[:-1]
+    runs = np.cumsum(change) - 1
+    return runs, int(runs[-1]) + 1
+
+
+def _feature_codes(rows: FeatureRows):
+    """(code, radix) pairs that tell apart the rows' flags and options where they differ at all:
+    the flag; an option table's column (:class:`~mofa_framework.batch.GatheredOptions`), or each
+    option that is not one constant (compared bit for bit)."""
+    enabled = np.asarray(rows.enabled)
+    if enabled.any() and not enabled.all():
+        yield enabled.astype(np.int64), 2
+    opts = rows.options
+    if isinstance(opts, GatheredOptions):
+        yield opts._col.astype(np.int64), opts._table.shape[1]
+        return
+    for value in opts.values():
+        value = np.asarray(value)
+        if value.ndim != 1:
+            value = value.reshape(len(enabled), -1)
+            for col in value.T:
+                yield _value_code(col)
+            continue
+        bits = value.view(np.int64) if value.dtype == np.float64 else value
+        if not (bits == bits[0]).all():
+            yield _value_code(value)
+
+
+def _value_code(value: np.ndarray) -> tuple[np.ndarray, int]:
+    """(code, radix) of one option column: the value itself when it is a small non-negative whole
+    number (not −0.0), else its rank among the distinct bit patterns."""
+    if value.dtype.kind in "fiub":
+        lo, hi = value.min(), value.max()
+        if 0 <= lo and hi < 1 << 20:
+            code = value.astype(np.int64)
+            if value.dtype.kind != "f" or ((code == value).all() and not np.signbit(value).any()):
+                return code, int(hi) + 1
+    flat = value.view(np.int64) if value.dtype == np.float64 else value
+    uniq, inv = np.unique(flat, return_inverse=True)
+    return inv.reshape(-1).astype(np.int64), len(uniq)
+
+
+def _combined(key: np.ndarray, bound: int, code: np.ndarray, radix: int) -> tuple[np.ndarray, int]:
+    """The mixed-radix key ``key·radix + code``, compacted first when it would leave int64."""
+    if bound * radix >= _KEY_BOUND:
+        uniq, key = np.unique(key, return_inverse=True)
+        key, bound = key.reshape(-1), len(uniq)
+    return key * radix + code, bound * radix
+
+
+def _key_groups(key: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(a row of each distinct key, each row's group, groups in key order), or None when fewer than
+    half the rows repeat. A key below a few times the rows is grouped by a table (no sort)."""
+    n = len(key)
+    if bound <= 4 * n:
+        seen = np.zeros(bound, bool)
+        seen[key] = True
+        if 2 * int(seen.sum()) > n:
+            return None
+        ids = np.cumsum(seen) - 1
+        inverse = ids[key]
+        first = np.empty(int(ids[-1]) + 1, np.int64)
+        first[inverse] = np.arange(n)  # any row of a group stands for it: they share every input
+        return first, inverse
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    if 2 * len(first) > n:
+        return None
+    return first, inverse.reshape(-1)
 
 
 def _staged(state: CostState, priced: Mapping) -> tuple[dict, dict, dict, PipelineInputs, np.ndarray]:
@@ -1129,7 +1482,7 @@ def _staged(state: CostState, priced: Mapping) -> tuple[dict, dict, dict, Pipeli
     mid_count = np.maximum(p - 2.0, 0.0)
     exists = stages_present(batch)
     crit = np.argmax(np.where(exists, work, -np.inf), axis=0)
-    pick = lambda arr: np.take_along_axis(arr, crit[None, :], axis=0)[0]  # noqa: E731
+    pick = stage_picker(crit)
     total_of = lambda arr: np.where(p > 1, arr[0] + arr[2] + mid_count * arr[1], arr[0])  # noqa: E731
 
     tau = priced["tau"]
@@ -1261,7 +1614,7 @@ def finish(pl: Pipelined, trail: dict | None = None, lean: bool = False, check: 
     lay = state.layout
     m = batch.num_microbatches.astype(np.float64)
     exists = stages_present(batch)
-    pick = lambda arr: np.take_along_axis(arr, pl.crit[None, :], axis=0)[0]  # noqa: E731
+    pick = stage_picker(pl.crit)
 
     state = _optimizer_and_memory(pl, trail)
 
@@ -1279,12 +1632,12 @@ def finish(pl: Pipelined, trail: dict | None = None, lean: bool = False, check: 
     if lean:
         return Outcome(batch=batch, step_time_s=step, peak_memory_bytes=peak, fits_in_memory=fits)
     worst = np.argmax(gpu, axis=0)
-    wpick = lambda arr: np.take_along_axis(arr, worst[None, :], axis=0)[0]  # noqa: E731
+    wpick = stage_picker(worst)
     mem_bd = memory_breakdown(mem, wpick, np.full(n, hardware.reserved_memory_bytes))
     stage_memory = np.where(exists, mem.gpu_bytes + hardware.reserved_memory_bytes, np.nan)
     mem_bd["host"] = wpick(mem.host_bytes)
 
-    breakdown = {k: m * pick(a) for k, a in comp.items()}
+    breakdown = {k: m * a for k, a in _critical_picks(comp, pl.crit, pick).items()}
     breakdown["pp_comm"] = times.pp_comm_s
     breakdown["bubble"] = times.bubble_s
     breakdown["dp_comm"] = opt.dp_exposed_s
@@ -1517,7 +1870,7 @@ def _optimizer_costs(ctx: Context, batch: CandidateBatch, lay: StageLayout) -> O
     # the busiest stage sets the step (stages reduce concurrently)
     stage_total = dense + expert
     worst = np.argmax(stage_total, axis=0)
-    pick = lambda a: np.take_along_axis(a, worst[None, :], axis=0)[0]  # noqa: E731
+    pick = stage_picker(worst)
     dp_dense, dp_expert = pick(dense), pick(expert)
     colls = [Coll(name="dp_grad_ar", parallel="dp", kind=ALL_REDUCE, bytes=dp_dense * gb, group_size=d_size,
                   stride=d_stride),

@@ -82,7 +82,7 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.decompose import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Coll
-from mofa_framework.engine import _grad_bytes_per_param, dp_param_groups, params_on_stages
+from mofa_framework.engine import _grad_bytes_per_param, dp_param_groups, params_on_stages, stage_picker
 from mofa_framework.types import ConstraintResult, MemoryOptimizer, option
 from mofa_plugins._overlap import ContentionOptions, contention, opt
 from mofa_plugins.distributed_optimizer import dp_sizes, shard_fraction
@@ -201,7 +201,7 @@ def busiest_stage(state):
     lay = state.layout
     dense, expert = params_on_stages(state)
     worst = np.argmax(dense + expert, axis=0)
-    pick = lambda a: np.take_along_axis(np.asarray(a), worst[None, :], axis=0)[0]  # noqa: E731
+    pick = stage_picker(worst)
     bwd = sum((pick(lay.of(k)) * (c.bwd_input_s + c.bwd_weight_s + c.recompute_s) for k, c in state.layers.items()),
               np.zeros(len(state.batch)))
     return pick(dense), pick(expert), bwd, np.maximum(pick(lay.total), 1.0)

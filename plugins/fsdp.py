@@ -61,7 +61,7 @@ import numpy as np
 
 from mofa_framework import hookimpl
 from mofa_framework.decompose import ALL_GATHER, REDUCE_SCATTER, Coll, layer_params
-from mofa_framework.engine import _grad_bytes_per_param, dp_param_groups, frozen_weight_rows, params_on_stages
+from mofa_framework.engine import _grad_bytes_per_param, dp_param_groups, frozen_weight_rows, params_on_stages, stage_picker
 from mofa_framework.limits import MAX_LAYERS, between
 from mofa_framework.types import MemoryOptimizer, option
 from mofa_plugins._overlap import ContentionOptions, contention, opt
@@ -166,7 +166,7 @@ def _rest_params(state):
     ctx, batch, lay = state.ctx, state.batch, state.layout
     dense, expert = params_on_stages(state)
     worst = np.argmax(dense + expert, axis=0)
-    pick = lambda a: np.take_along_axis(a, worst[None, :], axis=0)[0]  # noqa: E731
+    pick = stage_picker(worst)
     in_layers = np.zeros(len(batch))
     in_experts = np.zeros(len(batch))
     for kind, count in lay.counts.items():
