@@ -101,6 +101,11 @@ class GatheredOptions(Mapping):
         """The options of rows `idx` (a boolean mask or indices), still gathered on demand."""
         return GatheredOptions(self._index, self._table, taken(self._col, idx))
 
+    @property
+    def choice_codes(self) -> tuple[np.ndarray, int]:
+        """(each row's choice, the number of choices): rows with equal codes have equal options."""
+        return self._col.astype(np.int64), self._table.shape[1]
+
 
 def _frozen_options(d) -> Mapping:
     if isinstance(d, GatheredOptions):
