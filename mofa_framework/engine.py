@@ -912,7 +912,7 @@ def _taken_feature(rows: FeatureRows, idx: np.ndarray) -> FeatureRows:
     out = _taken(rows, idx)
     opts = rows.options
     if isinstance(opts, _TakenOptions):  # rows of rows: one index, one source
-        opts = _TakenOptions(opts._src, opts._idx[idx])
+        opts = _TakenOptions(opts._src, opts._inverse[idx])
     else:
         opts = opts.take(idx) if isinstance(opts, GatheredOptions) else _TakenOptions(opts, idx)
     object.__setattr__(out, "options", opts)
@@ -920,18 +920,17 @@ def _taken_feature(rows: FeatureRows, idx: np.ndarray) -> FeatureRows:
     return out
 
 
-class _TakenOptions(Mapping):
-    """A feature's options at rows `idx`, each taken when first read."""
+class _Expanded(Mapping):
+    """A mapping of per-structure (or per-group) values repeated to the batch's rows ``inverse``
+    (:func:`_expand`), each when first read."""
 
-    def __init__(self, src: Mapping, idx: np.ndarray):
-        self._src, self._idx, self._got = src, idx, {}
+    def __init__(self, src: Mapping, inverse: np.ndarray):
+        self._src, self._inverse, self._got = src, inverse, {}
 
-    def __getitem__(self, key: str) -> np.ndarray:
-        got = self._got.get(key)
-        if got is None:
-            got = self._got[key] = np.asarray(self._src[key]).take(self._idx, axis=-1)
-            got.setflags(write=False)
-        return got
+    def __getitem__(self, key: str):
+        if key not in self._got:
+            self._got[key] = _expand(self._src[key], self._inverse)
+        return self._got[key]
 
     def __contains__(self, key) -> bool:
         return key in self._src
@@ -941,6 +940,20 @@ class _TakenOptions(Mapping):
 
     def __len__(self) -> int:
         return len(self._src)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
+class _TakenOptions(_Expanded):
+    """A feature's options at rows `idx`, each taken when first read, read-only as a
+    :class:`~mofa_framework.batch.FeatureRows`' options are."""
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        got = super().__getitem__(key)
+        if isinstance(got, np.ndarray):
+            got.setflags(write=False)
+        return got
 
 
 def _expand(obj, inverse: np.ndarray):
@@ -1297,31 +1310,6 @@ def _shared_pipeline(batch, model, hardware, pm, structure, trail, shared, layer
     priced = {"opt": _expand(priced["opt"], inv)} if lean else _Expanded(priced, inv)
     return Pipelined(state=state, priced=priced, comp=parts(comp), times=times, inflight=inflight, crit=crit[inv],
                      stage_parts=parts(stage_parts), hidden=parts(hidden))
-
-
-class _Expanded(Mapping):
-    """A mapping of per-structure (or per-group) values repeated to the batch's rows ``inverse``
-    (:func:`_expand`), each when first read."""
-
-    def __init__(self, src: Mapping, inverse: np.ndarray):
-        self._src, self._inverse, self._got = src, inverse, {}
-
-    def __getitem__(self, key: str):
-        if key not in self._got:
-            self._got[key] = _expand(self._src[key], self._inverse)
-        return self._got[key]
-
-    def __contains__(self, key) -> bool:
-        return key in self._src
-
-    def __iter__(self):
-        return iter(self._src)
-
-    def __len__(self) -> int:
-        return len(self._src)
-
-    def __repr__(self) -> str:
-        return repr(dict(self))
 
 
 def _critical_picks(comp: Mapping, crit: np.ndarray, pick) -> dict[str, FloatArray]:
