@@ -880,10 +880,13 @@ class Feature:
     """An optimization feature: a cost transform per phase it acts in.
 
     Each callable takes ``(state, rows)`` — the engine's :class:`~mofa_framework.engine.CostState`
-    restricted to nothing (full batch) and a :class:`~mofa_framework.batch.FeatureRows` with the
-    rows where the feature is on and their option arrays — and returns a new state. The engine
-    keeps rows where the feature is off bit-identical, orders features within a phase by
-    ``after``/``before`` and rejects ``conflicts`` enabled together.
+    of the batch (or, in a large batch where the feature is on in few rows, of those rows alone)
+    and a :class:`~mofa_framework.batch.FeatureRows` with the rows where the feature is on and
+    their option arrays — and returns a new state. Each row's answer must depend on that row's
+    inputs alone, and a layer or pipeline transform may read only the features of its own or an
+    earlier phase: the engine prices rows that share those once (``mofa_framework.row_groups``).
+    The engine keeps rows where the feature is off bit-identical, orders features within a phase
+    by ``after``/``before`` and rejects ``conflicts`` enabled together.
     """
 
     name: str = attrs.field(validator=_snake)
