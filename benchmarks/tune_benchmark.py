@@ -79,13 +79,17 @@ def _request(spec, narrow=None, pareto=False):
                                   sequence_length=seq, space=space, pareto=pareto)
 
 
+def _best(p: dict, schedule: str, step_time_s: float, mfu: float) -> str:
+    """The table's "best" cell for a layout `p` (a candidate's ``parallel``)."""
+    return (f"TP{p['tp']} PP{p['pp']} VPP{p['vpp']} CP{p['cp']} EP{p['ep']} mbs{p['micro_batch_size']} "
+            f"{schedule}, {step_time_s:.2f} s, MFU {mfu:.1%}")
+
+
 def _summary(result, cpu_s: float, wall_s: float) -> dict:
     top = result.best[0] if result.best else None
-    p = top.parallel if top else {}
     return {"search_cpu_s": cpu_s, "search_wall_s": wall_s, "space": result.space_size, "evaluated": result.evaluated,
             "ruled_out": getattr(result, "skipped_by_bound", 0), "floored": getattr(result, "floored", 0),
-            "best": (f"TP{p['tp']} PP{p['pp']} VPP{p['vpp']} CP{p['cp']} EP{p['ep']} mbs{p['micro_batch_size']} "
-                     f"{top.schedule}, {top.step_time_s:.2f} s, MFU {top.mfu:.1%}" if top else "none feasible")}
+            "best": _best(top.parallel, top.schedule, top.step_time_s, top.mfu) if top else "none feasible"}
 
 
 def run_case(name: str) -> dict:
@@ -142,10 +146,8 @@ def _flat(predictor, req) -> dict:
         step = np.where(pred.fits_in_memory, pred.step_time_s, np.inf)
         i = int(np.argmin(step))
         if step[i] < best[0]:
-            p = _parallel_of(batch, i)
-            best = (float(step[i]), f"TP{p['tp']} PP{p['pp']} VPP{p['vpp']} CP{p['cp']} EP{p['ep']} "
-                                    f"mbs{p['micro_batch_size']} {schedules[int(batch.schedule[i])]}, {step[i]:.2f} s, "
-                                    f"MFU {float(pred.mfu[i]):.1%}")
+            best = (float(step[i]), _best(_parallel_of(batch, i), schedules[int(batch.schedule[i])], float(step[i]),
+                                          float(pred.mfu[i])))
     return {"search_cpu_s": cpu, "search_wall_s": wall, "space": req.space.size, "evaluated": n, "ruled_out": 0,
             "floored": 0, "best": best[1]}
 

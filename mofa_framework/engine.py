@@ -745,9 +745,9 @@ def _apply_phase(state: CostState, registry, phase: Phase, trail: dict) -> CostS
         rows = state.batch.feature(feat.name)
         if not rows.enabled.any():
             continue
+        made: list = []
         try:
-            made: list = []
-            merged = _on_rows(state, feat.acts_in(phase), feat.name, field, made)
+            merged = _on_rows(state, feat.acts_in(phase), feat.name, rows, field, made)
             if merged is _WHOLE:
                 new = feat.acts_in(phase)(state, rows)
         except Exception as exc:  # noqa: BLE001
@@ -757,7 +757,6 @@ def _apply_phase(state: CostState, registry, phase: Phase, trail: dict) -> CostS
         mask = rows.enabled if field != "mem" else rows.enabled[None, :]
         try:
             if merged is _WHOLE:
-                made = []
                 merged = _merge(mask, getattr(new, field), getattr(state, field), bool(rows.enabled.all()), made)
         except Exception as exc:  # noqa: BLE001 - a malformed answer (a missing field, a wrong shape)
             plugin = registry.provided_by.get(("features", feat.name), feat.name)
@@ -775,16 +774,15 @@ def _apply_phase(state: CostState, registry, phase: Phase, trail: dict) -> CostS
 _WHOLE = object()
 
 
-def _on_rows(state: CostState, fn, name: str, field: str, made: list):
+def _on_rows(state: CostState, fn, name: str, rows: FeatureRows, field: str, made: list):
     """A feature's transform `fn` run on the rows where the feature is on alone, its `field` merged
     back (every other row keeps the state's, bit for bit, as :func:`_merge` keeps it); :data:`_WHOLE`
     when the feature is on in more than :data:`_SUBSET_SHARE` of the rows (taking them would cost
     more than it saves), the batch is small, or the answer cannot be merged row by row. Transforms compute each row from
     that row alone (the engine's premise, as in pricing per structure), so the rows' numbers are the
     same either way; a search's leaves turn on ZeRO, FSDP or an offload on a few rows each."""
-    enabled = state.batch.feature(name).enabled
-    n = len(enabled)
-    on = np.flatnonzero(enabled)
+    n = len(rows.enabled)
+    on = np.flatnonzero(rows.enabled)
     if n < _SUBSET_ROWS or len(on) > _SUBSET_SHARE[field] * n:
         return _WHOLE
     sub = _state_rows(state, on)

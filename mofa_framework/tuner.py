@@ -1534,10 +1534,7 @@ def tune(predictor, req: TuneRequest, progress: Callable[[TuneProgress], None] |
     removed = {k: v * n_combo_full for k, v in removed_s.items()}
     keep = np.ones(len(sb), bool)
     if len(sb):
-        checks = [(r.reason, np.asarray(r.feasible, bool))
-                  for r in predictor.constraints(sb, req.model, req.hardware)]
-        checks += _paper_rules(req, registry, sb)
-        for reason, ok in checks:
+        for reason, ok in _structure_checks(predictor, req, sb):
             removed[reason] = removed.get(reason, 0) + int((~ok & keep).sum()) * n_combo_full
             keep &= ok
     structs = sb.take(np.flatnonzero(keep))
@@ -1598,9 +1595,7 @@ def every_candidate(predictor, req: TuneRequest, chunk_rows: int = 1 << 17):
     structs, _ = _structure_batch(req, registry)
     if not len(structs):
         return
-    keep = _passes(predictor, req, structs)
-    for _, ok in _paper_rules(req, registry, structs):
-        keep &= ok
+    keep = np.logical_and.reduce([ok for _, ok in _structure_checks(predictor, req, structs)])
     structs = structs.take(np.flatnonzero(keep))
     grid = _combos(req, registry, names)
     tables = _feature_tables(req, registry, names, grid)
@@ -1608,11 +1603,19 @@ def every_candidate(predictor, req: TuneRequest, chunk_rows: int = 1 << 17):
     for lo in range(0, len(structs), per):
         n_s = min(per, len(structs) - lo)
         s_idx = np.repeat(np.arange(n_s), len(grid))
-        batch = attrs.evolve(structs.take(lo + s_idx), features=_feature_rows(tables, np.tile(np.arange(len(grid)), n_s)))
+        combos = np.tile(np.arange(len(grid)), n_s)
+        batch = attrs.evolve(structs.take(lo + s_idx), features=_feature_rows(tables, combos))
         rows = np.flatnonzero(_passes(predictor, req, batch))
         if len(rows):
             _, first, inverse = np.unique(s_idx[rows], return_index=True, return_inverse=True)
             yield batch.take(rows), (first, np.asarray(inverse, np.int64).reshape(-1))
+
+
+def _structure_checks(predictor, req: TuneRequest, structs: CandidateBatch) -> list[tuple[str, np.ndarray]]:
+    """(reason, rows that pass) of every rule a structure must pass before features are chosen: the
+    plugins' and schedules' rules (:meth:`Predictor.constraints`) and §4.1's (:func:`_paper_rules`)."""
+    checks = [(r.reason, np.asarray(r.feasible, bool)) for r in predictor.constraints(structs, req.model, req.hardware)]
+    return checks + _paper_rules(req, predictor.registry, structs)
 
 
 def _passes(predictor, req: TuneRequest, batch: CandidateBatch) -> np.ndarray:
