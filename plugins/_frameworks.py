@@ -33,6 +33,26 @@ def loss_features(framework: str, notes: str = "") -> dict:
     return {"fp32_cross_entropy": {"compiled": True} if compiled else {}}
 
 
+
+#: torchtitan's models expanded K and V to every query head before attention (``repeat_kv``) until
+#: pytorch/torchtitan#2259, "GQA without kv repeats" (2026-01-27)
+TORCHTITAN_GQA_SINCE = "2026-01-27"
+
+
+def torch_cp_features(framework: str, cp: int, *, repeat_kv: bool, rotate: str = "allgather") -> dict:
+    """torchtitan's context parallelism is PyTorch's ``context_parallel``: the ``torch_cp`` feature
+    (empty without CP or for another framework)."""
+    if cp <= 1 or "torchtitan" not in framework.lower():
+        return {}
+    return {"torch_cp": {"rotate": rotate, "repeat_kv": repeat_kv}}
+
+
+def torchtitan_repeats_kv(release: str | None) -> bool:
+    """Whether a torchtitan release (``YYYY-MM-DD``; None: not known, taken as current) predates
+    :data:`TORCHTITAN_GQA_SINCE`."""
+    return release is not None and release < TORCHTITAN_GQA_SINCE
+
+
 #: the fused-attention kernel a framework runs by default (``[parallel] attention_kernel``), first
 #: match on the ``framework`` column wins; anything else is "auto" (Megatron-Core / NeMo / Megatron-
 #: Bridge: Transformer Engine's choice for the GPU):

@@ -49,11 +49,12 @@ import click
 from mofa_framework import hookimpl
 from mofa_framework.errors import ConfigError
 
-from ._frameworks import attention_kernel, loss_features
+from ._frameworks import attention_kernel, loss_features, torch_cp_features
 from ._megatron import precision as precision_of
 from ._megatron import uneven_pipeline
 from .reader_dense import TORCHTITAN_AC_EVERY, TORCHTITAN_STAGES_PER_RANK
 from .reader_dense import _recompute as reader_recompute
+from .torch_cp import ROTATE_METHODS
 
 FRAMEWORK = "torchtitan"
 
@@ -141,7 +142,8 @@ def _scalar(value: str) -> Any:
 LEGACY_PARALLELISM = ("training", "experimental")
 PARALLELISM_KEYS = ("data_parallel_replicate_degree", "data_parallel_shard_degree", "tensor_parallel_degree",
                     "enable_async_tensor_parallel", "pipeline_parallel_degree", "pipeline_parallel_schedule",
-                    "pipeline_parallel_microbatches", "context_parallel_degree", "expert_parallel_degree")
+                    "pipeline_parallel_microbatches", "context_parallel_degree", "context_parallel_rotate_method",
+                    "expert_parallel_degree")
 
 
 def modernise(cfg: Mapping, notes: list[str]) -> tuple[dict, bool]:
@@ -287,6 +289,14 @@ def _features(c: _Config, *, tp: int, pp: int, dp: int, shard: int, replicate: i
     components = c.get("compile.components", ["model", "loss"], keep=False) if compiled else []
     if "model" not in components:
         feats["eager_kernels"] = {}
+    cp = c.count("parallelism.context_parallel_degree", 1)
+    if cp > 1:
+        # PyTorch's context_parallel; a 2024 config's models repeated K/V before attention
+        rotate = str(c.get("parallelism.context_parallel_rotate_method", "allgather"))
+        if rotate not in ROTATE_METHODS:
+            raise ConfigError(f"parallelism.context_parallel_rotate_method: {rotate!r}; torchtitan's are "
+                              f"{', '.join(ROTATE_METHODS)}")
+        feats.update(torch_cp_features(FRAMEWORK, cp, repeat_kv=legacy, rotate=rotate))
     # torchtitan's 2024 train.py left the loss uncompiled (reader_dense: loss_features)
     loss_compiled = "loss" in components and not legacy
     feats.update(loss_features(FRAMEWORK, "torch.compile" if loss_compiled else ""))

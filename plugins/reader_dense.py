@@ -40,7 +40,7 @@ from mofa_framework import hookimpl
 from mofa_framework.measurements import ReadContext
 from mofa_framework.types import MappedRow, MeasurementReader, ModelSpec, SkippedRow
 
-from ._frameworks import attention_kernel, loss_features, memory_counter
+from ._frameworks import attention_kernel, loss_features, memory_counter, torch_cp_features, torchtitan_repeats_kv
 from ._megatron import (
     MEGATRON_CORE,
     UNEVEN_STAGES_IGNORED,
@@ -316,6 +316,13 @@ TORCHTITAN_MICROBATCH_SIZE_SINCE = "2025-04-07"
 _RELEASE_DATE = re.compile(r"torchtitan\b[^;,]*?\b(\d{4})-(\d{2})(?:-(\d{2}))?", re.I)
 
 
+def _release(fw: str, notes: str) -> str | None:
+    """The torchtitan release date a row gives (``YYYY-MM-DD``; a month alone counts as its first
+    day), or None."""
+    found = _RELEASE_DATE.search(notes) or _RELEASE_DATE.search(fw)
+    return None if found is None else "{}-{}-{}".format(*found.groups("01"))
+
+
 def _unstated_micro_batch(fw: str, notes: str, full_shard: bool, pp: int, local_batch: int) -> int:
     """The micro-batch a row that does not state one ran: FSDP frameworks (torchtitan, llm-foundry)
     run a rank's whole batch (``local_batch``) at once when there is no pipeline; a torchtitan
@@ -326,8 +333,8 @@ def _unstated_micro_batch(fw: str, notes: str, full_shard: bool, pp: int, local_
         return 1
     if pp == 1:
         return local_batch if full_shard else 1
-    release = _RELEASE_DATE.search(notes) or _RELEASE_DATE.search(fw)
-    old = release is not None and "{}-{}-{}".format(*release.groups("01")) < TORCHTITAN_MICROBATCH_SIZE_SINCE
+    release = _release(fw, notes)
+    old = release is not None and release < TORCHTITAN_MICROBATCH_SIZE_SINCE
     if TORCHTITAN.search(fw) and old and local_batch % pp == 0:
         return local_batch // pp
     return 1
@@ -435,6 +442,10 @@ def map_row(r: dict, ctx: ReadContext) -> MappedRow | SkippedRow:
             assumed = ("MegaScale: its DP, PP and TP overlaps and its parallel transformer block applied; its "
                        "sliding-window attention and LAMB are not modelled")
     _cp_form(job["features"], cp, f"{fw} {notes}")
+    torch_cp = torch_cp_features(fw, cp, repeat_kv=torchtitan_repeats_kv(_release(fw, notes)))
+    if torch_cp:  # PyTorch's context_parallel, not Transformer Engine's ring
+        job["features"].pop("cp_overlap", None)
+        job["features"].update(torch_cp)
     if ds_stage:
         # DeepSpeed's own ZeRO (the `deepspeed_zero` plugin: its buckets, its overlap_comm defaults)
         # replaces Megatron's distributed optimizer and DDP overlap, and runs none of what the plugin
