@@ -11,8 +11,9 @@ wall time; CPU time is what the targets are checked against. Peak memory is the 
 maximum resident set. The first row is one `mofa tune` process, start-up included.
 
 Evaluator throughput, two ways. The evaluator itself (the ``flat-`` cases): every candidate of a
-sub-space that passes every rule (``tuner.every_candidate``, what brute force prices), in batches of
-262,144 rows, priced by ``Predictor.evaluate`` — the cost function that one prediction and a search
+sub-space that passes every rule (``tuner.every_candidate``, what brute force prices), in its batches
+(whole structures of 262,144 rows before the feature rules, tens of thousands after), priced by
+``Predictor.evaluate`` — the cost function that one prediction and a search
 share — in candidates per CPU-second of ``evaluate`` alone (building the batches is not counted, nor an
 untimed warm-up on the first structure's rows: first-call costs). And
 the search without bounds (the ``exhaustive-`` cases, ``pareto=True``): the leaves it evaluates, which
