@@ -1585,10 +1585,11 @@ def tune(predictor, req: TuneRequest, progress: Callable[[TuneProgress], None] |
 
 def every_candidate(predictor, req: TuneRequest, chunk_rows: int = 1 << 17):
     """Every configuration of `req.space` that passes every rule — brute force's candidates, the search's
-    reference — in batches built from whole structures of at most `chunk_rows` rows (a structure's feature
-    combinations never split) and left with the rows that pass the rules, each with its rows' structures ``(first_rows, inverse)`` for :func:`engine.evaluate`. Whether each
-    fits in memory is the prediction's to say (``fits_in_memory``), not a rule here. The benchmark of the
-    evaluator itself prices these (``benchmarks/tune_benchmark.py``, the ``flat-`` cases)."""
+    reference — in batches of whole structures, about `chunk_rows` candidate rows (one structure at
+    least: its feature combinations never split), left with the rows that pass the rules; each with its
+    rows' structures ``(first_rows, inverse)`` for :func:`engine.evaluate`. Whether each fits in memory
+    is the prediction's to say (``fits_in_memory``), not a rule here. The benchmark of the evaluator
+    itself prices these (``benchmarks/tune_benchmark.py``, the ``flat-`` cases)."""
     registry = predictor.registry
     req = _with_headroom(req)
     names = sorted(req.space.features)
