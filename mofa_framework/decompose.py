@@ -161,7 +161,9 @@ def _gemm(name, m, n, k, dt, group, *, bwd_weight=1.0) -> Op:
               m=m, n=n, k=k, bwd_weight=bwd_weight, group=group)
 
 
-def _elementwise(name, nbytes, group, *, bwd=1.0, kernels=1.0) -> Op:
+def elementwise_op(name, nbytes, group, *, bwd=1.0, kernels=1.0) -> Op:
+    """A memory-bound operator moving `nbytes` per pass (priced by its bytes; ``bwd`` times the
+    forward in the input-gradient pass, no weight gradient), launching `kernels` kernels."""
     nbytes = np.asarray(nbytes, dtype=np.float64)
     return Op(name=name, kind=ELEMENTWISE, flops=nbytes / 2.0, bytes=nbytes, bwd_input=bwd, bwd_weight=0.0, group=group,
               kernels=kernels)
@@ -172,7 +174,7 @@ _LAYER = BlockSpec()  # attention + dense MLP: the transformer layer
 
 def input_norm(model: ModelSpec, g: Geometry) -> Op:
     """The block's first pre-norm: a norm reads and writes each element once, 2·dt bytes."""
-    return _elementwise("input_norm", 2.0 * g.tokens * model.hidden_size * g.dt / g.sp_div, "norm")
+    return elementwise_op("input_norm", 2.0 * g.tokens * model.hidden_size * g.dt / g.sp_div, "norm")
 
 
 def parallel_block(model: ModelSpec, block: BlockSpec) -> bool:
@@ -190,14 +192,14 @@ def residual_operator(model: ModelSpec, g: Geometry, block: BlockSpec) -> Op:
     hc = hyper_connection_passes(model) * (1.0 if parallel_block(model, block) else float(block.sublayers)) * dt
     if parallel_block(model, block):
         drop = 2.0 if model.dropout else 0.0
-        return _elementwise("residual_norm", (4.0 * dt + drop + hc) * T * h / g.sp_div, "norm")
+        return elementwise_op("residual_norm", (4.0 * dt + drop + hc) * T * h / g.sp_div, "norm")
     if block.sublayers == 2:
         drop = 2.0 if model.dropout else 0.0
         # two residual adds (read 2, write 1), the second norm, and with dropout its 1-byte masks
-        return _elementwise("residual_norm", ((2.0 + 6.0) * dt + drop + hc) * T * h / g.sp_div, "norm")
+        return elementwise_op("residual_norm", ((2.0 + 6.0) * dt + drop + hc) * T * h / g.sp_div, "norm")
     drop = 1.0 if model.dropout else 0.0
     norm = 0.0 if block.mixer != "none" else 2.0
-    return _elementwise("residual_norm", ((norm + 3.0) * dt + drop + hc) * T * h / g.sp_div, "norm")
+    return elementwise_op("residual_norm", ((norm + 3.0) * dt + drop + hc) * T * h / g.sp_div, "norm")
 
 
 def hyper_connection_passes(model: ModelSpec) -> float:
@@ -265,13 +267,13 @@ def attention_mixer_operators(model: ModelSpec, g: Geometry, block: BlockSpec = 
                   flops=np.where(g.flash, fused.flops, unfused_gemm.flops), bytes=io,
                   m=T, n=np.where(g.flash, keys_causal, s_kv), k=np.where(g.flash, 0.5 * (dq + dv), float(dq)),
                   bwd_input=ATTENTION_BWD_FACTOR, bwd_weight=0.0, group="core_attn"))
-    ops.append(_elementwise("softmax_dropout", np.where(g.flash, 0.0, score_bytes), "core_attn"))
+    ops.append(elementwise_op("softmax_dropout", np.where(g.flash, 0.0, score_bytes), "core_attn"))
     torch_softmax = ~g.flash & ~fused_softmax_available(g.b, heads_q / t, g.s / g.c, s_kv)
     fwd_b, bwd_b = SOFTMAX_FALLBACK_BYTES
-    ops.append(_elementwise("softmax_fallback", np.where(torch_softmax, fwd_b * T * s_kv * heads_q / t, 0.0),
+    ops.append(elementwise_op("softmax_fallback", np.where(torch_softmax, fwd_b * T * s_kv * heads_q / t, 0.0),
                             "core_attn", bwd=bwd_b / fwd_b, kernels=SOFTMAX_FALLBACK_KERNELS))
     if block.output_gate:  # sigmoid(gate) ⊙ attention output: read 2, write 1
-        ops.append(_elementwise("output_gate", 3.0 * T * a * dv / t * dt, "gate"))
+        ops.append(elementwise_op("output_gate", 3.0 * T * a * dv / t * dt, "gate"))
     return [*ops, *output_projection(model, g, a * dv)]
 
 
@@ -333,14 +335,14 @@ def compressor_operators(model: ModelSpec, g: Geometry, block: BlockSpec) -> lis
     di = float(model.index_head_dim) if block.indexed else 0.0
     width = 2.0 * o * (d + di) + hi
     ops = [_gemm("compress_proj", T, width, h, dt, "qkv"),
-           _elementwise("compress_pool", (T * 2.0 * o * (d + di) + T / r * (d + di)) * dt, "qkv")]
+           elementwise_op("compress_pool", (T * 2.0 * o * (d + di) + T / r * (d + di)) * dt, "qkv")]
     if not block.indexed:
         return ops
     vis = s / (2.0 * r)  # pooled keys a query sees under the causal mask, on average
     ops.append(_gemm("index_q_proj", T, hi * di, model.q_lora_rank or h, dt, "indexer"))
     ops.append(Op(name="index_scores", kind=GEMM, flops=2.0 * T * hi * di * vis,
                   bytes=(T * hi * di + s / r * di) * dt + 4.0 * T * vis, m=T * hi, n=vis, k=di, group="indexer"))
-    ops.append(_elementwise("index_topk", 4.0 * T * vis + 4.0 * T * np.minimum(model.index_topk, s / r), "indexer"))
+    ops.append(elementwise_op("index_topk", 4.0 * T * vis + 4.0 * T * np.minimum(model.index_topk, s / r), "indexer"))
     return ops
 
 
@@ -397,7 +399,7 @@ def _mlp(name, model: ModelSpec, T, ffn, divisor, dt, group) -> list[Op]:
     act_bytes = (3.0 if model.activation is Activation.swiglu else 2.0) * T * ffn / divisor * dt
     return [
         _gemm(f"{name}_fc1", T, width * ffn / divisor, h, dt, group),
-        _elementwise(f"{name}_act", act_bytes, group),
+        elementwise_op(f"{name}_act", act_bytes, group),
         _gemm(f"{name}_fc2", T, h, ffn / divisor, dt, group),
     ]
 
@@ -443,14 +445,14 @@ def moe_mlp_operators(model: ModelSpec, g: Geometry) -> list[Op]:
     ops = [
         _gemm("router", tok, E, h, g.dt, "router"),
         # scores (fp32) read and written by softmax/top-k/aux-loss kernels
-        _elementwise("router_topk", 4.0 * 4.0 * tok * E, "router", kernels=ROUTER_KERNELS),
+        elementwise_op("router_topk", 4.0 * 4.0 * tok * E, "router", kernels=ROUTER_KERNELS),
     ]
     if model.moe_latent_size:
         ops.append(_gemm("latent_down_proj", tok, w, h, g.dt, "expert"))
     ops.append(
         # permute: read tok·w, write tok·k·w; un-permute: read tok·k·w (+ probabilities), write tok·w.
         # With EP the received tokens are sorted by local expert once more each way.
-        _elementwise("permute", (4.0 + 4.0 * ep_on * load) * tok * k * w * g.dt, "expert",
+        elementwise_op("permute", (4.0 + 4.0 * ep_on * load) * tok * k * w * g.dt, "expert",
                      kernels=PERMUTE_KERNELS + 2.0 * ep_on))
     for name, nn, kk in (("expert_fc1", width * fe / g.etp, w), ("expert_fc2", w, fe / g.etp)):
         op = _gemm(name, per_expert, nn, kk, g.dt, "expert")
@@ -459,7 +461,7 @@ def moe_mlp_operators(model: ModelSpec, g: Geometry) -> list[Op]:
         ops.append(attrs.evolve(op, flops=op.flops * local_experts, bytes=op.bytes * local_experts,
                                 count=np.broadcast_to(local_experts, np.shape(op.flops)).astype(np.float64)))
     act = (3.0 if model.activation is Activation.swiglu else 2.0) * routed * fe / g.etp * g.dt
-    ops.append(_elementwise("expert_act", act, "expert"))
+    ops.append(elementwise_op("expert_act", act, "expert"))
     if model.moe_latent_size:
         ops.append(_gemm("latent_up_proj", tok, h, w, g.dt, "expert"))
     if model.shared_expert_ffn:
@@ -468,15 +470,15 @@ def moe_mlp_operators(model: ModelSpec, g: Geometry) -> list[Op]:
 
 
 def embedding_operators(model: ModelSpec, g: Geometry) -> list[Op]:
-    return [_elementwise("embedding", 2.0 * g.tokens * model.hidden_size * g.dt / g.sp_div, "embedding", bwd=2.0)]
+    return [elementwise_op("embedding", 2.0 * g.tokens * model.hidden_size * g.dt / g.sp_div, "embedding", bwd=2.0)]
 
 
 def head_operators(model: ModelSpec, g: Geometry) -> list[Op]:
     T, V, h = g.tokens, model.vocab_size, model.hidden_size
     return [
-        _elementwise("final_norm", 2.0 * T * h * g.dt / g.sp_div, "norm"),
+        elementwise_op("final_norm", 2.0 * T * h * g.dt / g.sp_div, "norm"),
         _gemm("lm_head", T, V / g.t, h, g.dt, "head"),
-        _elementwise("cross_entropy", 3.0 * T * V / g.t * 4.0, "head"),
+        elementwise_op("cross_entropy", 3.0 * T * V / g.t * 4.0, "head"),
     ]
 
 
@@ -561,7 +563,7 @@ def mamba2_operators(model: ModelSpec, g: Geometry) -> list[Op]:
         _gemm("mamba_in_proj", T, (di + xbc + H) / t, h, dt, "qkv"),
         _conv1d("mamba_conv1d", T, xbc / t, model.mamba_conv_kernel, dt),
         _ssd_scan(model, T, t, io),
-        _elementwise("mamba_gated_norm", 3.0 * T * di / t * dt, "ssm"),  # reads y and z, writes
+        elementwise_op("mamba_gated_norm", 3.0 * T * di / t * dt, "ssm"),  # reads y and z, writes
         _gemm("mamba_out_proj", T, h, di / t, dt, "proj"),
     ]
 
@@ -634,7 +636,7 @@ def linear_attention_operators(model: ModelSpec, g: Geometry, delta: bool = True
         _conv1d("linear_conv1d", T, (2 * qk + vv) / t, model.linear_conv_kernel, dt),
         _scan("delta_rule_scan" if delta else "linear_attention_scan",
               T * delta_rule_flops_per_token(model, delta) / t, io, dk),
-        _elementwise("linear_gated_norm", 3.0 * T * vv / t * dt, "ssm"),
+        elementwise_op("linear_gated_norm", 3.0 * T * vv / t * dt, "ssm"),
         _gemm("linear_out_proj", T, h, vv / t, dt, "proj"),
     ]
     return ops
@@ -1253,7 +1255,7 @@ def module_operators(model: ModelSpec, g: Geometry, kind: str, module: str) -> l
         # the block's pre-norms (input_layernorm and pre_mlp_layernorm): each reads and writes T·h/sp elements
         norm = 2.0 * g.tokens * model.hidden_size * g.dt / g.sp_div
         names = ("input_norm", "pre_mlp_norm")[:block.sublayers]
-        return [_elementwise(name, norm, "norm") for name in names]
+        return [elementwise_op(name, norm, "norm") for name in names]
     if module == "mla_up_proj":
         if not (block.is_attention and (model.is_mla or model.q_lora_rank)):
             return []

@@ -73,7 +73,8 @@ def layer(state, rows):
     return attrs.evolve(state, layers=out)
 
 
-def _applies(batch, model, hardware):
+def attention_cp(batch, model, hardware):
+    """Rows with context parallelism (cp > 1) on a model with attention layers."""
     attention = any(model.block(k).is_attention for k in model.block_kinds)
     return (np.asarray(batch.cp) > 1) & attention
 
@@ -104,7 +105,7 @@ FEATURE = CostTransform(
                 "the output re-sharded from tokens to heads and back instead of the K/V ring",
     equation="t_cp = 4 all-to-alls of T·{a·d_qk, g·d_qk, g·d_v, a·d_v}/t·dt per attention layer and pass",
     layer=layer,
-    applies=_applies,
+    applies=attention_cp,
     conflicts=("cp_overlap",),
     tunable=False,
     megatron_args=lambda o: ["--cp-comm-type", "a2a"],

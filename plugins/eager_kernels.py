@@ -40,7 +40,7 @@ import attrs
 import numpy as np
 
 from mofa_framework import hookimpl
-from mofa_framework.decompose import ELEMENTWISE, Op
+from mofa_framework.decompose import elementwise_op
 from mofa_framework.engine import price_operators
 from mofa_framework.types import Activation, CostTransform
 
@@ -68,8 +68,8 @@ def extra_seconds(ctx) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds per micro-batch of one layer, priced as element-wise operators."""
     fwd_b, bwd_b = extra_bytes(ctx.model, ctx.geometry)
     # bytes only (kernels = 0): the extra kernels' launches are queued by a host that runs ahead
-    ops = [Op(name=f"eager_elementwise_{p}", kind=ELEMENTWISE, flops=b / 2.0, bytes=b, bwd_input=0.0,
-              bwd_weight=0.0, group="norm", kernels=0.0) for p, b in (("fwd", fwd_b), ("bwd", bwd_b))]
+    ops = [elementwise_op(f"eager_elementwise_{p}", b, "norm", bwd=0.0, kernels=0.0)
+           for p, b in (("fwd", fwd_b), ("bwd", bwd_b))]
     t_f, t_b = price_operators(ctx, ops)
     return np.where(fwd_b > 0, t_f, 0.0), np.where(bwd_b > 0, t_b, 0.0)
 

@@ -46,9 +46,10 @@ import attrs
 import numpy as np
 
 from mofa_framework import hookimpl
-from mofa_framework.decompose import ALL_GATHER, ELEMENTWISE, P2P, Coll, Op
+from mofa_framework.decompose import ALL_GATHER, P2P, Coll, elementwise_op
 from mofa_framework.engine import price_collectives, price_operators
 from mofa_framework.types import CostTransform, option
+from mofa_plugins.cp_a2a import attention_cp, head_widths
 
 FP32_BYTES = 4.0
 #: bytes moved per element by the eager merges of one ring step (module docstring)
@@ -72,13 +73,11 @@ class TorchCpOptions:
 
 
 def widths(model, repeat: bool) -> tuple[float, float, float]:
-    """Elements per token (all TP ranks) of the exchanged K + V, of Q and of the attention output."""
-    a = model.num_attention_heads
-    if model.is_mla:
-        return a * (model.qk_head_dim + model.v_dim), a * model.qk_head_dim, a * model.v_dim
-    d = model.kv_channels
-    heads = a if repeat else model.num_kv_heads
-    return 2.0 * heads * d, a * d, a * d
+    """Elements per token (all TP ranks) of the exchanged K + V, of Q and of the attention output
+    (:func:`~mofa_plugins.cp_a2a.head_widths`); repeated to every query head, K and V are as wide as
+    Q and the output (MLA's already are)."""
+    q, k, v, o = head_widths(model)
+    return (q + o if repeat else k + v), q, o
 
 
 def exchange_seconds(ctx, repeat: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -102,8 +101,7 @@ def merge_seconds(ctx, repeat: bool) -> tuple[np.ndarray, np.ndarray]:
     c = np.asarray(g.c, dtype=np.float64)
     fwd = c * (FWD_MERGE_PER_OUTPUT * o + FWD_CONCAT_PER_KV * kv)
     bwd = c * (BWD_ACCUMULATE_PER_Q * q + BWD_PER_KV * kv)
-    ops = [Op(name=f"torch_cp_merge_{d}", kind=ELEMENTWISE, flops=b / 8.0, bytes=b, bwd_input=0.0, bwd_weight=0.0,
-              group="core_attn", kernels=c * k)
+    ops = [elementwise_op(f"torch_cp_merge_{d}", b, "core_attn", bwd=0.0, kernels=c * k)
            for d, b, k in (("fwd", fwd, FWD_MERGE_KERNELS), ("bwd", bwd, BWD_MERGE_KERNELS))]
     return tuple(price_operators(ctx, ops))
 
@@ -133,18 +131,24 @@ def layer(state, rows):
     on = np.asarray(rows.enabled, bool) & (c > 1)
     repeat = rows.options["repeat_kv"] > 0.5
     allgather = rows.choice("rotate", "allgather")
-    pick = lambda fn: [np.where(repeat, r, g) for r, g in zip(ctx.per_structure(lambda x: fn(x, True)),  # noqa: E731
-                                                               ctx.per_structure(lambda x: fn(x, False)))]
+
+    def pick(fn):
+        """`fn`'s per-structure prices for the K/V widths the rows use (each priced once), per row."""
+        got = {r: ctx.per_structure(lambda x, r=r: fn(x, r)) for r in (True, False) if (repeat == r).any()}
+        if len(got) == 1:
+            return next(iter(got.values()))
+        return [np.where(repeat, a, b) for a, b in zip(got[True], got[False])]
+
     ag, p_kv, p_d = pick(exchange_seconds)
     merge_f, merge_b = pick(merge_seconds)
     work = np.where(repeat, working_bytes(ctx, True, allgather), working_bytes(ctx, False, allgather))
+    total_f = np.where(allgather, ag, (c - 1.0) * p_kv)
+    total_b = total_f + c * p_d
+    w = lambda new, old: np.where(on, new, old)  # noqa: E731
     out = dict(state.layers)
     for kind in kinds:
         lc = out[kind]
         fwd, bwd = exposed(ag, p_kv, p_d, lc.attn_fwd_s, lc.attn_bwd_s, c, allgather)
-        total_f = np.where(allgather, ag, (c - 1.0) * p_kv)
-        total_b = np.where(allgather, ag, (c - 1.0) * p_kv) + c * p_d
-        w = lambda new, old: np.where(on, new, old)  # noqa: E731
         out[kind] = attrs.evolve(
             lc, cp_fwd_s=w(total_f, lc.cp_fwd_s), cp_bwd_s=w(total_b, lc.cp_bwd_s),
             cp_exposed_fwd_s=w(fwd, lc.cp_exposed_fwd_s), cp_exposed_bwd_s=w(bwd, lc.cp_exposed_bwd_s),
@@ -153,11 +157,6 @@ def layer(state, rows):
             bwd_input_s=w(lc.bwd_input_s + merge_b, lc.bwd_input_s),
             act_working_bytes=w(np.maximum(lc.act_working_bytes, work), lc.act_working_bytes))
     return attrs.evolve(state, layers=out)
-
-
-def _applies(batch, model, hardware):
-    attention = any(model.block(k).is_attention for k in model.block_kinds)
-    return (np.asarray(batch.cp) > 1) & attention
 
 
 FEATURE = CostTransform(
@@ -169,7 +168,7 @@ FEATURE = CostTransform(
              "merges c·T·(40·w_o + 4·w_kv) + c·T·(10·w_q + 22·w_kv) B",
     options_type=TorchCpOptions,
     layer=layer,
-    applies=_applies,
+    applies=attention_cp,
     conflicts=("cp_overlap", "cp_a2a"),
     tunable=False,  # a framework's implementation, not a tuning knob
     megatron_args=lambda o: ["# torch_cp is PyTorch's context_parallel (torchtitan); Megatron-LM runs Transformer "

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mofa_framework.config import jobs_to_batch
-from mofa_framework.decompose import ALL_GATHER, ELEMENTWISE, P2P, Coll, Op
+from mofa_framework.decompose import ALL_GATHER, P2P, Coll, elementwise_op
 from mofa_framework.engine import price_collectives, price_operators
 from mofa_framework.errors import ConfigError
 from mofa_framework.measurements import builtin_data_dir, map_files
@@ -36,8 +36,7 @@ def seconds(ctx, *items):
 
 
 def memory_seconds(ctx, nbytes, kernels):
-    op = Op(name="m", kind=ELEMENTWISE, flops=np.array([nbytes / 8.0]), bytes=np.array([float(nbytes)]),
-            bwd_input=0.0, bwd_weight=0.0, kernels=kernels)
+    op = elementwise_op("m", np.array([float(nbytes)]), "core_attn", bwd=0.0, kernels=kernels)
     return f0(price_operators(ctx, [op])[0])
 
 
