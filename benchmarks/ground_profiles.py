@@ -19,7 +19,10 @@ datasheet peak is physically impossible and is dropped (XLA's sm_90 fp8 table re
 TFLOPS on a 1,979 TFLOPS part, and disagrees with cuBLASLt's 1,217 at 4096³: the whole table is
 left out). A GPU without a measurement of its own takes its nearest measured sibling's table,
 scaled to its own measured best shape (``MAMF``) where one exists, else by the ratio of the dense
-peaks in ``gpu_specs.csv``; its notes say so.
+peaks in ``gpu_specs.csv``; its notes say so. A dtype that neither it nor that sibling measured comes
+from a sibling on the same die that did (``gemm_siblings``: B200's and B300's NVFP4 from GB200's and
+GB300's cuBLASLt sweeps), that sibling's own points only, scaled the same way; without one the dtype
+has no table and its GEMMs fall to the roofline at the datasheet peak.
 """
 
 from __future__ import annotations
@@ -107,6 +110,8 @@ C = {
 }
 
 #: per profile: GEMM sources; a sibling profile whose GEMM table it takes (scaled, see module doc);
+#: ``gemm_siblings``, {profile of the same die: dtypes} whose own measurements supply dtypes neither
+#: the profile nor its ``sibling`` measured (B200's and B300's NVFP4: GB200's and GB300's cuBLASLt sweeps);
 #: the attention row; collective sources (or a sibling's); the BabelStream GPU (or a sibling's); the
 #: nvbandwidth GPU of its host link (``host``), or the profile whose measured link is the same kind
 #: (``host_sibling``: PCIe Gen5 x16 to an x86 host); SM count (public datasheets); notes
@@ -150,6 +155,7 @@ SOURCES: dict[str, dict] = {
                            why="A100 40GB has A100 80GB's compute and NVSwitch; its HBM2 (1.56 TB/s) takes "
                                "A100 80GB's BabelStream efficiency", stream_sibling="a100-sxm4-80gb"),
     "b200-sxm-180gb": dict(gemm=["xla-b200-bf16", "xla-b200-fp8", "mamf-b200-bf16", "mamf-b200-fp8"],
+                           gemm_siblings={"gb200-nvl72": ["fp4"]},
                            attention="gb200", coll=["xla-b200", "aws-p6-ar-1", "aws-p6-ar-4"],
                            stream_sibling="h200-sxm-141gb", host_sibling="h100-sxm5-80gb", sm=148,
                            why="no B200 attention or BabelStream row: GB200's FlashAttention-2 row and "
@@ -159,8 +165,9 @@ SOURCES: dict[str, dict] = {
                         host="GB200 (one", sm=148,
                         why="the bf16 shapes come from B200's XLA table scaled to GB200's measured best shape; "
                             "no BabelStream row: H200's HBM3e efficiency"),
-    "b300-sxm": dict(gemm=["mamf-b300-bf16", "mamf-b300-fp8"], sibling="b200-sxm-180gb", attention="gb300",
-                     stream_sibling="h200-sxm-141gb", host_sibling="h100-sxm5-80gb", sm=160,
+    "b300-sxm": dict(gemm=["mamf-b300-bf16", "mamf-b300-fp8"], sibling="b200-sxm-180gb",
+                     gemm_siblings={"gb300-nvl72": ["fp4"]}, attention="gb300", stream_sibling="h200-sxm-141gb",
+                     host_sibling="h100-sxm5-80gb", sm=160,
                      why="one measured shape per dtype: B200's XLA shapes scaled to it; GB300's attention row"),
     "gb300-nvl72": dict(gemm=["azure-gb300-fp8", "azure-gb300-fp4", "mamf-b300-bf16"], sibling="b200-sxm-180gb",
                         attention="gb300", coll=["xla-gb300"], stream_sibling="h200-sxm-141gb", host="GB300 (one",
@@ -369,6 +376,15 @@ def host_link(data: Path, gpu: str) -> tuple[float | None, float | None, str]:
     return h2d, d2h, src
 
 
+def measured_gemm(data: Path, name: str) -> list[dict]:
+    """The GEMM points `name` measured itself (its ``gemm`` sources, levelled as :func:`build` levels
+    them), none taken from a sibling."""
+    peak = profile_data(name)["compute"]["peak_tflops"]
+    by_key = {key: gemm_points(data, key, peak)[0] for key in SOURCES[name].get("gemm", [])}
+    level_to_cublas(name, by_key, peak)
+    return [p for pts in by_key.values() for p in pts]
+
+
 def build(data: Path) -> dict[str, dict]:
     """name → {gemm, attention, collective, memory_efficiency, host_link, notes, sm_count} for every
     profile in SOURCES."""
@@ -386,6 +402,10 @@ def build(data: Path) -> dict[str, dict]:
             notes.append(src)
         notes += level_to_cublas(name, by_key, peak)
         gemm = [p for pts in by_key.values() for p in pts]
+        for die, dtypes in spec.get("gemm_siblings", {}).items():  # the same die first; its own measurements
+            more, how = sibling_gemm(name, gemm, die, [p for p in measured_gemm(data, die) if p["dtype"] in dtypes])
+            gemm += more
+            notes += [f"{h} (measured on the same die)" for h in how]
         sib = spec.get("sibling")
         if sib:
             more, how = sibling_gemm(name, gemm, sib, out[sib]["gemm"] if sib in out else build_one(data, sib)["gemm"])

@@ -280,3 +280,38 @@ def test_every_number_of_a_profile_table_has_its_bound():
         missing = [f.name for f in attrs.fields(cls) if f"{section}.{f.name}" not in PROFILE_LIMITS]
         assert not missing, (section, missing)
     EfficiencySpec()  # every default within its bound
+
+
+#: (part, its same-die sibling whose own cuBLASLt NVFP4 sweep it takes, the dense NVFP4 peaks' ratio)
+SAME_DIE_FP4 = {"b200-sxm-180gb": ("gb200-nvl72", 9000.0 / 9800.0), "b300-sxm": ("gb300-nvl72", 13500.0 / 14700.0)}
+
+
+@pytest.mark.parametrize("name", sorted(SAME_DIE_FP4))
+def test_fp4_table_is_the_same_dies_measured_sweep_at_the_peak_ratio(name, mofa_predictor):
+    """B200 and B300 measured no NVFP4 GEMM; their siblings on the same die (GB200 / GB300, Azure's
+    cuBLASLt sweep) did. Each fp4 point is the sibling's measured one × the dense-peak ratio: by
+    hand, GB200's 8192³ 7,609.1 TFLOPS × 9,000/9,800 = 6,987.95; GB300's 8,155.9 × 13,500/14,700 =
+    7,490.11 (the tables keep two decimals). Before, the two fell to the roofline at the datasheet
+    peak and priced NVFP4 faster than their better-powered siblings."""
+    sibling, ratio = SAME_DIE_FP4[name]
+    reg = mofa_predictor.registry
+    table = {(p.m, p.n, p.k): p.tflops for p in reg.hardware[name].gemm_profile if p.dtype == "fp4"}
+    theirs = {(p.m, p.n, p.k): p.tflops for p in reg.hardware[sibling].gemm_profile if p.dtype == "fp4"}
+    assert len(table) == len(theirs) == 8
+    assert table == {k: pytest.approx(v * ratio, abs=0.01) for k, v in theirs.items()}
+    hand = {"b200-sxm-180gb": 6987.95, "b300-sxm": 7490.11}[name]
+    assert table[(8192, 8192, 8192)] == pytest.approx(hand, abs=0.01)
+
+
+def test_same_die_sibling_supplies_only_the_dtypes_named():
+    """`gemm_siblings` takes the named dtypes from the sibling's own measurements only: B300 keeps
+    B200's 126 XLA shapes for fp8 (scaled to its own MAMF point, which it keeps), not GB300's 9
+    Azure ones."""
+    gp = _ground_profiles()
+    built = gp.build(gp.DATA)["b300-sxm"]
+    by_dtype = {}
+    for p in built["gemm"]:
+        by_dtype[p["dtype"]] = by_dtype.get(p["dtype"], 0) + 1
+    assert by_dtype == {"bf16": 127, "fp8": 127, "fp4": 8}  # its own MAMF point + B200's 126
+    assert "fp4 shapes from gb300-nvl72 (8), scaled ×0.918 by the dense-peak ratio (measured on the same die)" \
+        in built["notes"]
