@@ -51,6 +51,11 @@ small-GEMM floor step-time calibration may fit); a GPU run below its rated power
 (``compute.power_limit_w``) reaches ``hardware.compute_clock_scale`` of the tables' rate; and an operator takes at least
 ``kernels × host_dispatch_s`` (the roofline's host floor).
 
+fp16 and bf16 GEMMs run on the tensor cores at one rate: where a table has points of one and not
+the other and the profile lists the same dense peak for both (every NVIDIA and AMD datasheet here),
+the other is priced from them — an fp16 job on H100 runs at the bf16 table's rate, not at the
+roofline's datasheet peak (790 against 659 TFLOPS at 8192³ before).
+
 Every other operator, and GEMMs of a dtype the table lacks, fall through to the next provider
 (the roofline). A profile without a table changes nothing.
 """
@@ -225,6 +230,36 @@ def model_tflops(pts, hardware, m, n, k) -> np.ndarray:
     return rate[back.ravel()].reshape(np.shape(m))
 
 
+#: 16-bit formats the tensor cores run at one rate: a table of either prices the other where the
+#: profile measured only one and lists the same dense peak for both (NVIDIA and AMD datasheets do)
+SAME_RATE = {"fp16": "bf16", "bf16": "fp16"}
+
+
+#: id(table) -> (the table, its peaks, {precision: points}); the table held so its id stays its own
+_BY_PRECISION: dict[int, tuple] = {}
+
+
+def _tables_by_precision(table, hardware) -> dict[str, list]:
+    """{precision: the table points that price it}: each dtype's own points, and for fp16 (bf16)
+    without points of its own the other's, when the datasheet gives both the same dense peak."""
+    peaks = dict(hardware.compute.peak_tflops)
+    hit = _BY_PRECISION.get(id(table))
+    if hit is not None and hit[0] is table and hit[1] == peaks:
+        return hit[2]
+    if len(_BY_PRECISION) > 64:
+        _BY_PRECISION.clear()
+    out = {}
+    for dtype in PRECISIONS:
+        pts = [p for p in table if p.dtype == dtype]
+        twin = SAME_RATE.get(dtype)
+        if not pts and twin and dtype in peaks and peaks.get(twin) == peaks[dtype]:
+            pts = [p for p in table if p.dtype == twin]
+        if pts:
+            out[dtype] = pts
+    _BY_PRECISION[id(table)] = (table, peaks, out)
+    return out
+
+
 def profiled_seconds(ops, hardware, default: np.ndarray) -> np.ndarray:
     table = hardware.gemm_profile
     if not table:
@@ -232,13 +267,11 @@ def profiled_seconds(ops, hardware, default: np.ndarray) -> np.ndarray:
     eff = hardware.efficiency
     out = np.array(default, dtype=np.float64, copy=True)
     gemm = (ops.kind == OP_KINDS.index("gemm")) & (ops.flops > 0) & (ops.gemm_m > 0)
-    for dtype in sorted({p.dtype for p in table}):
-        if dtype not in PRECISIONS:
-            continue
+    tables = _tables_by_precision(table, hardware)
+    for dtype, pts in tables.items():
         rows = gemm & (ops.precision == PRECISIONS.index(dtype))
         if not rows.any():
             continue
-        pts = [p for p in table if p.dtype == dtype]
         # a grouped GEMM of `count` equal members: each runs at its own (m, n, k)'s rate
         rate = model_tflops(pts, hardware, ops.gemm_m[rows], ops.gemm_n[rows], ops.gemm_k[rows])
         low = {"fp8": eff.fp8_gemm_relative_efficiency, "fp4": eff.fp4_gemm_relative_efficiency}.get(dtype, 1.0)

@@ -180,3 +180,40 @@ def test_fp8_factor_scales_only_fp8_gemms(mofa_predictor):
     t1, t2 = profiled_seconds(o, one, np.zeros(2)), profiled_seconds(o, half, np.zeros(2))
     assert t2[0] == t1[0]  # bf16 untouched
     assert t2[1] == pytest.approx(2 * t1[1], rel=1e-12)
+
+
+def test_fp16_takes_the_bf16_table_at_an_equal_peak_and_only_then(mofa_predictor):
+    """fp16 and bf16 run on the tensor cores at one rate (equal datasheet peaks): a profile that
+    measured only bf16 prices an fp16 GEMM from the bf16 table, by hand 2·4096³ / 600 TFLOPS =
+    0.229 ms. Before, fp16 fell through to the roofline at the datasheet peak (H100: 790 against the
+    bf16 table's 659 TFLOPS at 8192³). Its own fp16 points win; a different fp16 peak keeps it off
+    the bf16 table (the roofline's default)."""
+    hw = mofa_predictor.registry.hardware_profile("h100-sxm5-80gb")
+    hw = attrs.evolve(hw, gemm_profile=(GemmPoint(m=4096, n=4096, k=4096, tflops=600.0),),
+                      efficiency=attrs.evolve(hw.efficiency, profiled_gemm_relative_efficiency=1.0, kernel_launch_s=0.0,
+                                              host_dispatch_s=0.0))
+    fp16 = PRECISIONS.index("fp16")
+    o = attrs.evolve(ops([4096, 4096], [4096, 4096], [4096, 4096]), precision=np.array([BF16, fp16]))
+    default = np.array([1.0, 1.0])
+    t = profiled_seconds(o, hw, default)
+    assert t[0] == t[1] == pytest.approx(2 * 4096**3 / 600e12)
+    assert t[1] == pytest.approx(0.229e-3, rel=2e-3)
+    own = attrs.evolve(hw, gemm_profile=hw.gemm_profile + (GemmPoint(m=4096, n=4096, k=4096, tflops=400.0,
+                                                                     dtype="fp16"),))
+    assert profiled_seconds(o, own, default)[1] == pytest.approx(2 * 4096**3 / 400e12)
+    peaks = {**hw.compute.peak_tflops, "fp16": 2.0 * hw.compute.peak_tflops["bf16"]}
+    other = attrs.evolve(hw, compute=attrs.evolve(hw.compute, peak_tflops=peaks))
+    assert profiled_seconds(o, other, default)[1] == 1.0
+
+
+def test_an_fp16_job_on_h100_costs_what_its_bf16_twin_costs_in_gemms(mofa_predictor):
+    """The shipped H100 profile measured bf16 only: the same job in fp16 and bf16 gets the same
+    forward and backward compute (its gradients may differ: bf16 reduces them in fp32)."""
+    base = {"model": {"name": "llama3-8b"}, "hardware": {"name": "h100-sxm5-80gb", "num_gpus": 8},
+            "parallel": {"tp": 1, "pp": 1, "micro_batch_size": 1, "global_batch_size": 64, "sequence_length": 4096}}
+    got = {}
+    for prec in ("bf16", "fp16"):
+        job = {**base, "parallel": {**base["parallel"], "precision": prec}}
+        got[prec] = mofa_predictor.predict(mofa_predictor.job(job))[0].breakdown
+    for k in ("compute_fwd", "compute_bwd_input", "compute_bwd_weight"):
+        assert got["fp16"][k] == pytest.approx(got["bf16"][k], rel=1e-12), k
