@@ -167,8 +167,9 @@ SOURCES: dict[str, dict] = {
                             "no BabelStream row: H200's HBM3e efficiency"),
     "b300-sxm": dict(gemm=["mamf-b300-bf16", "mamf-b300-fp8"], sibling="b200-sxm-180gb",
                      gemm_siblings={"gb300-nvl72": ["fp4"]}, attention="gb300", stream_sibling="h200-sxm-141gb",
-                     host_sibling="h100-sxm5-80gb", sm=160,
-                     why="one measured shape per dtype: B200's XLA shapes scaled to it; GB300's attention row"),
+                     host_sibling="h100-sxm5-80gb", coll_sibling="b200-sxm-180gb", sm=160,
+                     why="one measured shape per dtype: B200's XLA shapes scaled to it; GB300's attention row; "
+                         "B200's scale-up collectives (the same HGX NVLink 5 switch board, 900 GB/s per GPU)"),
     "gb300-nvl72": dict(gemm=["azure-gb300-fp8", "azure-gb300-fp4", "mamf-b300-bf16"], sibling="b200-sxm-180gb",
                         attention="gb300", coll=["xla-gb300"], stream_sibling="h200-sxm-141gb", host="GB300 (one",
                         sm=160,

@@ -315,3 +315,14 @@ def test_same_die_sibling_supplies_only_the_dtypes_named():
     assert by_dtype == {"bf16": 127, "fp8": 127, "fp4": 8}  # its own MAMF point + B200's 126
     assert "fp4 shapes from gb300-nvl72 (8), scaled ×0.918 by the dense-peak ratio (measured on the same die)" \
         in built["notes"]
+
+
+def test_b300_takes_b200s_measured_scale_up_collectives(mofa_predictor):
+    """HGX B300 has HGX B200's NVLink 5 switch board (900 GB/s per GPU): its scale-up collectives are
+    B200's measured curves (XLA's sm_100 tables, AWS p6's one-node all-reduce), not the ring formula,
+    which had priced an 8-GPU all-to-all of 16 MB at 485 GB/s of bus bandwidth against B200's
+    measured 189. Its scale-out (800 Gb/s NICs, B200's 400) keeps the formula."""
+    hw = mofa_predictor.registry.hardware
+    b300, b200 = hw["b300-sxm"].collective_profile, hw["b200-sxm-180gb"].collective_profile
+    assert b300 and b300 == tuple(p for p in b200 if p.scope == "scaleup")
+    assert not any(p.scope == "scaleout" for p in b300)
