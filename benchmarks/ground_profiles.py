@@ -188,9 +188,10 @@ SOURCES: dict[str, dict] = {
                                host_sibling="h100-sxm5-80gb",
                                why="H100 NVL: H100 SXM5's tables scaled by the dense-peak ratio (835.5/989)"),
     "h20-96gb": dict(sibling="h100-sxm5-80gb", attention="h100", attention_scale=148.0 / 989.0,
-                     host_sibling="h100-sxm5-80gb",
+                     host_sibling="h100-sxm5-80gb", coll_sibling="h100-sxm5-80gb",
                      why="H20: no measurement of its own; H100 SXM5's tables scaled by the dense-peak ratio "
-                         "(148/989): a cut-down Hopper whose shapes' relative rates are assumed H100's"),
+                         "(148/989): a cut-down Hopper whose shapes' relative rates are assumed H100's; H100's "
+                         "scale-up collectives (the same HGX NVLink 4 board, 450 GB/s per direction)"),
     "l40s-48gb": dict(sibling="h100-sxm5-80gb", attention="h100", attention_scale=362.05 / 989.0,
                       why="L40S (Ada, GDDR6): no measurement of its own; H100 SXM5's tables scaled by the "
                           "dense-peak ratio (362/989) — a weak prior, another architecture"),

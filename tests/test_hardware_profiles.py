@@ -317,6 +317,18 @@ def test_same_die_sibling_supplies_only_the_dtypes_named():
         in built["notes"]
 
 
+@pytest.mark.parametrize("name, sibling", [("h20-96gb", "h100-sxm5-80gb"), ("h200-sxm-141gb", "h100-sxm5-80gb")])
+def test_a_part_on_its_siblings_board_takes_its_measured_scale_up_curves(name, sibling, mofa_predictor):
+    """HGX H20 sits on HGX H100's NVLink 4 switch board (450 GB/s per direction): without a collective
+    measurement of its own it takes H100's scale-up curves (the formula had priced an 8-GPU all-to-all
+    of 1 MB at 105 GB/s of bus bandwidth against H100's measured 16); H200 adds its own all-reduce."""
+    hw = mofa_predictor.registry.hardware
+    mine = {(p.kind, p.group_size, p.message_bytes): p.busbw_gbps for p in hw[name].collective_profile}
+    theirs = {(p.kind, p.group_size, p.message_bytes): p.busbw_gbps for p in hw[sibling].collective_profile
+              if p.scope == "scaleup" and p.kind == "all_to_all"}
+    assert theirs and all(mine[k] == v for k, v in theirs.items())
+
+
 def test_b300_takes_b200s_measured_scale_up_collectives(mofa_predictor):
     """HGX B300 has HGX B200's NVLink 5 switch board (900 GB/s per GPU): its scale-up collectives are
     B200's measured curves (XLA's sm_100 tables, AWS p6's one-node all-reduce), not the ring formula,
