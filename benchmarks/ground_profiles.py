@@ -151,6 +151,9 @@ SOURCES: dict[str, dict] = {
                                "slow and ZeroBubble's schedule order worse than with the fitted ring formula; the "
                                "disagreement is recorded in docs/profiling.md, not resolved. No multi-node A100 "
                                "measurement matches DGX A100's 8 x 200 Gb/s (AWS p4de has 4 x 100 Gb/s per node)"),
+    "a800-sxm4-80gb": dict(attention="a100", stream_sibling="a100-sxm4-80gb", sm=108,
+                           why="A800: A100 80GB's GA100 at the same clocks and HBM2e (NVLink cut to 400 GB/s): its "
+                               "FlashAttention-2 row and BabelStream efficiency"),
     "a100-sxm4-40gb": dict(sibling="a100-sxm4-80gb", attention="a100", coll_sibling="a100-sxm4-80gb", sm=108,
                            why="A100 40GB has A100 80GB's compute and NVSwitch; its HBM2 (1.56 TB/s) takes "
                                "A100 80GB's BabelStream efficiency", stream_sibling="a100-sxm4-80gb"),

@@ -338,3 +338,18 @@ def test_b300_takes_b200s_measured_scale_up_collectives(mofa_predictor):
     b300, b200 = hw["b300-sxm"].collective_profile, hw["b200-sxm-180gb"].collective_profile
     assert b300 and b300 == tuple(p for p in b200 if p.scope == "scaleup")
     assert not any(p.scope == "scaleout" for p in b300)
+
+
+def test_a800_prices_attention_from_a100s_measured_row(mofa_predictor):
+    """A800 is A100 80GB's GA100 at the same clocks (NVLink cut to 400 GB/s): it carries A100's
+    FlashAttention-2 row (179.5 TFLOPS at head dim 64, 8K tokens), so the same job's compute is A100's
+    to the bit; without the row its attention fell to the roofline (3.6 % more backward compute on a
+    Llama 2 7B step)."""
+    hw = mofa_predictor.registry.hardware
+    assert hw["a800-sxm4-80gb"].attention_profile == hw["a100-sxm4-80gb"].attention_profile
+    base = {"model": {"name": "llama2-7b"}, "parallel": {"tp": 1, "pp": 1, "micro_batch_size": 1,
+                                                         "global_batch_size": 64, "sequence_length": 4096}}
+    got = {name: mofa_predictor.predict(mofa_predictor.job({**base, "hardware": {"name": name, "num_gpus": 8}}))[0]
+           for name in ("a100-sxm4-80gb", "a800-sxm4-80gb")}
+    for k in ("compute_fwd", "compute_bwd_input", "compute_bwd_weight"):
+        assert got["a800-sxm4-80gb"].breakdown[k] == got["a100-sxm4-80gb"].breakdown[k], k
