@@ -381,13 +381,16 @@ def host_link(data: Path, gpu: str) -> tuple[float | None, float | None, str]:
     return h2d, d2h, src
 
 
-def measured_gemm(data: Path, name: str) -> list[dict]:
-    """The GEMM points `name` measured itself (its ``gemm`` sources, levelled as :func:`build` levels
-    them), none taken from a sibling."""
+def measured_gemm(data: Path, name: str) -> tuple[list[dict], list[str]]:
+    """(the GEMM points `name` measured itself — its ``gemm`` sources, XLA tables levelled to a
+    cuBLAS best shape — none taken from a sibling; where each came from)."""
     peak = profile_data(name)["compute"]["peak_tflops"]
-    by_key = {key: gemm_points(data, key, peak)[0] for key in SOURCES[name].get("gemm", [])}
-    level_to_cublas(name, by_key, peak)
-    return [p for pts in by_key.values() for p in pts]
+    by_key, notes = {}, []
+    for key in SOURCES[name].get("gemm", []):
+        by_key[key], src = gemm_points(data, key, peak)
+        notes.append(src)
+    notes += level_to_cublas(name, by_key, peak)
+    return [p for pts in by_key.values() for p in pts], notes
 
 
 def build(data: Path) -> dict[str, dict]:
@@ -399,16 +402,10 @@ def build(data: Path) -> dict[str, dict]:
     for name in order:
         spec = SOURCES[name]
         d = profile_data(name)
-        peak = d["compute"]["peak_tflops"]
-        notes, gemm, by_key = [], [], {}
-        for key in spec.get("gemm", []):
-            pts, src = gemm_points(data, key, peak)
-            by_key[key] = pts
-            notes.append(src)
-        notes += level_to_cublas(name, by_key, peak)
-        gemm = [p for pts in by_key.values() for p in pts]
+        gemm, notes = measured_gemm(data, name)
         for die, dtypes in spec.get("gemm_siblings", {}).items():  # the same die first; its own measurements
-            more, how = sibling_gemm(name, gemm, die, [p for p in measured_gemm(data, die) if p["dtype"] in dtypes])
+            theirs = [p for p in measured_gemm(data, die)[0] if p["dtype"] in dtypes]
+            more, how = sibling_gemm(name, gemm, die, theirs)
             gemm += more
             notes += [f"{h} (measured on the same die)" for h in how]
         sib = spec.get("sibling")
